@@ -1,0 +1,28 @@
+"""streaming-sink: exactly-once loads from Spark Structured Streaming into OLAP databases.
+
+Names are resolved lazily so that light modules (the committable records used by the state store,
+the operator CLI) import without loading PySpark, and `state` and `streaming_sink` can import each
+other's records without a cycle.
+"""
+from __future__ import annotations
+
+from importlib import import_module
+from typing import Any
+
+_EXPORTS = {
+    "ExactlyOnceSink": "streaming_sink.sink",
+    "ClickHouseTarget": "streaming_sink.targets.clickhouse",
+    "ConfigurationError": "streaming_sink.targets.base",
+    "BatchState": "streaming_sink.committable",
+    "Committable": "streaming_sink.committable",
+    "TxnRef": "streaming_sink.committable",
+    "make_label": "streaming_sink.committable",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    if name in _EXPORTS:
+        return getattr(import_module(_EXPORTS[name]), name)
+    raise AttributeError(f"module 'streaming_sink' has no attribute {name!r}")

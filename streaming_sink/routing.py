@@ -1,0 +1,55 @@
+"""Which target table each row goes to: a fixed table, or the value of a routing column."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Iterator
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from .targets.base import ConfigurationError
+
+
+class UnknownTableError(ValueError):
+    """A row names a table the target does not have; raised before the writer begins anything for it."""
+
+
+@dataclass(frozen=True)
+class Router:
+    """Splits Arrow batches by target table. With `table_column`, that column is not written."""
+
+    known_tables: frozenset[str]
+    table: str | None = None
+    table_column: str | None = None
+
+    def __post_init__(self) -> None:
+        if (self.table is None) == (self.table_column is None):
+            raise ConfigurationError("give exactly one of table=... or table_column=...")
+        if self.table is not None and self.table not in self.known_tables:
+            raise ConfigurationError(
+                f"table={self.table!r} is not a table the target can load; known: {sorted(self.known_tables)}"
+            )
+
+    def split(self, batch: pa.RecordBatch) -> Iterator[tuple[str, pa.RecordBatch]]:
+        """Yield (table, rows for it). Validates the whole batch before yielding anything."""
+        if batch.num_rows == 0:
+            return
+        if self.table is not None:
+            yield self.table, batch
+            return
+        if self.table_column not in batch.schema.names:
+            raise ConfigurationError(f"routing column {self.table_column!r} is not in the data: {batch.schema.names}")
+        values = batch.column(self.table_column)
+        if values.null_count:
+            raise UnknownTableError(f"{values.null_count} rows have a null {self.table_column!r}: no table to route to")
+        tables = [t for t in pc.unique(values).to_pylist()]
+        unknown = sorted(set(map(str, tables)) - self.known_tables)
+        if unknown:
+            raise UnknownTableError(
+                f"rows route to unknown table(s) {unknown} by column {self.table_column!r}; "
+                f"the target has {sorted(self.known_tables)}"
+            )
+        keep = [name for name in batch.schema.names if name != self.table_column]
+        for table in tables:
+            rows = batch.filter(pc.equal(values, table)).select(keep)
+            yield str(table), rows

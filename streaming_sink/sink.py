@@ -1,0 +1,241 @@
+"""ExactlyOnceSink: the `foreachBatch` callable that coordinates one two-phase commit per micro-batch.
+
+Spark writes `offsets/N` before calling us with batch N and `commits/N` after we return, and re-runs
+an uncommitted batch with the same N and the same data. Inside that window:
+
+1. recover — COMMITTED: return; PREPARED: commit it (replaying lost parts), return; otherwise abort
+   the batch's leftover intents; sweep older batches;
+2. write   — writers (tasks or driver) record intents, load and prepare, return committables;
+3. decide  — one atomic PREPARED record with every committable: the commit point;
+4. commit  — commit each committable, record progress, mark COMMITTED, abort unchosen intents.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import socket
+import time
+from dataclasses import dataclass
+
+from pyspark.sql import DataFrame
+
+from state import BatchRecord, StateStore
+
+from .committable import BatchState, Committable
+from .crash import crash_point
+from .execution import run_writers
+from .recovery import Recovery
+from .routing import Router
+from .targets.base import ConfigurationError, Target
+from .writer import PartitionResult, WriteContext
+
+log = logging.getLogger("streaming_sink")
+
+QUERY_ID_PROPERTY = "sql.streaming.queryId"
+_JOB_ID = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
+
+
+class ReplayMismatchError(RuntimeError):
+    """The re-run batch did not deliver the same data as the prepared one: refusing to guess."""
+
+
+@dataclass
+class BatchReport:
+    """What one call did, for logs, metrics and tests."""
+
+    batch_id: int
+    action: str  # written | empty | recovered-prepared | already-committed
+    rows: int = 0
+    bytes: int = 0
+    transactions: int = 0
+    replayed: int = 0
+    timings: dict[str, float] | None = None
+
+
+class ExactlyOnceSink:
+    """Use as `df.writeStream.foreachBatch(ExactlyOnceSink(...))`. One driver per `job_id` at a time."""
+
+    def __init__(
+        self,
+        target: Target,
+        state: StateStore,
+        job_id: str,
+        table: str | None = None,
+        table_column: str | None = None,
+        flush_bytes: int = 64 * 1024 * 1024,
+        retain_batches: int = 100,
+    ) -> None:
+        if not _JOB_ID.match(job_id):
+            raise ConfigurationError(f"job_id {job_id!r}: 1-64 characters of letters, digits, '.', '_' or '-'")
+        if (table is None) == (table_column is None):
+            raise ConfigurationError("give exactly one of table=... or table_column=...")
+        if flush_bytes <= 0:
+            raise ConfigurationError(f"flush_bytes must be positive, got {flush_bytes}")
+        self.target, self.state, self.job_id = target, state, job_id
+        self.table, self.table_column = table, table_column
+        self.flush_bytes, self.retain_batches = flush_bytes, retain_batches
+        self._router: Router | None = None
+        self._recovery: Recovery | None = None
+        self._write_passes: dict[tuple[str, int], int] = {}
+        self.last_report: BatchReport | None = None
+
+    # -- start-up ---------------------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Check the target and take the fencing epoch; idempotent. Fails before any data moves."""
+        if self._recovery is not None:
+            return
+        self._router = Router(frozenset(self.target.routable_tables()), self.table, self.table_column)
+        epoch = self.state.take_epoch(self.job_id, owner=f"{socket.gethostname()}:{os.getpid()}")
+        self._recovery = Recovery(self.target, self.state, self.job_id, epoch)
+        log.info("job %s: driver took fencing epoch %d", self.job_id, epoch)
+
+    @property
+    def epoch(self) -> int:
+        assert self._recovery is not None, "start() first"
+        return self._recovery.epoch
+
+    # -- the foreachBatch callable ----------------------------------------------------------------
+
+    def __call__(self, df: DataFrame, batch_id: int) -> None:
+        query_id = df.sparkSession.sparkContext.getLocalProperty(QUERY_ID_PROPERTY)
+        if not query_id:
+            raise RuntimeError(
+                "ExactlyOnceSink must run as a streaming query's foreachBatch (no streaming query id found)"
+            )
+        self.process(df, int(batch_id), query_id)
+
+    def process(self, df: DataFrame, batch_id: int, query_id: str) -> BatchReport:
+        self.start()
+        recovery = self._recovery
+        assert recovery is not None
+        recovery.check_epoch()  # a fenced driver stops here, before it reads or writes anything
+        record = self.state.get_batch(self.job_id, query_id, batch_id)
+        if record is not None and record.state is BatchState.COMMITTED:
+            report = BatchReport(batch_id, "already-committed")
+        elif record is not None:
+            report = self._recover_prepared(df, record)
+        else:
+            recovery.abort_intents(query_id, batch_id)
+            recovery.sweep(skip=(query_id, batch_id), retain_batches=self.retain_batches)
+            report = self._write_and_commit(df, query_id, batch_id)
+        self.last_report = report
+        log.info("streaming_sink.batch %s", json.dumps({"job": self.job_id, **report.__dict__}, sort_keys=True))
+        return report
+
+    # -- steps -----------------------------------------------------------------------------------
+
+    def _write(self, df: DataFrame, query_id: str, batch_id: int, replay: frozenset | None = None) -> list[PartitionResult]:
+        key = (query_id, batch_id)
+        write_pass = self._write_passes.get(key, 0)
+        self._write_passes[key] = write_pass + 1
+        context = WriteContext(self.job_id, query_id, batch_id, self.epoch, write_pass, self.flush_bytes, replay)
+        assert self._router is not None
+        try:
+            return run_writers(df, self.target, self._router, context, self.state)
+        except BaseException:
+            self._abort_unprepared(query_id, batch_id)
+            raise
+
+    def _abort_unprepared(self, query_id: str, batch_id: int) -> None:
+        """A failed write leaves no transaction behind, unless the state store itself is unreachable."""
+        assert self._recovery is not None
+        record = self.state.get_batch(self.job_id, query_id, batch_id)
+        keep = {c.label for c in record.committables} if record else set()
+        try:
+            self._recovery.abort_intents(query_id, batch_id, keep)
+        except Exception as error:
+            log.error("job %s batch %s: could not abort after a failed write (%s); the next start will", self.job_id, batch_id, error)
+
+    def _write_and_commit(self, df: DataFrame, query_id: str, batch_id: int) -> BatchReport:
+        recovery = self._recovery
+        assert recovery is not None
+        started = time.time()
+        results = self._write(df, query_id, batch_id)
+        written = time.time()
+        crash_point("after-writers-prepared", batch_id)
+        committables = [c for r in results for c in r.committables]
+        record = BatchRecord(
+            query_id=query_id,
+            batch_id=batch_id,
+            state=BatchState.PREPARED if committables else BatchState.COMMITTED,
+            epoch=self.epoch,
+            committables=committables,
+            checksums={r.partition: r.checksum for r in results},
+            timings={"write_s": written - started},
+        )
+        self.state.put_batch(self.job_id, self.epoch, record)
+        recorded = time.time()
+        record.timings["record_s"] = recorded - written
+        if not committables:
+            recovery.abort_intents(query_id, batch_id)
+            return BatchReport(batch_id, "empty", timings=record.timings)
+        crash_point("after-prepared-record", batch_id)
+        lost = recovery.commit_pending(record)
+        if lost:
+            record = self._replay(df, record, lost)
+        record.timings["commit_s"] = time.time() - recorded
+        recovery.mark_committed(record)
+        recovery.abort_intents(query_id, batch_id, keep={c.label for c in record.committables})
+        return self._report(batch_id, "written", record)
+
+    def _recover_prepared(self, df: DataFrame, record: BatchRecord) -> BatchReport:
+        """Batch N was prepared by an earlier driver and Spark re-runs it: roll it forward."""
+        recovery = self._recovery
+        assert recovery is not None
+        log.warning("job %s batch %s: found PREPARED by epoch %d; committing it", self.job_id, record.batch_id, record.epoch)
+        recovery.abort_intents(record.query_id, record.batch_id, keep={c.label for c in record.committables})
+        lost = recovery.commit_pending(record)
+        if lost:
+            record = self._replay(df, record, lost)
+        recovery.mark_committed(record)
+        recovery.abort_intents(record.query_id, record.batch_id, keep={c.label for c in record.committables})
+        recovery.sweep(skip=(record.query_id, record.batch_id), retain_batches=self.retain_batches)
+        return self._report(record.batch_id, "recovered-prepared", record)
+
+    def _replay(self, df: DataFrame, record: BatchRecord, lost: list[Committable]) -> BatchRecord:
+        """Load the lost parts again from the re-run batch, under fresh labels, proved identical by checksum."""
+        recovery = self._recovery
+        assert recovery is not None
+        plan = frozenset((c.table, c.partition) for c in lost)
+        results = self._write(df, record.query_id, record.batch_id, replay=plan)
+        by_partition = {r.partition: r for r in results}
+        for partition in sorted({p for _, p in plan}):
+            replayed = by_partition.get(partition)
+            if replayed is None or replayed.checksum != record.checksums.get(partition):
+                self._abort_unprepared(record.query_id, record.batch_id)
+                raise ReplayMismatchError(
+                    f"job {self.job_id} batch {record.batch_id}: partition {partition} of the re-run batch has checksum "
+                    f"{replayed.checksum if replayed else 'none (no rows)'} but the prepared data had "
+                    f"{record.checksums.get(partition)}; the source did not replay the same data, so the lost part "
+                    "cannot be reloaded safely. See docs/runbook.md, 'Replay mismatch'."
+                )
+        fresh = [c for r in results for c in r.committables]
+        record.lost = sorted(set(record.lost) | {c.label for c in lost})
+        record.committables = record.committables + fresh
+        record.events.append(
+            f"replayed {len(lost)} lost transaction(s) {[c.label for c in lost]} as {[c.label for c in fresh]}"
+        )
+        self.state.put_batch(self.job_id, self.epoch, record)
+        log.warning("job %s batch %s: %s", self.job_id, record.batch_id, record.events[-1])
+        still_lost = recovery.commit_pending(record)
+        if still_lost:
+            raise RuntimeError(
+                f"job {self.job_id} batch {record.batch_id}: replayed transactions were lost again "
+                f"({[c.label for c in still_lost]}); the target is discarding prepared data faster than it can be committed"
+            )
+        return record
+
+    def _report(self, batch_id: int, action: str, record: BatchRecord) -> BatchReport:
+        live = record.live_committables()
+        return BatchReport(
+            batch_id,
+            action,
+            rows=sum(c.rows for c in live),
+            bytes=sum(c.bytes for c in live),
+            transactions=len(live),
+            replayed=len(record.lost),
+            timings=record.timings,
+        )

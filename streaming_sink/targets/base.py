@@ -1,0 +1,104 @@
+"""The transaction protocol every target speaks. Targets know nothing of Spark or of the state store.
+
+A writer asks a target to `begin` a `TableTransaction` for one table; the transaction asks for a
+label and records an intent (through the callbacks it was given) *before* it begins anything on
+the server, streams chunks, and `prepare`s at the end. The driver later calls `commit` or `abort`
+on the target with what the writer returned. Both must be idempotent: the driver may repeat them
+after a crash.
+"""
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any, Callable
+
+import pyarrow as pa
+
+from ..committable import Committable, TxnRef
+
+NewRef = Callable[[int], TxnRef]  # chunk number -> the reference (with its label) of a new server transaction
+RecordIntent = Callable[[TxnRef], None]  # durably records the intent; raises to forbid the begin
+
+
+class CommitOutcome(str, Enum):
+    COMMITTED = "COMMITTED"  # visible now (or already was)
+    LOST = "LOST"  # can no longer be committed (expired, aborted by the server, staging gone): replay it
+
+
+class TargetError(RuntimeError):
+    """The target refused an operation in a way retrying will not fix."""
+
+
+class ConfigurationError(ValueError):
+    """A configuration mistake found before any data moved."""
+
+
+@dataclass
+class PreparedPart:
+    """One prepared server transaction, before the writer adds its partition checksum."""
+
+    ref: TxnRef
+    txn_id: str | None
+    rows: int
+    bytes: int
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def committable(self, checksum: str) -> Committable:
+        r = self.ref
+        return Committable(
+            r.target, r.database, r.table, r.label, r.partition, r.attempt,
+            txn_id=self.txn_id, rows=self.rows, bytes=self.bytes, checksum=checksum, extra=self.extra,
+        )
+
+
+class TableTransaction(ABC):
+    """Rows for one table from one writer attempt, streamed in chunks and prepared at the end."""
+
+    @abstractmethod
+    def write(self, chunk: pa.Table) -> None:
+        """Send one chunk (never empty). The first call begins the server transaction."""
+
+    @abstractmethod
+    def prepare(self) -> list[PreparedPart]:
+        """Make everything written durable but invisible; after this only commit or abort remain."""
+
+    @abstractmethod
+    def abort(self) -> None:
+        """Best-effort rollback of whatever was begun (the driver's sweep is the safety net)."""
+
+
+class Target(ABC):
+    """A database that can take part in the sink's two-phase commit. Must be picklable (tasks)."""
+
+    kind: str
+    database: str
+
+    @property
+    @abstractmethod
+    def runs_writers_in_driver(self) -> bool:
+        """True for embedded engines that only one process may open (chdb)."""
+
+    @property
+    def commit_parallelism(self) -> int:
+        """How many commits the driver may run at once against this target."""
+        return 8
+
+    @abstractmethod
+    def routable_tables(self) -> set[str]:
+        """Tables rows may be routed to; raises ConfigurationError when the target is unusable."""
+
+    @abstractmethod
+    def begin(self, table: str, new_ref: NewRef, record_intent: RecordIntent) -> TableTransaction:
+        """A transaction handle for `table`; nothing happens on the server before its first write."""
+
+    @abstractmethod
+    def commit(self, committable: Committable) -> CommitOutcome:
+        """Make a prepared transaction visible. Repeating it after success returns COMMITTED."""
+
+    @abstractmethod
+    def abort(self, ref: TxnRef) -> None:
+        """Roll back a transaction that is not in a PREPARED record. Harmless if it never began."""
+
+    def close(self) -> None:
+        """Release connections."""

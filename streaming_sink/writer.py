@@ -1,0 +1,165 @@
+"""One writer partition of one micro-batch: route, buffer per table, flush into transactions, prepare.
+
+The writer runs in a Spark task (network targets) or in the driver (embedded targets). It holds at
+most `flush_bytes` of Arrow data per table before sending it, so its memory does not grow with the
+batch. It records an intent in the state store before any transaction begins (through the
+target's `record_intent` callback), and returns committables carrying the partition's checksum.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+from dataclasses import asdict, dataclass, field
+from typing import Iterable
+
+import pyarrow as pa
+
+from state import StateStore
+
+from .committable import Committable, TxnRef, make_label
+from .routing import Router
+from .targets.base import TableTransaction, Target
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class WriteContext:
+    """Everything a writer needs to know about the batch; small and picklable, shipped to tasks."""
+
+    job_id: str
+    query_id: str
+    batch_id: int
+    epoch: int
+    write_pass: int  # how many times this driver has written this batch before (fresh labels each pass)
+    flush_bytes: int
+    replay: frozenset[tuple[str, int]] | None = None  # (table, partition) to reload; None = everything
+
+    def attempt(self, task_attempt: int) -> str:
+        return f"e{self.epoch}w{self.write_pass}t{task_attempt}"
+
+    def wanted(self, table: str, partition: int) -> bool:
+        return self.replay is None or (table, partition) in self.replay
+
+
+@dataclass
+class PartitionResult:
+    """What one writer returns to the driver."""
+
+    partition: int
+    attempt: str
+    checksum: str
+    rows: int
+    committables: list[Committable] = field(default_factory=list)
+
+    def to_json(self) -> str:
+        data = asdict(self)
+        data["committables"] = [json.loads(c.to_json()) for c in self.committables]
+        return json.dumps(data)
+
+    @classmethod
+    def from_json(cls, text: str) -> "PartitionResult":
+        data = json.loads(text)
+        data["committables"] = [Committable(**c) for c in data["committables"]]
+        return cls(**data)
+
+
+class ContentChecksum:
+    """Order-sensitive digest of a partition's Arrow batches as Spark delivers them.
+
+    Spark re-runs a batch with the same offsets, so a replayed Kafka partition delivers the same
+    rows in the same order; a different digest means the source did not replay the same data.
+    """
+
+    def __init__(self) -> None:
+        self._digest = hashlib.sha256()
+        self.rows = 0
+
+    def update(self, batch: pa.RecordBatch) -> None:
+        self._digest.update(batch.serialize())
+        self.rows += batch.num_rows
+
+    def hexdigest(self) -> str:
+        return f"{self.rows}:{self._digest.hexdigest()[:32]}"
+
+
+class PartitionWriter:
+    def __init__(
+        self,
+        context: WriteContext,
+        target: Target,
+        router: Router,
+        store: StateStore,
+        partition: int,
+        task_attempt: int = 0,
+    ) -> None:
+        self._context, self._target, self._router, self._store = context, target, router, store
+        self._partition = partition
+        self._attempt = context.attempt(task_attempt)
+        self._checksum = ContentChecksum()
+        self._buffers: dict[str, list[pa.RecordBatch]] = {}
+        self._buffered_bytes: dict[str, int] = {}
+        self._transactions: dict[str, TableTransaction] = {}
+
+    def add(self, batch: pa.RecordBatch) -> None:
+        self._checksum.update(batch)
+        for table, rows in self._router.split(batch):
+            if rows.num_rows == 0 or not self._context.wanted(table, self._partition):
+                continue
+            self._buffers.setdefault(table, []).append(rows)
+            self._buffered_bytes[table] = self._buffered_bytes.get(table, 0) + rows.nbytes
+            if self._buffered_bytes[table] >= self._context.flush_bytes:
+                self._flush(table)
+
+    def add_all(self, batches: Iterable[pa.RecordBatch]) -> "PartitionResult":
+        """Write every batch and prepare; on any failure abort what this writer began, then re-raise."""
+        try:
+            for batch in batches:
+                self.add(batch)
+            return self.finish()
+        except BaseException:
+            self.abort()
+            raise
+
+    def finish(self) -> PartitionResult:
+        for table in list(self._buffers):
+            self._flush(table)
+        committables = [
+            part.committable(self._checksum.hexdigest())
+            for table in sorted(self._transactions)
+            for part in self._transactions[table].prepare()
+        ]
+        return PartitionResult(self._partition, self._attempt, self._checksum.hexdigest(), self._checksum.rows, committables)
+
+    def abort(self) -> None:
+        for table, transaction in self._transactions.items():
+            try:
+                transaction.abort()
+            except Exception as error:  # not fatal: the driver's sweep aborts it from the recorded intent
+                log.warning("abort of the %s transaction of partition %s failed (%s); the sweep will retry it",
+                            table, self._partition, error)
+
+    def _flush(self, table: str) -> None:
+        batches = self._buffers.pop(table, [])
+        self._buffered_bytes.pop(table, None)
+        if not batches:
+            return
+        if table not in self._transactions:
+            self._transactions[table] = self._target.begin(table, self._new_ref_for(table), self._record_intent)
+        self._transactions[table].write(pa.Table.from_batches(batches))
+
+    def _new_ref_for(self, table: str):
+        context = self._context
+
+        def new_ref(chunk: int) -> TxnRef:
+            label = make_label(
+                context.job_id, context.query_id, context.batch_id, table, self._partition, self._attempt, chunk
+            )
+            return TxnRef(self._target.kind, self._target.database, table, label, self._partition, self._attempt)
+
+        return new_ref
+
+    def _record_intent(self, ref: TxnRef) -> None:
+        c = self._context
+        self._store.add_intent(c.job_id, c.epoch, c.query_id, c.batch_id, ref)

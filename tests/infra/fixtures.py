@@ -1,0 +1,68 @@
+"""Pytest fixtures for the real local services (imported by tests/conftest.py).
+
+* ``kafka_broker`` (session): one KRaft broker for the whole run; tests isolate themselves by
+  topic name (``new_topic``), never by restarting it.
+* ``redis_server`` (function): a fresh redis-server with AOF under the test's tmp_path.
+* ``spark_session`` (session): local[2] Spark with the Kafka source jars.
+"""
+
+from __future__ import annotations
+
+import re
+import uuid
+from pathlib import Path
+from typing import Callable, Iterator
+
+import pytest
+
+from devstack.kafka import KafkaBroker
+from devstack.redis import RedisServer
+
+__all__ = ["kafka_broker", "new_topic", "redis_server", "spark_session"]
+
+
+@pytest.fixture(scope="session")
+def kafka_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KafkaBroker]:
+    """A real Kafka broker shared by the session; its log is in the fixture's tmp dir."""
+    broker = KafkaBroker(tmp_path_factory.mktemp("kafka"))
+    broker.start()
+    try:
+        yield broker
+    finally:
+        broker.stop()
+
+
+@pytest.fixture
+def new_topic(kafka_broker: KafkaBroker, request: pytest.FixtureRequest) -> Callable[..., str]:
+    """Factory: ``new_topic(partitions=1, prefix=None)`` creates a uniquely named topic."""
+
+    def create(partitions: int = 1, prefix: str | None = None) -> str:
+        base = prefix or re.sub(r"[^A-Za-z0-9]+", "-", request.node.name).strip("-")[:60]
+        name = f"{base}-{uuid.uuid4().hex[:8]}"
+        kafka_broker.create_topic(name, partitions)
+        return name
+
+    return create
+
+
+@pytest.fixture
+def redis_server(tmp_path: Path) -> Iterator[RedisServer]:
+    """A redis-server (appendonly, appendfsync always) for one test, data in tmp_path/redis."""
+    server = RedisServer(tmp_path / "redis")
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture(scope="session")
+def spark_session():  # -> pyspark.sql.SparkSession
+    """A local[2] SparkSession that can read Kafka (``format("kafka")``)."""
+    from devstack.spark import local_spark_session
+
+    spark = local_spark_session("streaming-sink-tests")
+    try:
+        yield spark
+    finally:
+        spark.stop()

@@ -1,0 +1,47 @@
+"""Invariant I4: labels are deterministic, valid for every target, short enough, and never collide."""
+import itertools
+import re
+import uuid
+
+from streaming_sink.committable import LABEL_MAX_LENGTH, make_label
+
+VALID = re.compile(r"^[-_A-Za-z0-9]+$")
+
+
+def test_label_is_deterministic():
+    args = ("orders-ingest", "3f2c6a1e-1111-2222-3333-444455556666", 7, "orders", 3, "e2w0t1", 0)
+    assert make_label(*args) == make_label(*args)
+
+
+def test_label_characters_and_length_for_hostile_inputs():
+    hostile_job = "job with spaces/and:colons" * 5
+    hostile_table = "таблица.with`backticks'and\"quotes" * 4
+    label = make_label(hostile_job, str(uuid.uuid4()), 10**15, hostile_table, 9999, "e123456w99t42", 123456)
+    assert VALID.match(label), label
+    assert len(label) <= LABEL_MAX_LENGTH
+
+
+def test_labels_differ_in_every_component():
+    base = ["job", "q-1", 1, "orders", 0, "e1w0t0", 0]
+    variants = {
+        0: "job2", 1: "q-2", 2: 2, 3: "payments", 4: 1, 5: "e1w0t1", 6: 1,
+    }
+    labels = {make_label(*base)}
+    for index, value in variants.items():
+        changed = list(base)
+        changed[index] = value
+        labels.add(make_label(*changed))
+    assert len(labels) == 1 + len(variants)
+
+
+def test_labels_unique_across_query_ids_even_when_sanitised_alike():
+    # Two tables whose names sanitise to the same readable text must still get different labels.
+    a = make_label("job", "q", 1, "or-ders", 0, "e1w0t0")
+    b = make_label("job", "q", 1, "or.ders", 0, "e1w0t0")
+    assert a != b
+    labels = {
+        make_label("job", str(uuid.uuid4()), batch, "t", partition, "e1w0t0")
+        for batch, partition in itertools.product(range(20), range(5))
+        for _ in range(3)
+    }
+    assert len(labels) == 20 * 5 * 3

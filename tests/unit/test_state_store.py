@@ -1,0 +1,182 @@
+"""Both state stores keep the same promises: fencing (I5), sealing, atomic records, retention."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+from state import BatchRecord, BatchSealedError, FencedError, FileStateStore, RedisStateStore, open_store
+from streaming_sink.committable import BatchState, Committable, TxnRef
+
+JOB = "job-1"
+Q = "query-a"
+
+
+def ref(label: str, partition: int = 0) -> TxnRef:
+    return TxnRef("clickhouse", "db", "t", label, partition, "e1w0t0")
+
+
+def record(batch: int, state: BatchState = BatchState.PREPARED, epoch: int = 1, n: int = 2) -> BatchRecord:
+    committables = [Committable("clickhouse", "db", "t", f"L{batch}-{i}", i, "e1w0t0", rows=i + 1, checksum="c") for i in range(n)]
+    return BatchRecord(Q, batch, state, epoch, committables, checksums={i: f"{i}:x" for i in range(n)})
+
+
+@pytest.fixture(params=["file", "redis"])
+def store(request, tmp_path):
+    if request.param == "file":
+        yield FileStateStore(tmp_path / "state")
+    else:
+        server = request.getfixturevalue("redis_server")
+        s = RedisStateStore(server.url)
+        yield s
+        s.close()
+
+
+def test_open_store_urls(tmp_path):
+    assert isinstance(open_store(f"file://{tmp_path}"), FileStateStore)
+    assert isinstance(open_store("redis://127.0.0.1:1/0"), RedisStateStore)
+    for bad in ("file://relative/path", "s3://bucket/x", "redis"):
+        with pytest.raises(ValueError, match="state store URL"):
+            open_store(bad)
+
+
+def test_record_roundtrip_and_progress(store):
+    epoch = store.take_epoch(JOB, "test")
+    assert store.get_batch(JOB, Q, 5) is None
+    rec = record(5, epoch=epoch)
+    store.put_batch(JOB, epoch, rec)
+    got = store.get_batch(JOB, Q, 5)
+    assert got.to_json() == rec.to_json()
+    store.mark_done(JOB, epoch, Q, 5, "L5-0")
+    store.mark_done(JOB, epoch, Q, 5, "L5-0")
+    assert store.done_labels(JOB, Q, 5) == {"L5-0"}
+
+
+def test_intents_and_sealing(store):
+    epoch = store.take_epoch(JOB, "test")
+    store.add_intent(JOB, epoch, Q, 3, ref("a"))
+    store.add_intent(JOB, epoch, Q, 3, ref("b", 1))
+    assert [r.label for r in store.intents(JOB, Q, 3)] == ["a", "b"]
+    assert store.batch_keys(JOB) == [(Q, 3)]
+    store.remove_intents(JOB, epoch, Q, 3, ["a"])
+    assert [r.label for r in store.intents(JOB, Q, 3)] == ["b"]
+    store.put_batch(JOB, epoch, record(3, BatchState.PREPARED, epoch))
+    store.add_intent(JOB, epoch, Q, 3, ref("replay"))  # a PREPARED batch may still be replayed
+    store.put_batch(JOB, epoch, record(3, BatchState.COMMITTED, epoch))
+    with pytest.raises(BatchSealedError):
+        store.add_intent(JOB, epoch, Q, 3, ref("zombie"))
+    assert "zombie" not in {r.label for r in store.intents(JOB, Q, 3)}
+
+
+def test_fencing_refuses_every_write_of_an_older_epoch(store):
+    old = store.take_epoch(JOB, "driver-a")
+    new = store.take_epoch(JOB, "driver-b")
+    assert new > old and store.current_epoch(JOB) == new
+    writes = [
+        lambda: store.put_batch(JOB, old, record(1, epoch=old)),
+        lambda: store.add_intent(JOB, old, Q, 1, ref("x")),
+        lambda: store.remove_intents(JOB, old, Q, 1, ["x"]),
+        lambda: store.mark_done(JOB, old, Q, 1, "x"),
+        lambda: store.delete_batch(JOB, old, Q, 1),
+    ]
+    for write in writes:
+        with pytest.raises(FencedError, match=f"holds fencing epoch {old}, but epoch {new}"):
+            write()
+    assert store.get_batch(JOB, Q, 1) is None and store.intents(JOB, Q, 1) == []
+    store.put_batch(JOB, new, record(1, epoch=new))  # the new driver writes fine
+    assert store.get_batch(JOB, Q, 1).epoch == new
+
+
+def test_no_write_lands_after_a_newer_epoch_is_taken(store):
+    """The epoch check and the write are one atomic step: a racing old driver cannot slip one in."""
+    old = store.take_epoch(JOB, "driver-a")
+    fenced = threading.Event()
+    sequence = []
+
+    def old_driver() -> None:
+        n = 0
+        while True:
+            rec = record(1, epoch=old)
+            rec.timings = {"seq": float(n)}
+            try:
+                store.put_batch(JOB, old, rec)
+            except FencedError:
+                fenced.set()
+                return
+            sequence.append(n)
+            n += 1
+
+    thread = threading.Thread(target=old_driver)
+    thread.start()
+    deadline = time.monotonic() + 10
+    while not sequence and time.monotonic() < deadline:
+        time.sleep(0.001)
+    store.take_epoch(JOB, "driver-b")
+    seen_after_fence = store.get_batch(JOB, Q, 1).timings["seq"]
+    thread.join(timeout=10)
+    assert fenced.is_set()
+    assert store.get_batch(JOB, Q, 1).timings["seq"] == seen_after_fence
+
+
+def test_batch_keys_ordered_and_delete(store):
+    epoch = store.take_epoch(JOB, "t")
+    for batch in (10, 2, 7):
+        store.put_batch(JOB, epoch, record(batch, epoch=epoch))
+    store.add_intent(JOB, epoch, "other-query", 1, ref("o"))
+    assert store.batch_keys(JOB) == [("other-query", 1), (Q, 2), (Q, 7), (Q, 10)]
+    store.delete_batch(JOB, epoch, Q, 7)
+    assert store.get_batch(JOB, Q, 7) is None
+    assert (Q, 7) not in store.batch_keys(JOB)
+
+
+def test_redis_restart_keeps_state(redis_server):
+    s = RedisStateStore(redis_server.url)
+    epoch = s.take_epoch(JOB, "t")
+    written = record(1, epoch=epoch)
+    s.put_batch(JOB, epoch, written)
+    s.add_intent(JOB, epoch, Q, 2, ref("i"))
+    s.close()
+    redis_server.restart()
+    s = RedisStateStore(redis_server.url)
+    assert s.get_batch(JOB, Q, 1).to_json() == written.to_json()
+    assert [r.label for r in s.intents(JOB, Q, 2)] == ["i"]
+    assert s.current_epoch(JOB) == epoch
+
+
+_WRITER = r"""
+import sys
+from state import FileStateStore, BatchRecord
+from streaming_sink.committable import BatchState, Committable
+store = FileStateStore(sys.argv[1])
+epoch = store.take_epoch("job", "w")
+n = 0
+while True:
+    cs = [Committable("clickhouse", "db", "t", f"label-{n}-{i}", i, "a", rows=n) for i in range(200)]
+    store.put_batch("job", epoch, BatchRecord("q", 1, BatchState.PREPARED, epoch, cs, timings={"seq": float(n)}))
+    if n == 0:
+        print("ready", flush=True)
+    n += 1
+"""
+
+
+def test_file_store_records_survive_kill_minus_9_mid_write(tmp_path):
+    """Kill a writer at arbitrary instants: the record is always a complete, consistent version."""
+    for attempt in range(5):
+        root = tmp_path / f"s{attempt}"
+        proc = subprocess.Popen([sys.executable, "-c", _WRITER, str(root)], stdout=subprocess.PIPE, text=True)
+        assert proc.stdout.readline().strip() == "ready"
+        time.sleep(0.05 * (attempt + 1))  # the kill instant, not a synchronisation
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait()
+        rec = FileStateStore(root).get_batch("job", "q", 1)
+        seq = int(rec.timings["seq"])
+        assert len(rec.committables) == 200
+        assert all(c.rows == seq and c.label.startswith(f"label-{seq}-") for c in rec.committables)
+        leftovers = [p for p in (root / "job" / "batches" / "q").iterdir() if p.name.startswith(".")]
+        assert len(leftovers) <= 1  # at most the temp file of the write that was cut short
