@@ -109,6 +109,10 @@ class StateStore(ABC):
         """The newest epoch taken for the job (0 when none was)."""
 
     @abstractmethod
+    def epoch_owner(self, job_id: str) -> dict[str, Any] | None:
+        """Who took the current epoch and when: {"epoch", "owner", "at"} (for operators)."""
+
+    @abstractmethod
     def add_intent(self, job_id: str, epoch: int, query_id: str, batch_id: int, ref: TxnRef) -> None:
         """Record that a transaction is about to begin. Raises BatchSealedError on a COMMITTED batch."""
 

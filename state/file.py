@@ -69,6 +69,9 @@ class FileStateStore(StateStore):
     def current_epoch(self, job_id: str) -> int:
         return self._read_epoch(job_id)
 
+    def epoch_owner(self, job_id: str) -> dict[str, Any] | None:
+        return _read_json(self._job_dir(job_id) / "epoch.json")
+
     def add_intent(self, job_id: str, epoch: int, query_id: str, batch_id: int, ref: TxnRef) -> None:
         with self._locked(job_id, epoch):
             record = self.get_batch(job_id, query_id, batch_id)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import time
+from typing import Any
 
 import redis
 
@@ -74,6 +75,10 @@ class RedisStateStore(StateStore):
     def current_epoch(self, job_id: str) -> int:
         value = self._client.get(self._key(job_id, "epoch"))
         return int(value) if value else 0
+
+    def epoch_owner(self, job_id: str) -> dict[str, Any] | None:
+        value = self._client.get(self._key(job_id, "owner"))
+        return json.loads(value) if value else None
 
     def add_intent(self, job_id: str, epoch: int, query_id: str, batch_id: int, ref: TxnRef) -> None:
         self._fenced(

@@ -1,21 +1,133 @@
-"""`streaming-sink`: the command line of the packaged job (the operator commands grow here)."""
+"""`streaming-sink`: run the packaged job, and the operator's commands for a stopped or crashed job.
+
+Human-readable output by default, `--json` for scripts. `recover` and `abort` are dry runs unless
+`--apply` is given; applying takes the job's fencing epoch, so a driver that is still running
+stops at its next state write instead of racing the operator.
+"""
 from __future__ import annotations
 
 import argparse
+import json
+import os
+import socket
 import sys
+from typing import Any
 
-from . import job
+from state import open_store
+
+from .committable import BatchState
+from .recovery import Recovery, apply_recovery, plan_recovery
+from .status import job_status, render_status
+from .targets import target_from_url
+
+
+def _add_job_arguments(parser: argparse.ArgumentParser, needs_target: bool) -> None:
+    parser.add_argument("--job", required=True, help="the job_id")
+    parser.add_argument("--state", required=True, help="state store URL: redis://host:port/db or file:///path")
+    if needs_target:
+        parser.add_argument("--target", required=True, help="target URL: chdb:///path, clickhouse://h:8123, starrocks://fe:8030, doris://fe:8030")
+        parser.add_argument("--database", required=True, help="target database")
+    parser.add_argument("--json", action="store_true", help="machine-readable output")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="streaming-sink", description="Exactly-once Kafka ingestion into OLAP databases")
+    commands = parser.add_subparsers(dest="command", required=True)
+    run = commands.add_parser("run", help="run the packaged Kafka ingestion job")
+    source = run.add_mutually_exclusive_group(required=True)
+    source.add_argument("--config", help="path of the TOML job configuration (see docs/configuration.md)")
+    source.add_argument("--spec", help="path of a resolved JSON job spec (streaming_sink/job.py JobSpec)")
+
+    status = commands.add_parser("status", help="batches, pending prepared transactions and leftovers of a job")
+    _add_job_arguments(status, needs_target=False)
+    status.add_argument("--last", type=int, default=20, help="how many recent batches to show")
+    status.add_argument("--prepared-timeout", type=float, default=None,
+                        help="the server's prepared-transaction timeout in seconds, to show time left")
+
+    recover = commands.add_parser("recover", help="commit PREPARED batches and abort leftover intents, without Spark")
+    _add_job_arguments(recover, needs_target=True)
+    recover.add_argument("--apply", action="store_true", help="act (default: only say what would be done)")
+
+    abort = commands.add_parser("abort", help="abort the transactions of a batch that is not PREPARED")
+    _add_job_arguments(abort, needs_target=True)
+    abort.add_argument("--batch", type=int, required=True)
+    abort.add_argument("--query-id", help="streaming query id (default: the only one, or the newest batch's)")
+    abort.add_argument("--apply", action="store_true", help="act (default: only say what would be done)")
+    return parser
+
+
+def _emit(args: argparse.Namespace, data: Any, text: str) -> None:
+    print(json.dumps(data, indent=2, sort_keys=True, default=str) if args.json else text)
+
+
+def _progress(args: argparse.Namespace):
+    return (lambda message: None) if args.json else (lambda message: print(message, file=sys.stderr, flush=True))
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    status = job_status(open_store(args.state), args.job, args.last, args.prepared_timeout)
+    _emit(args, status, render_status(status))
+    return 0
+
+
+def _take_over(args: argparse.Namespace) -> Recovery:
+    store = open_store(args.state)
+    target = target_from_url(args.target, args.database)
+    epoch = store.take_epoch(args.job, owner=f"streaming-sink {args.command} on {socket.gethostname()}:{os.getpid()}")
+    return Recovery(target, store, args.job, epoch)
+
+
+def cmd_recover(args: argparse.Namespace) -> int:
+    actions = plan_recovery(open_store(args.state), args.job)
+    if not args.apply:
+        lines = [f"dry run: {len(actions)} action(s); re-run with --apply to carry them out"]
+        lines += [f"  batch {a.batch_id} ({a.query_id}): {a.action} {a.transactions} transaction(s) {a.detail}" for a in actions]
+        _emit(args, {"applied": False, "actions": [a.__dict__ for a in actions]}, "\n".join(lines))
+        return 0
+    recovery = _take_over(args)
+    done = apply_recovery(recovery, plan_recovery(recovery.store, args.job), _progress(args))
+    kept = [a for a in done if a.action == "keep-for-replay"]
+    lines = [f"applied {len(done)} action(s) with fencing epoch {recovery.epoch}"]
+    lines += [f"  batch {a.batch_id}: {a.action} {a.transactions} {a.detail}" for a in done]
+    if kept:
+        lines.append("  some prepared transactions can no longer be committed: restart the job so it replays "
+                     "them from the source (docs/runbook.md, 'Prepared transactions expired')")
+    _emit(args, {"applied": True, "epoch": recovery.epoch, "actions": [a.__dict__ for a in done]}, "\n".join(lines))
+    return 1 if kept else 0
+
+
+def cmd_abort(args: argparse.Namespace) -> int:
+    store = open_store(args.state)
+    candidates = [(q, b) for q, b in store.batch_keys(args.job) if b == args.batch and (args.query_id in (None, q))]
+    if not candidates:
+        print(f"job {args.job} has no batch {args.batch} in {store.url}", file=sys.stderr)
+        return 2
+    query_id, batch_id = candidates[-1]
+    record = store.get_batch(args.job, query_id, batch_id)
+    if record is not None and record.state in (BatchState.PREPARED, BatchState.COMMITTED):
+        print(
+            f"refusing: batch {batch_id} is {record.state.value}; a PREPARED batch must be committed (run `recover`), "
+            "aborting it would lose rows that the source will not send again", file=sys.stderr,
+        )
+        return 2
+    intents = store.intents(args.job, query_id, batch_id)
+    if not args.apply:
+        _emit(args, {"applied": False, "batch": batch_id, "intents": [r.label for r in intents]},
+              f"dry run: would abort {len(intents)} transaction(s) of batch {batch_id}: " + ", ".join(r.label for r in intents))
+        return 0
+    recovery = _take_over(args)
+    aborted = recovery.abort_intents(query_id, batch_id)
+    _emit(args, {"applied": True, "batch": batch_id, "aborted": aborted}, f"aborted {aborted} transaction(s) of batch {batch_id}")
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="streaming-sink", description="Exactly-once Kafka ingestion into OLAP databases")
-    commands = parser.add_subparsers(dest="command", required=True)
-    run = commands.add_parser("run", help="run the packaged Kafka ingestion job from a JSON spec")
-    run.add_argument("--spec", required=True, help="path of the JSON job spec (see streaming_sink/job.py JobSpec)")
-    args = parser.parse_args(argv)
+    args = build_parser().parse_args(argv)
     if args.command == "run":
-        return job.main(["--spec", args.spec])
-    return 2
+        from . import job
+
+        return job.main(["--config", args.config] if args.config else ["--spec", args.spec])
+    return {"status": cmd_status, "recover": cmd_recover, "abort": cmd_abort}[args.command](args)
 
 
 if __name__ == "__main__":

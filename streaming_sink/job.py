@@ -1,8 +1,14 @@
 """The packaged Kafka ingestion job: JSON messages from Kafka topics into target tables, exactly once.
 
-`python -m streaming_sink.job --spec spec.json` runs one streaming query described by a JSON spec
-(see `JobSpec`). It is what the demo and the end-to-end crash tests run in a child process, so a
-test can SIGKILL the driver and start it again on the same checkpoint.
+Each message is routed to a table (by a field of the message, or by its topic), parsed with that
+table's schema, and written by the ExactlyOnceSink. A message that cannot be routed or parsed, or
+lacks a required (NOT NULL) field, goes to the dead-letter table with its raw value, topic,
+partition, offset, Kafka timestamp and the reason: exactly once, like every other row, because it
+travels through the same two-phase commit. Every column is derived from the Kafka record alone, so
+a re-run batch produces the same rows (the replay checksum depends on it).
+
+`python -m streaming_sink.job --spec spec.json` runs a resolved JobSpec (the form tests use);
+`streaming-sink run --config job.toml` reads the user-facing TOML (streaming_sink/config.py).
 """
 from __future__ import annotations
 
@@ -15,8 +21,13 @@ from typing import Any
 
 from state import open_store
 
+from .routing import struct_column_for
 from .sink import ExactlyOnceSink
-from .targets import ClickHouseTarget, ConfigurationError, Target
+from .targets import ConfigurationError, target_from_url
+
+ROUTE_COLUMN = "__table"
+DEAD_LETTER_COLUMNS = "raw_value STRING, topic STRING, partition INT, offset BIGINT, kafka_timestamp TIMESTAMP, reason STRING"
+METADATA_COLUMNS = ("kafka_partition", "kafka_offset")
 
 
 @dataclass
@@ -24,57 +35,179 @@ class JobSpec:
     job_id: str
     bootstrap: str
     topics: list[str]
-    schema: str  # Spark DDL of the JSON value, e.g. "id BIGINT, name STRING"
     target_url: str
     database: str
     state_url: str
     checkpoint: str
-    table: str | None = None
-    table_field: str | None = None  # a field of the message that names the target table
-    metadata_columns: bool = True  # add kafka_partition and kafka_offset columns
+    tables: dict[str, str] | None = None  # table -> Spark DDL of its JSON fields; None: `schema` for every target table
+    schema: str | None = None  # one schema shared by all tables (only with table_field and no `tables`)
+    table: str | None = None  # every message to this table
+    table_field: str | None = None  # or: the message field that names its table
+    topic_tables: dict[str, str] | None = None  # or: topic -> table
+    dead_letter_table: str | None = None  # None: a bad message fails the batch loudly instead
+    metadata_columns: bool = True  # add kafka_partition and kafka_offset to every data table
     max_offsets_per_trigger: int | None = None
     starting_offsets: str = "earliest"
     trigger: str = "available-now"  # or a processing-time interval such as "5 seconds"
     flush_bytes: int = 64 * 1024 * 1024
+    create_tables: bool = False  # create missing tables from the schemas (embedded ClickHouse only)
+    target_options: dict[str, Any] = field(default_factory=dict)
     spark_conf: dict[str, str] = field(default_factory=dict)
 
     @classmethod
     def from_json(cls, text: str) -> "JobSpec":
         data: dict[str, Any] = json.loads(text)
-        known = set(cls.__dataclass_fields__)
-        unknown = sorted(set(data) - known)
+        unknown = sorted(set(data) - set(cls.__dataclass_fields__))
         if unknown:
-            raise ConfigurationError(f"unknown job spec key(s) {unknown}; known: {sorted(known)}")
-        return cls(**data)
+            raise ConfigurationError(f"unknown job spec key(s) {unknown}; known: {sorted(cls.__dataclass_fields__)}")
+        spec = cls(**data)
+        spec.validate()
+        return spec
 
-
-def make_target(spec: JobSpec) -> Target:
-    if spec.target_url.startswith(("chdb:", "http:", "https:")):
-        return ClickHouseTarget(spec.target_url, database=spec.database)
-    raise ConfigurationError(f"target_url {spec.target_url!r}: only ClickHouse (chdb:// or http://) so far")
+    def validate(self) -> None:
+        routes = [k for k in ("table", "table_field", "topic_tables") if getattr(self, k)]
+        if len(routes) != 1:
+            raise ConfigurationError(f"route messages with exactly one of table, table_field, topic_tables (got {routes or 'none'})")
+        if self.tables is None and self.schema is None:
+            raise ConfigurationError("give `tables` (a schema per table) or `schema`")
+        if self.topic_tables and set(self.topic_tables) != set(self.topics):
+            raise ConfigurationError(f"topic_tables must map every topic in `topics`: {sorted(self.topics)}")
 
 
 def build_sink(spec: JobSpec) -> ExactlyOnceSink:
-    routing_column = "__table" if spec.table_field else None
     return ExactlyOnceSink(
-        target=make_target(spec),
+        target=target_from_url(spec.target_url, spec.database, spec.target_options),
         state=open_store(spec.state_url),
         job_id=spec.job_id,
-        table=spec.table,
-        table_column=routing_column,
+        table_column=ROUTE_COLUMN,
         flush_bytes=spec.flush_bytes,
+        struct_columns=True,
     )
 
 
-def run(spec: JobSpec) -> None:
-    from pyspark.sql import SparkSession, functions as F
+def resolve_tables(spec: JobSpec, target_tables: set[str] | None) -> dict[str, str]:
+    """Table -> schema, checked against what the target has, before anything is read."""
+    if spec.tables is not None:
+        tables = dict(spec.tables)
+    else:
+        if target_tables is None:
+            raise ConfigurationError("this target cannot list its tables: give `tables` with a schema per table")
+        names = {spec.table} if spec.table else set(spec.topic_tables.values()) if spec.topic_tables else target_tables
+        tables = {name: spec.schema for name in names}
+    if spec.dead_letter_table:
+        tables.pop(spec.dead_letter_table, None)
+    if target_tables is not None:
+        missing = sorted((set(tables) | ({spec.dead_letter_table} if spec.dead_letter_table else set())) - target_tables)
+        if missing:
+            raise ConfigurationError(
+                f"table(s) {missing} do not exist in the target database {spec.database!r} (or are not loadable there); "
+                f"create them first, the sink never creates tables. The target has: {sorted(target_tables)}"
+            )
+    return tables
 
-    sink = build_sink(spec)
-    sink.start()  # configuration and connectivity errors surface here, before Spark reads anything
+
+def build_frame(raw, spec: JobSpec, tables: dict[str, str]):
+    """Kafka records -> one route column plus one struct column per table (only the routed one set)."""
+    from pyspark.sql import functions as F
+    from pyspark.sql.types import StructField, StringType, StructType
+
+    value = F.col("value").cast("string")
+    if spec.table:
+        route = F.lit(spec.table)
+    elif spec.table_field:
+        route = F.get_json_object(value, f"$.{spec.table_field}")
+    else:
+        mapping = F.create_map(*[F.lit(x) for pair in spec.topic_tables.items() for x in pair])
+        route = mapping[F.col("topic")]
+
+    columns = []
+    reason = F.when(value.isNull(), F.lit("message has no value")).when(
+        route.isNull(), F.lit(f"message has no {spec.table_field!r} field" if spec.table_field else "no table for the topic")
+    ).when(~route.isin(list(tables)), F.concat(F.lit("unknown table "), route))
+    for table, ddl in tables.items():
+        schema = StructType.fromDDL(ddl)
+        parse_schema = StructType(
+            [StructField(f.name, f.dataType, True) for f in schema.fields if f.name != spec.table_field]
+            + [StructField("__corrupt", StringType(), True)]
+        )
+        parsed = F.from_json(value, parse_schema, {"mode": "PERMISSIVE", "columnNameOfCorruptRecord": "__corrupt"})
+        mine = route == F.lit(table)
+        reason = reason.when(mine & parsed["__corrupt"].isNotNull(), F.lit(f"not valid JSON for the schema of {table}"))
+        for f in schema.fields:
+            if not f.nullable:
+                reason = reason.when(mine & parsed[f.name].isNull(), F.lit(f"required field {f.name!r} of {table} is missing or null"))
+        fields = [parsed[f.name].alias(f.name) for f in parse_schema.fields if f.name != "__corrupt"]
+        if spec.metadata_columns:
+            fields += [F.col("partition").alias("kafka_partition"), F.col("offset").alias("kafka_offset")]
+        columns.append((table, mine, F.struct(*fields)))
+
+    bad = reason.isNotNull()
+    if spec.dead_letter_table:
+        dead = F.struct(
+            value.alias("raw_value"), F.col("topic"), F.col("partition"), F.col("offset"),
+            F.col("timestamp").alias("kafka_timestamp"), reason.alias("reason"),
+        )
+        routed = F.when(bad, F.lit(spec.dead_letter_table)).otherwise(route)
+        columns.append((spec.dead_letter_table, bad, dead))
+    else:
+        # No dead-letter table: the batch fails, and the error names the record and the reason.
+        routed = F.when(bad, F.concat(
+            F.lit("<bad message "), F.col("topic"), F.lit("/"), F.col("partition").cast("string"), F.lit("@"),
+            F.col("offset").cast("string"), F.lit(": "), reason, F.lit("; configure a dead-letter table>"),
+        )).otherwise(route)
+    return raw.select(
+        routed.alias(ROUTE_COLUMN),
+        *[F.when(condition & (~bad if name != spec.dead_letter_table else F.lit(True)), struct).alias(struct_column_for(name))
+          for name, condition, struct in columns],
+    )
+
+
+def table_schemas(spec: JobSpec, tables: dict[str, str]):
+    """The Arrow schema of every table the job writes, as the sink will hand it to the target."""
+    import pyarrow as pa
+    from pyspark.sql.pandas.types import to_arrow_schema
+    from pyspark.sql.types import StructType
+
+    schemas = {}
+    for table, ddl in tables.items():
+        fields = [f for f in to_arrow_schema(StructType.fromDDL(ddl)) if f.name != spec.table_field]
+        if spec.metadata_columns:
+            fields += [pa.field("kafka_partition", pa.int32(), False), pa.field("kafka_offset", pa.int64(), False)]
+        schemas[table] = pa.schema(fields)
+    if spec.dead_letter_table:
+        schemas[spec.dead_letter_table] = to_arrow_schema(StructType.fromDDL(DEAD_LETTER_COLUMNS))
+    return schemas
+
+
+def check_columns(target, schemas) -> None:
+    """Every column the job writes must exist in its table, where the target can tell."""
+    for table, schema in schemas.items():
+        existing = target.table_columns(table)
+        if existing is None:
+            continue
+        missing = [name for name in schema.names if name not in existing]
+        if missing:
+            raise ConfigurationError(
+                f"table {table!r} has no column(s) {missing} that the job writes (it has {existing}); "
+                f"add them to the table or remove them from tables.{table}.schema"
+            )
+
+
+def run(spec: JobSpec) -> None:
+    from pyspark.sql import SparkSession
+
     builder = SparkSession.builder.appName(f"streaming-sink:{spec.job_id}")
     for key, value in spec.spark_conf.items():
         builder = builder.config(key, value)
     spark = builder.getOrCreate()
+    sink = build_sink(spec)
+    if spec.create_tables and spec.tables is not None:
+        for table, schema in table_schemas(spec, spec.tables).items():
+            sink.target.create_table(table, schema)
+    # configuration, connectivity, tables, columns and fencing all fail here, before Spark reads anything
+    sink.start()
+    tables = resolve_tables(spec, sink.known_tables)
+    check_columns(sink.target, table_schemas(spec, tables))
     reader = (
         spark.readStream.format("kafka")
         .option("kafka.bootstrap.servers", spec.bootstrap)
@@ -84,35 +217,35 @@ def run(spec: JobSpec) -> None:
     )
     if spec.max_offsets_per_trigger:
         reader = reader.option("maxOffsetsPerTrigger", spec.max_offsets_per_trigger)
-    raw = reader.load()
-    parsed = raw.select(
-        F.from_json(F.col("value").cast("string"), spec.schema).alias("v"),
-        F.col("partition").alias("kafka_partition"),
-        F.col("offset").alias("kafka_offset"),
-    )
-    columns = [F.col(f"v.{name}") for name in spark.createDataFrame([], spec.schema).columns if name != spec.table_field]
-    if spec.table_field:
-        columns.append(F.col(f"v.{spec.table_field}").alias("__table"))
-    if spec.metadata_columns:
-        columns += [F.col("kafka_partition"), F.col("kafka_offset")]
-    writer = parsed.select(*columns).writeStream.foreachBatch(sink).option("checkpointLocation", spec.checkpoint)
+    frame = build_frame(reader.load(), spec, tables)
+    writer = frame.writeStream.foreachBatch(sink).option("checkpointLocation", spec.checkpoint)
     if spec.trigger == "available-now":
         writer = writer.trigger(availableNow=True)
     else:
         writer = writer.trigger(processingTime=spec.trigger)
-    query = writer.start()
-    query.awaitTermination()
+    writer.start().awaitTermination()
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m streaming_sink.job", description=__doc__)
-    parser.add_argument("--spec", required=True, help="path of the JSON job spec")
+    source = parser.add_mutually_exclusive_group(required=True)
+    source.add_argument("--spec", help="path of a resolved JSON job spec (what tests use)")
+    source.add_argument("--config", help="path of the TOML job configuration")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s", stream=sys.stderr)
     logging.getLogger("py4j").setLevel(logging.WARNING)
-    with open(args.spec) as handle:
-        spec = JobSpec.from_json(handle.read())
-    run(spec)
+    try:
+        if args.config:
+            from .config import load_config
+
+            spec = load_config(args.config)
+        else:
+            with open(args.spec) as handle:
+                spec = JobSpec.from_json(handle.read())
+        run(spec)
+    except ConfigurationError as error:
+        print(f"streaming-sink: configuration error: {error}", file=sys.stderr)
+        return 2
     return 0
 
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Callable
 
 from state import BatchRecord, FencedError, StateStore
@@ -123,3 +123,54 @@ class Recovery:
             if batch_id <= newest[query_id] - retain_batches:
                 self.store.delete_batch(self.job_id, self.epoch, query_id, batch_id)
                 self._clean.discard(key)
+
+
+@dataclass
+class RecoveryAction:
+    """One thing `recover` does (or, in a dry run, would do) for one batch."""
+
+    query_id: str
+    batch_id: int
+    action: str  # commit-prepared | abort-intents | keep-for-replay
+    transactions: int
+    detail: str = ""
+
+
+def plan_recovery(store: StateStore, job_id: str) -> list[RecoveryAction]:
+    """What a crashed job left: PREPARED batches to roll forward, intents to abort. Reads only."""
+    actions = []
+    for query_id, batch_id in store.batch_keys(job_id):
+        record = store.get_batch(job_id, query_id, batch_id)
+        intents = store.intents(job_id, query_id, batch_id)
+        if record is not None and record.state is BatchState.PREPARED:
+            done = store.done_labels(job_id, query_id, batch_id)
+            pending = [c for c in record.live_committables() if c.label not in done]
+            actions.append(RecoveryAction(query_id, batch_id, "commit-prepared", len(pending),
+                                          f"{len(done)} already committed"))
+        keep = {c.label for c in record.committables} if record else set()
+        leftover = [r for r in intents if r.label not in keep]
+        if leftover:
+            actions.append(RecoveryAction(query_id, batch_id, "abort-intents", len(leftover),
+                                          ", ".join(r.label for r in leftover[:3]) + (" ..." if len(leftover) > 3 else "")))
+    return actions
+
+
+def apply_recovery(recovery: "Recovery", actions: list[RecoveryAction], progress: Callable[[str], None]) -> list[RecoveryAction]:
+    """Carry out a plan. A PREPARED batch with lost parts is left PREPARED for the job's own replay."""
+    results = []
+    for number, action in enumerate(actions, 1):
+        progress(f"[{number}/{len(actions)}] batch {action.batch_id}: {action.action} ({action.transactions})")
+        record = recovery.store.get_batch(recovery.job_id, action.query_id, action.batch_id)
+        if action.action == "commit-prepared" and record is not None and record.state is BatchState.PREPARED:
+            lost = recovery.commit_pending(record)
+            if lost:
+                results.append(RecoveryAction(action.query_id, action.batch_id, "keep-for-replay", len(lost),
+                                              "lost: " + ", ".join(c.label for c in lost)))
+                continue
+            recovery.mark_committed(record)
+            recovery.abort_intents(action.query_id, action.batch_id, keep={c.label for c in record.committables})
+        elif action.action == "abort-intents":
+            keep = {c.label for c in record.committables} if record else set()
+            recovery.abort_intents(action.query_id, action.batch_id, keep=keep)
+        results.append(action)
+    return results

@@ -16,16 +16,21 @@ class UnknownTableError(ValueError):
 
 @dataclass(frozen=True)
 class Router:
-    """Splits Arrow batches by target table. With `table_column`, that column is not written."""
+    """Splits Arrow batches by target table. With `table_column`, that column is not written.
 
-    known_tables: frozenset[str]
+    `known_tables` is None for targets that cannot list their tables over their load protocol
+    (StarRocks, Doris without a table list): then a wrong name fails at the server's `begin`.
+    """
+
+    known_tables: frozenset[str] | None
     table: str | None = None
     table_column: str | None = None
+    struct_columns: bool = False  # each table's row is the struct column `struct_column_for(table)`
 
     def __post_init__(self) -> None:
         if (self.table is None) == (self.table_column is None):
             raise ConfigurationError("give exactly one of table=... or table_column=...")
-        if self.table is not None and self.table not in self.known_tables:
+        if self.table is not None and self.known_tables is not None and self.table not in self.known_tables:
             raise ConfigurationError(
                 f"table={self.table!r} is not a table the target can load; known: {sorted(self.known_tables)}"
             )
@@ -43,7 +48,7 @@ class Router:
         if values.null_count:
             raise UnknownTableError(f"{values.null_count} rows have a null {self.table_column!r}: no table to route to")
         tables = [t for t in pc.unique(values).to_pylist()]
-        unknown = sorted(set(map(str, tables)) - self.known_tables)
+        unknown = sorted(set(map(str, tables)) - self.known_tables) if self.known_tables is not None else []
         if unknown:
             raise UnknownTableError(
                 f"rows route to unknown table(s) {unknown} by column {self.table_column!r}; "
@@ -51,5 +56,13 @@ class Router:
             )
         keep = [name for name in batch.schema.names if name != self.table_column]
         for table in tables:
-            rows = batch.filter(pc.equal(values, table)).select(keep)
-            yield str(table), rows
+            rows = batch.filter(pc.equal(values, table))
+            if self.struct_columns:
+                yield str(table), pa.RecordBatch.from_struct_array(rows.column(struct_column_for(str(table))))
+            else:
+                yield str(table), rows.select(keep)
+
+
+def struct_column_for(table: str) -> str:
+    """The column that carries a table's rows when each table has its own schema (the packaged job)."""
+    return f"__row_{table}"

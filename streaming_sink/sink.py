@@ -66,6 +66,7 @@ class ExactlyOnceSink:
         table_column: str | None = None,
         flush_bytes: int = 64 * 1024 * 1024,
         retain_batches: int = 100,
+        struct_columns: bool = False,
     ) -> None:
         if not _JOB_ID.match(job_id):
             raise ConfigurationError(f"job_id {job_id!r}: 1-64 characters of letters, digits, '.', '_' or '-'")
@@ -76,6 +77,7 @@ class ExactlyOnceSink:
         self.target, self.state, self.job_id = target, state, job_id
         self.table, self.table_column = table, table_column
         self.flush_bytes, self.retain_batches = flush_bytes, retain_batches
+        self.struct_columns = struct_columns  # with table_column: each table's row is a struct column of its own
         self._router: Router | None = None
         self._recovery: Recovery | None = None
         self._write_passes: dict[tuple[str, int], int] = {}
@@ -87,10 +89,19 @@ class ExactlyOnceSink:
         """Check the target and take the fencing epoch; idempotent. Fails before any data moves."""
         if self._recovery is not None:
             return
-        self._router = Router(frozenset(self.target.routable_tables()), self.table, self.table_column)
+        tables = self.target.routable_tables()
+        self._router = Router(
+            frozenset(tables) if tables is not None else None, self.table, self.table_column, self.struct_columns
+        )
         epoch = self.state.take_epoch(self.job_id, owner=f"{socket.gethostname()}:{os.getpid()}")
         self._recovery = Recovery(self.target, self.state, self.job_id, epoch)
         log.info("job %s: driver took fencing epoch %d", self.job_id, epoch)
+
+    @property
+    def known_tables(self) -> set[str] | None:
+        """The tables the target said rows may go to (None: it cannot tell)."""
+        assert self._router is not None, "start() first"
+        return set(self._router.known_tables) if self._router.known_tables is not None else None
 
     @property
     def epoch(self) -> int:

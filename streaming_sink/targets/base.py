@@ -85,8 +85,16 @@ class Target(ABC):
         return 8
 
     @abstractmethod
-    def routable_tables(self) -> set[str]:
-        """Tables rows may be routed to; raises ConfigurationError when the target is unusable."""
+    def routable_tables(self) -> set[str] | None:
+        """Tables rows may be routed to (None: cannot tell, the server will refuse unknown ones).
+
+        Called once when a driver starts: it is also where a target checks connectivity and
+        credentials, so configuration mistakes fail before any data moves.
+        """
+
+    def table_columns(self, table: str) -> list[str] | None:
+        """The table's column names, where the load protocol can tell (None: it cannot)."""
+        return None
 
     @abstractmethod
     def begin(self, table: str, new_ref: NewRef, record_intent: RecordIntent) -> TableTransaction:

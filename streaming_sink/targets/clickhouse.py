@@ -127,6 +127,20 @@ class ClickHouseTarget(Target):
             if engine.endswith(_MOVABLE_ENGINE_SUFFIX) and name != LEDGER_TABLE and not name.startswith("ss_")
         }
 
+    def table_columns(self, table: str) -> list[str] | None:
+        rows = self.client().query(
+            "SELECT name FROM system.columns WHERE database = {db:String} AND table = {t:String} ORDER BY position",
+            parameters={"db": self.database, "t": table},
+        ).result_rows
+        return [r[0] for r in rows]
+
+    def create_table(self, table: str, schema: pa.Schema) -> None:
+        """Create a MergeTree table for an Arrow schema if it is missing (the embedded quick start)."""
+        columns = ", ".join(f"{quote(f.name)} {clickhouse_type(f.type, f.nullable)}" for f in schema)
+        client = self.client()
+        client.command(f"CREATE DATABASE IF NOT EXISTS {quote(self.database)}")
+        client.command(f"CREATE TABLE IF NOT EXISTS {self._table(table)} ({columns}) ENGINE = MergeTree ORDER BY tuple()")
+
     def begin(self, table: str, new_ref: NewRef, record_intent: RecordIntent) -> TableTransaction:
         return _StagingTransaction(self, table, new_ref, record_intent)
 
@@ -189,6 +203,28 @@ class ClickHouseTarget(Target):
             self._local.client = None
         if client is not None:
             client.close()
+
+
+def clickhouse_type(arrow_type: pa.DataType, nullable: bool) -> str:
+    """The ClickHouse column type that `insert_arrow` fills from an Arrow column of this type."""
+    t = pa.types
+    if t.is_boolean(arrow_type):
+        name = "Bool"
+    elif t.is_integer(arrow_type):
+        name = f"{'UInt' if t.is_unsigned_integer(arrow_type) else 'Int'}{arrow_type.bit_width}"
+    elif t.is_floating(arrow_type):
+        name = f"Float{arrow_type.bit_width}"
+    elif t.is_string(arrow_type) or t.is_large_string(arrow_type) or t.is_binary(arrow_type) or t.is_large_binary(arrow_type):
+        name = "String"
+    elif t.is_timestamp(arrow_type):
+        name = f"DateTime64(6, {literal(arrow_type.tz or 'UTC')})"
+    elif t.is_date(arrow_type):
+        name = "Date32"
+    elif t.is_decimal(arrow_type):
+        name = f"Decimal({arrow_type.precision}, {arrow_type.scale})"
+    else:
+        raise ConfigurationError(f"no ClickHouse column type for Arrow type {arrow_type}; create the table yourself")
+    return f"Nullable({name})" if nullable else name
 
 
 class _StagingTransaction(TableTransaction):

@@ -13,13 +13,9 @@ DB = "analytics"
 SCHEMA = "id BIGINT, name STRING, amount DOUBLE, __table STRING, kafka_partition INT, kafka_offset BIGINT"
 
 
-@pytest.fixture(scope="module")
-def spark():
-    from devstack.spark import local_spark_session
-
-    session = local_spark_session("streaming-sink-tests")
-    yield session
-    session.stop()
+@pytest.fixture
+def spark(spark_session):
+    return spark_session
 
 
 @pytest.fixture

@@ -1,0 +1,185 @@
+"""The packaged job's TOML configuration: read, check every key, fill embedded defaults, resolve a JobSpec.
+
+Every mistake found here stops the job before any data moves, with a message that names the key
+and says how to fix it. With no [target] and no [state], the job writes to ClickHouse embedded
+through chdb and to a file state store under `data_dir`, creating the tables from their schemas.
+"""
+from __future__ import annotations
+
+import difflib
+import os
+import re
+import tomllib
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlparse
+
+from .job import JobSpec
+from .targets import ConfigurationError
+
+_KEYS: dict[str, set[str]] = {
+    "": {"job_id", "data_dir", "kafka", "routing", "tables", "dead_letters", "target", "state", "trigger", "sink", "spark"},
+    "kafka": {"bootstrap_servers", "topics", "starting_offsets", "max_offsets_per_trigger"},
+    "routing": {"field", "topics", "table"},
+    "dead_letters": {"table"},
+    "target": {"url", "database", "options", "create_tables"},
+    "state": {"url"},
+    "trigger": {"interval"},
+    "sink": {"flush_bytes", "checkpoint", "metadata_columns"},
+    "spark": {"conf"},
+}
+_TABLE_KEYS = {"schema"}
+_INTERVAL = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|milliseconds?|s|secs?|seconds?|m|mins?|minutes?|h|hours?)\s*$")
+STATE_URL_ENV = "STREAMING_SINK_STATE_URL"  # overrides state.url, for a Redis URL that carries a password
+_TARGET_SCHEMES = ("chdb", "clickhouse", "clickhouses", "http", "https", "starrocks", "doris")
+_STATE_SCHEMES = ("file", "redis", "rediss")
+
+
+def load_config(path: str | Path) -> JobSpec:
+    path = Path(path)
+    try:
+        data = tomllib.loads(path.read_text())
+    except FileNotFoundError:
+        raise ConfigurationError(f"config file {path} does not exist") from None
+    except tomllib.TOMLDecodeError as error:
+        raise ConfigurationError(f"{path} is not valid TOML: {error}") from None
+    return resolve_config(data, base_dir=path.resolve().parent)
+
+
+def resolve_config(data: dict[str, Any], base_dir: Path) -> JobSpec:
+    _check_keys(data)
+    job_id = _required(data, "job_id", str)
+    data_dir = (base_dir / data.get("data_dir", f"data/{job_id}")).resolve()
+    kafka = data.get("kafka", {})
+    topics = _required(kafka, "topics", list, "kafka.topics")
+    if not topics or not all(isinstance(t, str) and t for t in topics):
+        raise ConfigurationError("kafka.topics: give a non-empty list of topic names, e.g. topics = [\"events\"]")
+
+    tables = {name: _table_schema(name, spec) for name, spec in _required(data, "tables", dict).items()}
+    routing = data.get("routing", {})
+    if len(routing) != 1:
+        raise ConfigurationError(
+            "routing: give exactly one of routing.field (a message field names the table), "
+            "routing.topics (topic -> table) or routing.table (every message to one table)"
+        )
+    topic_tables = routing.get("topics")
+    if topic_tables is not None:
+        unmapped = sorted(set(topics) - set(topic_tables))
+        if unmapped:
+            raise ConfigurationError(f"routing.topics: no table for topic(s) {unmapped}; map every topic in kafka.topics")
+        unknown = sorted(set(topic_tables.values()) - set(tables))
+        if unknown:
+            raise ConfigurationError(f"routing.topics: table(s) {unknown} have no [tables.<name>] schema")
+    if routing.get("table") is not None and routing["table"] not in tables:
+        raise ConfigurationError(f"routing.table: {routing['table']!r} has no [tables.{routing['table']}] schema")
+
+    target = data.get("target", {})
+    embedded = "url" not in target
+    target_url = target.get("url", f"chdb://{data_dir / 'clickhouse'}")
+    _check_url(target_url, _TARGET_SCHEMES, "target.url")
+    state_url = data.get("state", {}).get("url", f"file://{data_dir / 'state'}")
+    _check_url(state_url, _STATE_SCHEMES, "state.url")
+    state_url = os.environ.get(STATE_URL_ENV, state_url)
+    interval = data.get("trigger", {}).get("interval", "available-now")
+    interval_s = None if interval == "available-now" else parse_interval(interval, "trigger.interval")
+    options = dict(target.get("options", {}))
+    _check_timeouts(options, interval_s)
+
+    sink = data.get("sink", {})
+    flush_bytes = sink.get("flush_bytes", 64 * 1024 * 1024)
+    if not isinstance(flush_bytes, int) or flush_bytes < 1024:
+        raise ConfigurationError(f"sink.flush_bytes: {flush_bytes!r} is not a byte count of at least 1024")
+    max_offsets = kafka.get("max_offsets_per_trigger")
+    if max_offsets is not None and (not isinstance(max_offsets, int) or max_offsets <= 0):
+        raise ConfigurationError(f"kafka.max_offsets_per_trigger: {max_offsets!r} must be a positive integer")
+
+    return JobSpec(
+        job_id=job_id,
+        bootstrap=_required(kafka, "bootstrap_servers", str, "kafka.bootstrap_servers"),
+        topics=topics,
+        target_url=target_url,
+        database=target.get("database", "default"),
+        state_url=state_url,
+        checkpoint=str((base_dir / sink["checkpoint"]).resolve()) if "checkpoint" in sink else str(data_dir / "checkpoint"),
+        tables=tables,
+        table=routing.get("table"),
+        table_field=routing.get("field"),
+        topic_tables=topic_tables,
+        dead_letter_table=data.get("dead_letters", {}).get("table"),
+        metadata_columns=bool(sink.get("metadata_columns", True)),
+        max_offsets_per_trigger=max_offsets,
+        starting_offsets=kafka.get("starting_offsets", "earliest"),
+        trigger=interval if interval_s is None else f"{interval_s} seconds",
+        flush_bytes=flush_bytes,
+        target_options=options,
+        create_tables=bool(target.get("create_tables", embedded)),
+        spark_conf={str(k): str(v) for k, v in data.get("spark", {}).get("conf", {}).items()},
+    )
+
+
+def parse_interval(text: Any, key: str) -> float:
+    match = _INTERVAL.match(str(text))
+    if not match:
+        raise ConfigurationError(f"{key}: {text!r} is not an interval; write e.g. \"10 seconds\", \"500 ms\" or \"2 minutes\"")
+    unit = match.group(2)
+    scale = 0.001 if unit == "ms" or unit.startswith("milli") else 1 if unit.startswith("s") else 60 if unit.startswith("m") else 3600
+    return float(match.group(1)) * scale
+
+
+def _check_timeouts(options: dict[str, Any], interval_s: float | None) -> None:
+    """A transaction lives about one trigger interval before its commit: shorter server timeouts lose it."""
+    if interval_s is None:
+        return
+    for key, minimum in (("timeout", interval_s), ("prepared_timeout", 2 * interval_s)):
+        if key in options and float(options[key]) < minimum:
+            raise ConfigurationError(
+                f"target.options.{key} = {options[key]} s is shorter than {minimum:g} s for a trigger interval of "
+                f"{interval_s:g} s: transactions would expire before they are committed. Raise it (the server "
+                "default is safest) or shorten trigger.interval"
+            )
+
+
+def _check_keys(data: dict[str, Any]) -> None:
+    for section, known in _KEYS.items():
+        values = data if section == "" else data.get(section, {})
+        if not isinstance(values, dict):
+            raise ConfigurationError(f"[{section}] must be a table of keys, got {values!r}")
+        for key in values:
+            if key not in known:
+                name = f"{section}.{key}" if section else key
+                hint = difflib.get_close_matches(key, sorted(known), n=1)
+                raise ConfigurationError(
+                    f"unknown key {name!r}" + (f" (did you mean {hint[0]!r}?)" if hint else f"; known: {sorted(known)}")
+                )
+    for table, spec in data.get("tables", {}).items():
+        for key in spec if isinstance(spec, dict) else []:
+            if key not in _TABLE_KEYS:
+                raise ConfigurationError(f"unknown key 'tables.{table}.{key}'; a table has only 'schema'")
+
+
+def _table_schema(name: str, spec: Any) -> str:
+    if not isinstance(spec, dict) or not isinstance(spec.get("schema"), str) or not spec["schema"].strip():
+        raise ConfigurationError(f"tables.{name}.schema: give the JSON fields as Spark DDL, e.g. schema = \"id BIGINT NOT NULL, name STRING\"")
+    return spec["schema"]
+
+
+def _required(section: dict[str, Any], key: str, kind: type, name: str | None = None) -> Any:
+    name = name or key
+    if key not in section:
+        raise ConfigurationError(f"missing key {name!r}")
+    if not isinstance(section[key], kind):
+        raise ConfigurationError(f"{name}: expected {kind.__name__}, got {section[key]!r}")
+    return section[key]
+
+
+def _check_url(url: Any, schemes: tuple[str, ...], key: str) -> None:
+    parsed = urlparse(str(url))
+    if parsed.scheme not in schemes:
+        raise ConfigurationError(f"{key}: {url!r} must start with one of {', '.join(s + '://' for s in schemes)}")
+    if parsed.username or parsed.password:
+        raise ConfigurationError(
+            f"{key}: do not write credentials in the file; set STREAMING_SINK_TARGET_USER and STREAMING_SINK_TARGET_PASSWORD"
+            if key == "target.url" else f"{key}: do not write credentials in the file; put the whole URL in {STATE_URL_ENV}"
+        )
+    if parsed.scheme in ("chdb", "file") and (parsed.netloc not in ("", "localhost") or not parsed.path.startswith("/")):
+        raise ConfigurationError(f"{key}: {url!r} needs an absolute path ({parsed.scheme}:///absolute/path)")

@@ -1,0 +1,99 @@
+"""The packaged job's parsing and routing: good rows to their tables, every bad one to the dead letters."""
+from __future__ import annotations
+
+import datetime as dt
+import json
+
+import pytest
+
+from devstack.pipeline import open_target
+from state import FileStateStore
+from streaming_sink.job import JobSpec, build_frame, resolve_tables
+from streaming_sink.routing import UnknownTableError
+from streaming_sink.sink import ExactlyOnceSink
+from streaming_sink.targets.base import ConfigurationError
+
+DB = "analytics"
+SCHEMAS = {"orders": "id BIGINT NOT NULL, name STRING, amount DOUBLE", "payments": "id BIGINT NOT NULL, method STRING"}
+KAFKA = "value BINARY, topic STRING, partition INT, offset BIGINT, timestamp TIMESTAMP"
+T0 = dt.datetime(2026, 1, 2, 3, 4, 5)
+
+MESSAGES = [
+    ({"table": "orders", "id": 1, "name": "a", "amount": 1.5}, None),
+    ({"table": "payments", "id": 2, "method": "card"}, None),
+    ({"table": "orders", "id": "not-a-number", "name": "b"}, "not valid JSON for the schema of orders"),
+    ("{this is not json", "message has no 'table' field"),
+    ({"table": "refunds", "id": 3}, "unknown table refunds"),
+    ({"id": 4, "name": "no table"}, "message has no 'table' field"),
+    ({"table": "payments", "method": "cash"}, "required field 'id' of payments is missing or null"),
+    ({"table": "orders", "id": 5, "name": "c", "amount": None}, None),
+]
+
+
+def spec(tmp_path, dead_letters: str | None = "dead_letters") -> JobSpec:
+    return JobSpec(
+        job_id="dlq", bootstrap="unused", topics=["events"], target_url=f"chdb://{tmp_path / 'ch'}", database=DB,
+        state_url=f"file://{tmp_path / 'state'}", checkpoint=str(tmp_path / "ckpt"), tables=SCHEMAS,
+        table_field="table", dead_letter_table=dead_letters,
+    )
+
+
+@pytest.fixture
+def target(tmp_path):
+    with open_target(tmp_path / "ch", DB) as t:
+        client = t.client()
+        client.command(f"CREATE DATABASE {DB}")
+        client.command(f"CREATE TABLE {DB}.orders (id Int64, name Nullable(String), amount Nullable(Float64), "
+                       "kafka_partition Int32, kafka_offset Int64) ENGINE = MergeTree ORDER BY id")
+        client.command(f"CREATE TABLE {DB}.payments (id Int64, method Nullable(String), kafka_partition Int32, "
+                       "kafka_offset Int64) ENGINE = MergeTree ORDER BY id")
+        client.command(f"CREATE TABLE {DB}.dead_letters (raw_value Nullable(String), topic String, partition Int32, "
+                       "offset Int64, kafka_timestamp DateTime64(6), reason String) ENGINE = MergeTree ORDER BY (topic, partition, offset)")
+        yield t
+
+
+def kafka_frame(spark):
+    rows = []
+    for offset, (message, _) in enumerate(MESSAGES):
+        raw = message if isinstance(message, str) else json.dumps(message)
+        rows.append((bytearray(raw.encode()), "events", 0, offset, T0))
+    return spark.createDataFrame(rows, KAFKA)
+
+
+def run_batch(spark, target, tmp_path, job: JobSpec):
+    sink = ExactlyOnceSink(target=target, state=FileStateStore(tmp_path / "state"), job_id=job.job_id,
+                           table_column="__table", struct_columns=True)
+    sink.start()
+    tables = resolve_tables(job, sink.known_tables)
+    return sink.process(build_frame(kafka_frame(spark), job, tables), 0, "q")
+
+
+def test_bad_messages_go_to_dead_letters_with_reasons_and_counts_reconcile(spark_session, target, tmp_path):
+    report = run_batch(spark_session, target, tmp_path, spec(tmp_path))
+    client = target.client()
+    orders = client.query(f"SELECT id, name, amount, kafka_offset FROM {DB}.orders ORDER BY id").result_rows
+    payments = client.query(f"SELECT id, method, kafka_offset FROM {DB}.payments ORDER BY id").result_rows
+    dead = client.query(f"SELECT offset, reason, raw_value, topic, partition, kafka_timestamp FROM {DB}.dead_letters ORDER BY offset").result_rows
+    assert orders == [(1, "a", 1.5, 0), (5, "c", None, 7)]
+    assert payments == [(2, "card", 1)]
+    expected_dead = [(offset, reason) for offset, (_, reason) in enumerate(MESSAGES) if reason]
+    assert [(o, r) for o, r, *_ in dead] == expected_dead
+    raw_of = {offset: m if isinstance(m, str) else json.dumps(m) for offset, (m, _) in enumerate(MESSAGES)}
+    assert all(raw == raw_of[o] and topic == "events" and p == 0 and ts.replace(tzinfo=None) == T0
+               for o, _, raw, topic, p, ts in dead)
+    assert report.rows == len(MESSAGES) == len(orders) + len(payments) + len(dead)
+
+
+def test_without_a_dead_letter_table_a_bad_message_fails_the_batch_and_names_it(spark_session, target, tmp_path):
+    with pytest.raises(UnknownTableError, match=r"bad message events/0@2: not valid JSON for the schema of orders"):
+        run_batch(spark_session, target, tmp_path, spec(tmp_path, dead_letters=None))
+    assert target.client().query(f"SELECT count() FROM {DB}.orders").result_rows == [(0,)]
+    assert target.staging_tables() == []
+
+
+def test_missing_table_is_a_configuration_error_naming_it(target, tmp_path):
+    job = spec(tmp_path)
+    job.tables = dict(SCHEMAS, refunds="id BIGINT")
+    with pytest.raises(ConfigurationError, match=r"\['refunds'\] do not exist in the target database 'analytics'"):
+        resolve_tables(job, {"orders", "payments", "dead_letters"})
+

@@ -1,0 +1,70 @@
+"""The operator's commands on what a killed job left behind, then the job restarted: still exact."""
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+
+import pytest
+
+from devstack.pipeline import DB, LocalPipeline
+from streaming_sink.committable import BatchState
+
+pytestmark = pytest.mark.slow
+
+
+def cli(pipeline: LocalPipeline, *args: str, target: bool = True) -> subprocess.CompletedProcess:
+    command = [sys.executable, "-m", "streaming_sink.cli", *args, "--job", pipeline.job_id, "--state", pipeline.state_url]
+    if target:
+        command += ["--target", f"chdb://{pipeline.chdb_path}", "--database", DB]
+    return subprocess.run(command, capture_output=True, text=True, timeout=120)
+
+
+@pytest.fixture
+def pipeline(tmp_path, kafka_broker):
+    p = LocalPipeline(tmp_path, kafka_broker, f"file://{tmp_path / 'state'}")
+    p.produce()
+    return p
+
+
+def test_status_and_recover_finish_a_prepared_batch_before_the_job_returns(pipeline):
+    assert pipeline.run_driver(crash_at="after-prepared-record@2", run=0) == -signal.SIGKILL
+    record, _, _ = pipeline.batch_state(2)
+
+    status = json.loads(cli(pipeline, "status", "--json", "--prepared-timeout", "86400", target=False).stdout)
+    batch2 = next(b for b in status["batches"] if b["batch_id"] == 2)
+    assert batch2["state"] == "PREPARED" and batch2["committed"] == 0
+    assert {p["label"] for p in status["pending_transactions"]} == {c.label for c in record.committables}
+    assert all(0 < p["expires_in_s"] <= 86400 for p in status["pending_transactions"])
+    human = cli(pipeline, "status", target=False).stdout
+    assert "PREPARED" in human and "prepared, not yet committed" in human
+
+    dry = json.loads(cli(pipeline, "recover", "--json").stdout)
+    assert dry["applied"] is False and [(a["batch_id"], a["action"]) for a in dry["actions"]] == [(2, "commit-prepared")]
+    assert pipeline.batch_state(2)[0].state is BatchState.PREPARED  # a dry run changes nothing
+
+    applied = cli(pipeline, "recover", "--apply", "--json")
+    assert applied.returncode == 0, applied.stderr
+    assert pipeline.batch_state(2)[0].state is BatchState.COMMITTED
+
+    pipeline.run_to_completion()
+    assert '"action": "already-committed", "batch_id": 2' in (pipeline.logs / "driver-1.log").read_text()
+    pipeline.verify()
+
+
+def test_abort_refuses_a_prepared_batch_and_cleans_a_begun_one(pipeline):
+    assert pipeline.run_driver(crash_at="after-writers-prepared@2", run=0) == -signal.SIGKILL
+    _, intents, _ = pipeline.batch_state(2)
+    assert intents
+    dry = cli(pipeline, "abort", "--batch", "2")
+    assert dry.returncode == 0 and "would abort" in dry.stdout
+    applied = cli(pipeline, "abort", "--batch", "2", "--apply")
+    assert applied.returncode == 0, applied.stderr
+    assert pipeline.batch_state(2)[1] == []
+
+    assert pipeline.run_driver(crash_at="after-prepared-record@3", run=1) == -signal.SIGKILL
+    refused = cli(pipeline, "abort", "--batch", "3", "--apply")
+    assert refused.returncode == 2 and "refusing: batch 3 is PREPARED" in refused.stderr
+    pipeline.run_to_completion(first_run=2)
+    pipeline.verify()

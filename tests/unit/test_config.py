@@ -1,0 +1,98 @@
+"""Every configuration mistake stops the job before data moves, with a message that names the key."""
+from __future__ import annotations
+
+import copy
+
+import pytest
+
+from streaming_sink.config import STATE_URL_ENV, load_config, parse_interval, resolve_config
+from streaming_sink.targets.base import ConfigurationError
+
+GOOD = {
+    "job_id": "orders",
+    "kafka": {"bootstrap_servers": "127.0.0.1:9092", "topics": ["events"], "max_offsets_per_trigger": 100},
+    "routing": {"field": "table"},
+    "tables": {"orders": {"schema": "id BIGINT NOT NULL, name STRING"}},
+    "dead_letters": {"table": "dead_letters"},
+    "trigger": {"interval": "10 seconds"},
+}
+
+
+def with_change(path: str, value, base=GOOD):
+    data = copy.deepcopy(base)
+    *parents, last = path.split(".")
+    node = data
+    for key in parents:
+        node = node.setdefault(key, {})
+    if value is KeyError:
+        node.pop(last)
+    else:
+        node[last] = value
+    return data
+
+
+def test_embedded_defaults(tmp_path):
+    spec = resolve_config(GOOD, tmp_path)
+    assert spec.target_url == f"chdb://{tmp_path / 'data' / 'orders' / 'clickhouse'}"
+    assert spec.state_url == f"file://{tmp_path / 'data' / 'orders' / 'state'}"
+    assert spec.checkpoint == str(tmp_path / "data" / "orders" / "checkpoint")
+    assert spec.create_tables and spec.table_field == "table" and spec.trigger == "10.0 seconds"
+    assert spec.dead_letter_table == "dead_letters" and spec.tables == {"orders": "id BIGINT NOT NULL, name STRING"}
+
+
+def test_a_real_target_does_not_create_tables(tmp_path):
+    spec = resolve_config(with_change("target", {"url": "starrocks://fe:8030", "database": "db"}), tmp_path)
+    assert not spec.create_tables and spec.target_url == "starrocks://fe:8030"
+
+
+@pytest.mark.parametrize(
+    "path, value, message",
+    [
+        ("kafka.topic", ["x"], "unknown key 'kafka.topic' (did you mean 'topics'?)"),
+        ("tabels", {}, "unknown key 'tabels' (did you mean 'tables'?)"),
+        ("tables.orders.shema", "x", "unknown key 'tables.orders.shema'"),
+        ("job_id", KeyError, "missing key 'job_id'"),
+        ("kafka.bootstrap_servers", KeyError, "missing key 'kafka.bootstrap_servers'"),
+        ("kafka.topics", [], "kafka.topics: give a non-empty list"),
+        ("kafka.max_offsets_per_trigger", 0, "kafka.max_offsets_per_trigger: 0 must be a positive integer"),
+        ("tables.orders.schema", "", "tables.orders.schema: give the JSON fields as Spark DDL"),
+        ("routing", {"field": "t", "table": "orders"}, "routing: give exactly one of routing.field"),
+        ("routing", {"topics": {"other": "orders"}}, "routing.topics: no table for topic(s) ['events']"),
+        ("routing", {"topics": {"events": "nope"}}, "routing.topics: table(s) ['nope'] have no [tables.<name>] schema"),
+        ("routing", {"table": "nope"}, "routing.table: 'nope' has no [tables.nope] schema"),
+        ("target.url", "mysql://h:9030", "target.url: 'mysql://h:9030' must start with one of chdb://"),
+        ("target.url", "starrocks://root:secret@fe:8030", "target.url: do not write credentials in the file"),
+        ("target.url", "chdb://relative/path", "target.url: 'chdb://relative/path' needs an absolute path"),
+        ("state.url", "s3://bucket/state", "state.url: 's3://bucket/state' must start with one of file://"),
+        ("state.url", "redis://:pw@h:6379/0", f"state.url: do not write credentials in the file; put the whole URL in {STATE_URL_ENV}"),
+        ("trigger.interval", "often", "trigger.interval: 'often' is not an interval"),
+        ("target.options", {"timeout": 5}, "target.options.timeout = 5 s is shorter than 10 s"),
+        ("target.options", {"prepared_timeout": 15}, "target.options.prepared_timeout = 15 s is shorter than 20 s"),
+        ("sink.flush_bytes", 10, "sink.flush_bytes: 10 is not a byte count"),
+    ],
+)
+def test_configuration_errors_name_the_key(tmp_path, path, value, message):
+    with pytest.raises(ConfigurationError) as error:
+        resolve_config(with_change(path, value), tmp_path)
+    assert message in str(error.value)
+
+
+def test_state_url_from_the_environment(tmp_path, monkeypatch):
+    monkeypatch.setenv(STATE_URL_ENV, "redis://:pw@h:6379/0")
+    assert resolve_config(GOOD, tmp_path).state_url == "redis://:pw@h:6379/0"
+
+
+def test_toml_file_errors(tmp_path):
+    with pytest.raises(ConfigurationError, match="does not exist"):
+        load_config(tmp_path / "missing.toml")
+    bad = tmp_path / "bad.toml"
+    bad.write_text("job_id = \n")
+    with pytest.raises(ConfigurationError, match="is not valid TOML"):
+        load_config(bad)
+
+
+def test_intervals():
+    assert parse_interval("500 ms", "k") == 0.5
+    assert parse_interval("2 minutes", "k") == 120
+    assert parse_interval("1h", "k") == 3600
+    assert parse_interval("10 seconds", "k") == 10
