@@ -18,7 +18,7 @@ from state import open_store
 from .committable import BatchState
 from .recovery import Recovery, apply_recovery, plan_recovery
 from .status import job_status, render_status
-from .targets import target_from_url
+from .targets import ConfigurationError, target_from_url
 
 
 def _add_job_arguments(parser: argparse.ArgumentParser, needs_target: bool) -> None:
@@ -53,6 +53,11 @@ def build_parser() -> argparse.ArgumentParser:
     abort.add_argument("--batch", type=int, required=True)
     abort.add_argument("--query-id", help="streaming query id (default: the only one, or the newest batch's)")
     abort.add_argument("--apply", action="store_true", help="act (default: only say what would be done)")
+    doctor = commands.add_parser("doctor", help="check Kafka, state store, target, tables and timeouts of a job")
+    doctor.add_argument("--config", required=True, help="path of the TOML job configuration")
+    doctor.add_argument("--outage-tolerance", default="1 hour",
+                        help="the longest outage the job must survive without replaying (default: 1 hour)")
+    doctor.add_argument("--json", action="store_true", help="machine-readable output")
     return parser
 
 
@@ -121,13 +126,35 @@ def cmd_abort(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_doctor(args: argparse.Namespace) -> int:
+    from pyspark.sql import SparkSession
+
+    from .config import load_config, parse_interval
+    from .doctor import diagnose, render
+
+    spec = load_config(args.config)
+    tolerance = parse_interval(args.outage_tolerance, "--outage-tolerance")
+    builder = SparkSession.builder.master("local[1]").appName("streaming-sink doctor").config("spark.ui.enabled", "false")
+    spark = builder.getOrCreate()  # only to read the schemas' Spark DDL
+    try:
+        checks = diagnose(spec, tolerance)
+    finally:
+        spark.stop()
+    _emit(args, [c.__dict__ for c in checks], render(checks))
+    return 1 if any(c.verdict == "FAIL" for c in checks) else 0
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.command == "run":
         from . import job
 
         return job.main(["--config", args.config] if args.config else ["--spec", args.spec])
-    return {"status": cmd_status, "recover": cmd_recover, "abort": cmd_abort}[args.command](args)
+    try:
+        return {"status": cmd_status, "recover": cmd_recover, "abort": cmd_abort, "doctor": cmd_doctor}[args.command](args)
+    except ConfigurationError as error:
+        print(f"streaming-sink: configuration error: {error}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

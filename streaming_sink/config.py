@@ -29,7 +29,7 @@ _KEYS: dict[str, set[str]] = {
     "spark": {"conf"},
 }
 _TABLE_KEYS = {"schema"}
-_INTERVAL = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|milliseconds?|s|secs?|seconds?|m|mins?|minutes?|h|hours?)\s*$")
+_INTERVAL = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|milliseconds?|s|secs?|seconds?|m|mins?|minutes?|h|hours?|d|days?)\s*$")
 STATE_URL_ENV = "STREAMING_SINK_STATE_URL"  # overrides state.url, for a Redis URL that carries a password
 _TARGET_SCHEMES = ("chdb", "clickhouse", "clickhouses", "http", "https", "starrocks", "doris")
 _STATE_SCHEMES = ("file", "redis", "rediss")
@@ -122,7 +122,10 @@ def parse_interval(text: Any, key: str) -> float:
     if not match:
         raise ConfigurationError(f"{key}: {text!r} is not an interval; write e.g. \"10 seconds\", \"500 ms\" or \"2 minutes\"")
     unit = match.group(2)
-    scale = 0.001 if unit == "ms" or unit.startswith("milli") else 1 if unit.startswith("s") else 60 if unit.startswith("m") else 3600
+    if unit == "ms" or unit.startswith("milli"):
+        scale = 0.001
+    else:
+        scale = {"s": 1, "m": 60, "h": 3600, "d": 86400}[unit[0]]
     return float(match.group(1)) * scale
 
 

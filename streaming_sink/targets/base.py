@@ -96,6 +96,10 @@ class Target(ABC):
         """The table's column names, where the load protocol can tell (None: it cannot)."""
         return None
 
+    def expiry_limits(self) -> dict[str, float | None]:
+        """How long (s) the server keeps what recovery depends on; None: forever. For `doctor`."""
+        return {}
+
     @abstractmethod
     def begin(self, table: str, new_ref: NewRef, record_intent: RecordIntent) -> TableTransaction:
         """A transaction handle for `table`; nothing happens on the server before its first write."""

@@ -127,6 +127,9 @@ class ClickHouseTarget(Target):
             if engine.endswith(_MOVABLE_ENGINE_SUFFIX) and name != LEDGER_TABLE and not name.startswith("ss_")
         }
 
+    def expiry_limits(self) -> dict[str, float | None]:
+        return {"prepared staging tables": None, "commit ledger": self.ledger_ttl_days * 86400.0}
+
     def table_columns(self, table: str) -> list[str] | None:
         rows = self.client().query(
             "SELECT name FROM system.columns WHERE database = {db:String} AND table = {t:String} ORDER BY position",

@@ -96,3 +96,4 @@ def test_intervals():
     assert parse_interval("2 minutes", "k") == 120
     assert parse_interval("1h", "k") == 3600
     assert parse_interval("10 seconds", "k") == 10
+    assert parse_interval("3 days", "k") == 3 * 86400
