@@ -50,6 +50,7 @@ class BatchRecord:
     created_at: float = field(default_factory=time.time)
     timings: dict[str, float] = field(default_factory=dict)
     events: list[str] = field(default_factory=list)  # recovery events, for operators
+    records_in: int = 0  # rows the writers received; equals the rows of all committables
 
     def live_committables(self) -> list[Committable]:
         lost = set(self.lost)
@@ -68,6 +69,7 @@ class BatchRecord:
                 "created_at": self.created_at,
                 "timings": self.timings,
                 "events": self.events,
+                "records_in": self.records_in,
             },
             sort_keys=True,
         )
@@ -86,6 +88,7 @@ class BatchRecord:
             created_at=float(data.get("created_at", 0.0)),
             timings=dict(data.get("timings", {})),
             events=list(data.get("events", [])),
+            records_in=int(data.get("records_in", 0)),
         )
 
 

@@ -82,6 +82,7 @@ def build_sink(spec: JobSpec) -> ExactlyOnceSink:
         table_column=ROUTE_COLUMN,
         flush_bytes=spec.flush_bytes,
         struct_columns=True,
+        dead_letter_table=spec.dead_letter_table,
     )
 
 

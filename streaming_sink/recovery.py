@@ -94,7 +94,7 @@ class Recovery:
                 f"job {self.job_id}: batch {record.batch_id} of query {record.query_id} was PREPARED but "
                 f"{len(lost)} of its transactions can no longer be committed ({', '.join(c.label for c in lost)}), "
                 "and the streaming query will not re-run that batch. See docs/runbook.md, "
-                "'Prepared data lost outside its batch': reset the source offsets of that batch, or accept the loss."
+                "section 9 'Prepared data lost outside its batch': re-ingest that batch's offsets, or accept the loss."
             )
         committed = self.mark_committed(record)
         self.abort_intents(record.query_id, record.batch_id, keep={c.label for c in record.committables})

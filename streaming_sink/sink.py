@@ -47,7 +47,10 @@ class BatchReport:
 
     batch_id: int
     action: str  # written | empty | recovered-prepared | already-committed
-    rows: int = 0
+    records_in: int = 0  # rows the batch delivered to the writers
+    rows: int = 0  # rows made visible, all tables together (= records_in)
+    rows_by_table: dict[str, int] | None = None
+    dead_letters: int = 0  # of `rows`, those in the dead-letter table
     bytes: int = 0
     transactions: int = 0
     replayed: int = 0
@@ -67,6 +70,7 @@ class ExactlyOnceSink:
         flush_bytes: int = 64 * 1024 * 1024,
         retain_batches: int = 100,
         struct_columns: bool = False,
+        dead_letter_table: str | None = None,
     ) -> None:
         if not _JOB_ID.match(job_id):
             raise ConfigurationError(f"job_id {job_id!r}: 1-64 characters of letters, digits, '.', '_' or '-'")
@@ -78,6 +82,7 @@ class ExactlyOnceSink:
         self.table, self.table_column = table, table_column
         self.flush_bytes, self.retain_batches = flush_bytes, retain_batches
         self.struct_columns = struct_columns  # with table_column: each table's row is a struct column of its own
+        self.dead_letter_table = dead_letter_table  # only to report dead letters apart from loaded rows
         self._router: Router | None = None
         self._recovery: Recovery | None = None
         self._write_passes: dict[tuple[str, int], int] = {}
@@ -168,6 +173,13 @@ class ExactlyOnceSink:
         written = time.time()
         crash_point("after-writers-prepared", batch_id)
         committables = [c for r in results for c in r.committables]
+        records_in = sum(r.rows for r in results)
+        if records_in != sum(c.rows for c in committables):
+            self._abort_unprepared(query_id, batch_id)
+            raise RuntimeError(
+                f"job {self.job_id} batch {batch_id}: the writers received {records_in} rows but prepared "
+                f"{sum(c.rows for c in committables)}; refusing to commit a batch that does not add up"
+            )
         record = BatchRecord(
             query_id=query_id,
             batch_id=batch_id,
@@ -176,6 +188,7 @@ class ExactlyOnceSink:
             committables=committables,
             checksums={r.partition: r.checksum for r in results},
             timings={"write_s": written - started},
+            records_in=records_in,
         )
         self.state.put_batch(self.job_id, self.epoch, record)
         recorded = time.time()
@@ -221,7 +234,7 @@ class ExactlyOnceSink:
                     f"job {self.job_id} batch {record.batch_id}: partition {partition} of the re-run batch has checksum "
                     f"{replayed.checksum if replayed else 'none (no rows)'} but the prepared data had "
                     f"{record.checksums.get(partition)}; the source did not replay the same data, so the lost part "
-                    "cannot be reloaded safely. See docs/runbook.md, 'Replay mismatch'."
+                    "cannot be reloaded safely. See docs/runbook.md, section 8 'Replay mismatch'."
                 )
         fresh = [c for r in results for c in r.committables]
         record.lost = sorted(set(record.lost) | {c.label for c in lost})
@@ -241,10 +254,16 @@ class ExactlyOnceSink:
 
     def _report(self, batch_id: int, action: str, record: BatchRecord) -> BatchReport:
         live = record.live_committables()
+        by_table: dict[str, int] = {}
+        for c in live:
+            by_table[c.table] = by_table.get(c.table, 0) + c.rows
         return BatchReport(
             batch_id,
             action,
-            rows=sum(c.rows for c in live),
+            records_in=record.records_in,
+            rows=sum(by_table.values()),
+            rows_by_table=by_table,
+            dead_letters=by_table.get(self.dead_letter_table, 0) if self.dead_letter_table else 0,
             bytes=sum(c.bytes for c in live),
             transactions=len(live),
             replayed=len(record.lost),

@@ -62,7 +62,7 @@ def kafka_frame(spark):
 
 def run_batch(spark, target, tmp_path, job: JobSpec):
     sink = ExactlyOnceSink(target=target, state=FileStateStore(tmp_path / "state"), job_id=job.job_id,
-                           table_column="__table", struct_columns=True)
+                           table_column="__table", struct_columns=True, dead_letter_table=job.dead_letter_table)
     sink.start()
     tables = resolve_tables(job, sink.known_tables)
     return sink.process(build_frame(kafka_frame(spark), job, tables), 0, "q")
@@ -81,7 +81,9 @@ def test_bad_messages_go_to_dead_letters_with_reasons_and_counts_reconcile(spark
     raw_of = {offset: m if isinstance(m, str) else json.dumps(m) for offset, (m, _) in enumerate(MESSAGES)}
     assert all(raw == raw_of[o] and topic == "events" and p == 0 and ts.replace(tzinfo=None) == T0
                for o, _, raw, topic, p, ts in dead)
-    assert report.rows == len(MESSAGES) == len(orders) + len(payments) + len(dead)
+    assert report.records_in == len(MESSAGES) == report.rows == len(orders) + len(payments) + len(dead)
+    assert report.dead_letters == len(dead) == 5
+    assert report.rows_by_table == {"orders": 2, "payments": 1, "dead_letters": 5}
 
 
 def test_without_a_dead_letter_table_a_bad_message_fails_the_batch_and_names_it(spark_session, target, tmp_path):
