@@ -97,6 +97,9 @@ def resolve_tables(spec: JobSpec, target_tables: set[str] | None) -> dict[str, s
         tables = {name: spec.schema for name in names}
     if spec.dead_letter_table:
         tables.pop(spec.dead_letter_table, None)
+    # Sorted: the frame's column order must not depend on set order (hash seeds differ per process),
+    # or a re-run batch would carry the same rows in a different layout and fail its replay checksum.
+    tables = dict(sorted(tables.items()))
     if target_tables is not None:
         missing = sorted((set(tables) | ({spec.dead_letter_table} if spec.dead_letter_table else set())) - target_tables)
         if missing:

@@ -99,3 +99,12 @@ def test_missing_table_is_a_configuration_error_naming_it(target, tmp_path):
     with pytest.raises(ConfigurationError, match=r"\['refunds'\] do not exist in the target database 'analytics'"):
         resolve_tables(job, {"orders", "payments", "dead_letters"})
 
+
+
+def test_table_order_does_not_depend_on_the_process(tmp_path):
+    """The frame's layout feeds the replay checksum: it must be the same in every driver process."""
+    job = spec(tmp_path)
+    job.tables = None
+    job.schema = "id BIGINT"
+    names = {f"t{i}" for i in range(20)}
+    assert list(resolve_tables(job, names | {"dead_letters"})) == sorted(names)
