@@ -77,6 +77,8 @@ class ContentChecksum:
         self.rows = 0
 
     def update(self, batch: pa.RecordBatch) -> None:
+        if batch.num_rows == 0:
+            return  # no content; and the driver-side path never sees empty batches
         self._digest.update(batch.serialize())
         self.rows += batch.num_rows
 
@@ -101,6 +103,7 @@ class PartitionWriter:
         self._buffers: dict[str, list[pa.RecordBatch]] = {}
         self._buffered_bytes: dict[str, int] = {}
         self._transactions: dict[str, TableTransaction] = {}
+        self.peak_buffered_bytes = 0  # the most this writer ever held unsent: the memory bound, measured
 
     def add(self, batch: pa.RecordBatch) -> None:
         self._checksum.update(batch)
@@ -109,6 +112,7 @@ class PartitionWriter:
                 continue
             self._buffers.setdefault(table, []).append(rows)
             self._buffered_bytes[table] = self._buffered_bytes.get(table, 0) + rows.nbytes
+            self.peak_buffered_bytes = max(self.peak_buffered_bytes, sum(self._buffered_bytes.values()))
             if self._buffered_bytes[table] >= self._context.flush_bytes:
                 self._flush(table)
 

@@ -143,3 +143,16 @@ def test_checksum_is_the_same_after_an_ipc_round_trip():
     c = ContentChecksum()
     c.update(rows(0, 1, 100))
     assert c.hexdigest() != a.hexdigest()
+
+
+def test_writer_memory_is_bounded_by_the_flush_size_not_the_batch(env):
+    target, store, epoch, router = env
+    flush = 64 * 1024
+    context = WriteContext(JOB, Q, 1, epoch, 0, flush)
+    writer = PartitionWriter(context, target, router, store, 0)
+    batches = [rows(0, k * 500, 500) for k in range(40)]
+    biggest = max(b.nbytes for b in batches)
+    result = writer.add_all(batches)
+    assert sum(b.nbytes for b in batches) > 10 * flush  # the partition is far larger than the bound
+    assert writer.peak_buffered_bytes <= 2 * (flush + biggest)  # per table: at most one flush plus one batch
+    assert result.rows == 40 * 500 == sum(c.rows for c in result.committables)
