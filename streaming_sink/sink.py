@@ -85,7 +85,7 @@ class ExactlyOnceSink:
         self.dead_letter_table = dead_letter_table  # only to report dead letters apart from loaded rows
         self._router: Router | None = None
         self._recovery: Recovery | None = None
-        self._write_passes: dict[tuple[str, int], int] = {}
+        self._write_passes: tuple[tuple[str, int] | None, int] = (None, 0)  # (batch, passes written by this driver)
         self.last_report: BatchReport | None = None
 
     # -- start-up ---------------------------------------------------------------------------------
@@ -145,8 +145,8 @@ class ExactlyOnceSink:
 
     def _write(self, df: DataFrame, query_id: str, batch_id: int, replay: frozenset | None = None) -> list[PartitionResult]:
         key = (query_id, batch_id)
-        write_pass = self._write_passes.get(key, 0)
-        self._write_passes[key] = write_pass + 1
+        write_pass = self._write_passes[1] if self._write_passes[0] == key else 0
+        self._write_passes = (key, write_pass + 1)
         context = WriteContext(self.job_id, query_id, batch_id, self.epoch, write_pass, self.flush_bytes, replay)
         assert self._router is not None
         try:
@@ -158,9 +158,9 @@ class ExactlyOnceSink:
     def _abort_unprepared(self, query_id: str, batch_id: int) -> None:
         """A failed write leaves no transaction behind, unless the state store itself is unreachable."""
         assert self._recovery is not None
-        record = self.state.get_batch(self.job_id, query_id, batch_id)
-        keep = {c.label for c in record.committables} if record else set()
         try:
+            record = self.state.get_batch(self.job_id, query_id, batch_id)
+            keep = {c.label for c in record.committables} if record else set()
             self._recovery.abort_intents(query_id, batch_id, keep)
         except Exception as error:
             log.error("job %s batch %s: could not abort after a failed write (%s); the next start will", self.job_id, batch_id, error)
