@@ -1,9 +1,13 @@
-"""A local end-to-end pipeline: real Kafka -> the packaged job in a child process -> ClickHouse (chdb).
+"""A local end-to-end pipeline: real Kafka -> the packaged job in a child process -> a target.
 
-Used by the demo (scripts/demo.sh) and the end-to-end crash tests. A pipeline produces a known set of messages to a fresh topic, runs `python -m streaming_sink.job`
-as a child process (so tests can SIGKILL it and restart it on the same checkpoint), and verifies
-the target row by row against the source: sorted row lists, counts and an order-independent
-checksum per table, no staging tables left, no intents left, every batch record COMMITTED.
+Used by the demo (scripts/demo.sh) and the end-to-end crash tests. A pipeline produces a known set
+of messages to a fresh topic, runs `python -m streaming_sink.job` as a child process (so tests can
+SIGKILL it and restart it on the same checkpoint), and verifies the target row by row against the
+source: sorted row lists, counts and an order-independent checksum per table, nothing left behind
+in the target (staging tables, open transactions), no intents left, every batch record COMMITTED.
+
+The target is reached through a `TargetAdapter`: ClickHouse on chdb here (the default); tests
+bring others (the StarRocks emulator adapter lives in tests/, since the emulator is a test double).
 """
 from __future__ import annotations
 
@@ -17,7 +21,7 @@ import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterator
+from typing import Any, Iterator, Protocol
 
 from devstack.spark import local_spark_conf, spark_env
 from state import open_store
@@ -60,6 +64,55 @@ def table_rows(target: ClickHouseTarget, table: str) -> list[tuple]:
 
 
 
+class TargetAdapter(Protocol):
+    """How a pipeline sets up, reads and inspects one kind of target (outside the driver process)."""
+
+    def target_url(self) -> str:
+        """The job spec's `target_url`."""
+
+    def target_options(self) -> dict[str, Any]:
+        """The job spec's `target_options`."""
+
+    def env(self) -> dict[str, str]:
+        """Extra environment for the driver (e.g. credentials)."""
+
+    def create_tables(self, database: str, tables: list[str]) -> None:
+        """Tables with columns id, name, amount, kafka_partition, kafka_offset."""
+
+    def rows(self, database: str, table: str) -> list[tuple]:
+        """Visible rows as sorted (id, name, amount, kafka_partition, kafka_offset) tuples."""
+
+    def problems(self, database: str) -> list[str]:
+        """Anything left behind or inconsistent in the target (empty when clean)."""
+
+
+@dataclass
+class ClickHouseAdapter:
+    """Embedded ClickHouse (chdb) at a path; opened and closed per call so the driver can open it too."""
+
+    path: Path
+
+    def target_url(self) -> str:
+        return f"chdb://{self.path}"
+
+    def target_options(self) -> dict[str, Any]:
+        return {}
+
+    def env(self) -> dict[str, str]:
+        return {}
+
+    def create_tables(self, database: str, tables: list[str]) -> None:
+        create_tables(self.path, database, tables)
+
+    def rows(self, database: str, table: str) -> list[tuple]:
+        with open_target(self.path, database) as target:
+            return table_rows(target, table)
+
+    def problems(self, database: str) -> list[str]:
+        with open_target(self.path, database) as target:
+            return [f"staging table left: {name}" for name in target.staging_tables()]
+
+
 def row_checksum(rows: list[tuple]) -> int:
     """Order-independent: sum of per-row digests modulo 2**64 (duplicates and losses both change it)."""
     total = 0
@@ -79,14 +132,26 @@ class LocalPipeline:
     max_offsets_per_trigger: int = 150
     topic: str = ""
     source: dict[str, list[tuple]] = field(default_factory=dict)
+    adapter: TargetAdapter | None = None  # default: ClickHouse on chdb under root/ch
+    spark_conf: dict[str, str] = field(default_factory=dict)  # overrides of the local Spark conf
+    driver_module: str = "streaming_sink.job"  # tests may wrap the job to inject faults in tasks
+    driver_env: dict[str, str] = field(default_factory=dict)
+    checkpoint_name: str = "checkpoint"
 
     def __post_init__(self) -> None:
         self.topic = self.topic or f"events-{self.root.name}"
         self.chdb_path = self.root / "ch"
+        if self.adapter is None:
+            self.adapter = ClickHouseAdapter(self.chdb_path)
         self.spec_path = self.root / "spec.json"
         self.logs = self.root / "logs"
         self.logs.mkdir(parents=True, exist_ok=True)
-        create_tables(self.chdb_path, DB, TABLES)
+        self.adapter.create_tables(DB, TABLES)
+        self.write_spec()
+
+    def write_spec(self) -> None:
+        """(Re)write the job spec, e.g. after changing `checkpoint_name` (a new checkpoint = a new query id)."""
+        assert self.adapter is not None
         self.spec_path.write_text(
             json.dumps(
                 {
@@ -95,12 +160,13 @@ class LocalPipeline:
                     "topics": [self.topic],
                     "schema": SCHEMA,
                     "table_field": "table",
-                    "target_url": f"chdb://{self.chdb_path}",
+                    "target_url": self.adapter.target_url(),
+                    "target_options": self.adapter.target_options(),
                     "database": DB,
                     "state_url": self.state_url,
-                    "checkpoint": str(self.root / "checkpoint"),
+                    "checkpoint": str(self.root / self.checkpoint_name),
                     "max_offsets_per_trigger": self.max_offsets_per_trigger,
-                    "spark_conf": local_spark_conf({"spark.sql.shuffle.partitions": "2"}),
+                    "spark_conf": local_spark_conf({"spark.sql.shuffle.partitions": "2", **self.spark_conf}),
                 }
             )
         )
@@ -113,7 +179,7 @@ class LocalPipeline:
             values = []
             for offset in range(self.messages_per_partition):
                 ident = partition * 1_000_000 + offset
-                table = TABLES[(ident * 7 + offset) % 2]
+                table = TABLES[(offset // 2 + partition) % 2]  # both tables in every batch and partition
                 message = {"id": ident, "table": table, "name": f"name-{ident}", "amount": ident / 4}
                 values.append(json.dumps(message))
                 self.source[table].append((ident, message["name"], message["amount"], partition, offset))
@@ -122,7 +188,8 @@ class LocalPipeline:
     # -- drivers -------------------------------------------------------------------------------
 
     def _env(self, crash_at: str | None) -> dict[str, str]:
-        env = dict(os.environ, **spark_env())
+        assert self.adapter is not None
+        env = dict(os.environ, **spark_env(), **self.adapter.env(), **self.driver_env)
         env.pop("STREAMING_SINK_CRASH_AT", None)
         if crash_at:
             env["STREAMING_SINK_CRASH_AT"] = crash_at
@@ -132,7 +199,7 @@ class LocalPipeline:
     def start_driver(self, crash_at: str | None = None, run: int = 0) -> subprocess.Popen:
         log = open(self.logs / f"driver-{run}.log", "w")
         return subprocess.Popen(
-            [sys.executable, "-m", "streaming_sink.job", "--spec", str(self.spec_path)],
+            [sys.executable, "-m", self.driver_module, "--spec", str(self.spec_path)],
             cwd=REPO, env=self._env(crash_at), stdout=log, stderr=subprocess.STDOUT,
             start_new_session=True,  # its own process group: kill() takes the Spark JVM down with it
         )
@@ -162,9 +229,10 @@ class LocalPipeline:
     def query_ids(self) -> set[str]:
         return {q for q, _ in self.store().batch_keys(self.job_id)}
 
-    def batch_state(self, batch_id: int):
+    def batch_state(self, batch_id: int, query_id: str | None = None):
         store = self.store()
-        (query_id,) = self.query_ids()
+        if query_id is None:
+            (query_id,) = self.query_ids()
         return (
             store.get_batch(self.job_id, query_id, batch_id),
             store.intents(self.job_id, query_id, batch_id),
@@ -197,15 +265,16 @@ class LocalPipeline:
 
     def verify(self) -> dict[str, tuple[int, int]]:
         """Target equals source exactly, and nothing is left behind anywhere."""
+        assert self.adapter is not None
         report = {}
-        with open_target(self.chdb_path, DB) as target:
-            for table in TABLES:
-                actual, expected = table_rows(target, table), sorted(self.source[table])
-                assert len(actual) == len(expected), f"{table}: {len(actual)} rows, source has {len(expected)}"
-                assert row_checksum(actual) == row_checksum(expected), f"{table}: checksum differs"
-                assert actual == expected, f"{table}: rows differ"
-                report[table] = (len(actual), row_checksum(actual))
-            assert target.staging_tables() == [], f"staging tables left: {target.staging_tables()}"
+        for table in TABLES:
+            actual, expected = self.adapter.rows(DB, table), sorted(self.source[table])
+            assert len(actual) == len(expected), f"{table}: {len(actual)} rows, source has {len(expected)}"
+            assert row_checksum(actual) == row_checksum(expected), f"{table}: checksum differs"
+            assert actual == expected, f"{table}: rows differ"
+            report[table] = (len(actual), row_checksum(actual))
+        problems = self.adapter.problems(DB)
+        assert problems == [], f"left behind in the target: {problems}"
         store = self.store()
         for key in store.batch_keys(self.job_id):
             assert store.intents(self.job_id, *key) == [], f"intents left for {key}"

@@ -4,6 +4,12 @@ Network targets write from the tasks, one transaction per (table, task attempt),
 as parallel as the batch. Embedded targets (chdb: one process per path) write from the driver,
 one partition at a time, fed by `toLocalIterator` over Arrow IPC blobs: the driver holds at most
 one partition, and rows never become Python objects.
+
+A writer partition is identified by its content, not by Spark's partition number: a re-run batch
+can number its input partitions differently (the Kafka source orders topic-partitions by how it
+learned the offsets: from the broker on the first run, from the offset log on a re-run). So a
+replay first digests every partition and writes each under the number of the prepared partition
+with the same checksum (`_replay_identity`).
 """
 from __future__ import annotations
 
@@ -16,25 +22,71 @@ from state import StateStore, open_store
 
 from .routing import Router
 from .targets.base import Target
-from .writer import PartitionResult, PartitionWriter, WriteContext
+from .writer import ContentChecksum, PartitionResult, PartitionWriter, WriteContext
+
+Identity = dict[int, int]  # Spark partition number -> writer partition number
 
 
 def run_writers(
     df: DataFrame, target: Target, router: Router, context: WriteContext, store: StateStore
 ) -> list[PartitionResult]:
+    identity = _replay_identity(df, context, store) if context.replay is not None else None
     if target.runs_writers_in_driver:
-        return _write_in_driver(df, target, router, context, store)
-    return _write_in_tasks(df, target, router, context, store.url)
+        return _write_in_driver(df, target, router, context, store, identity)
+    return _write_in_tasks(df, target, router, context, store.url, identity)
 
 
-def _write_in_tasks(df: DataFrame, target: Target, router: Router, context: WriteContext, store_url: str) -> list[PartitionResult]:
+def _writer_partition(identity: Identity | None, spark_partition: int) -> int:
+    """Without a replay, Spark's number. In a replay, the prepared partition with the same content;
+    a partition whose content matches none gets a negative number, so it can neither be taken
+    for a prepared one nor pass the sink's checksum check (which then fails loudly)."""
+    if identity is None:
+        return spark_partition
+    return identity.get(spark_partition, -1 - spark_partition)
+
+
+_CHECKSUM_SCHEMA = pa.schema([("partition", pa.int32()), ("checksum", pa.string())])
+
+
+def _replay_identity(df: DataFrame, context: WriteContext, store: StateStore) -> Identity | None:
+    """Match the re-run batch's partitions to the prepared ones by content checksum (one extra read)."""
+    record = store.get_batch(context.job_id, context.query_id, context.batch_id)
+    if record is None or not record.checksums:
+        return None
+
+    def digest(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        from pyspark import TaskContext
+
+        checksum = ContentChecksum()
+        for batch in batches:
+            checksum.update(batch)
+        yield pa.RecordBatch.from_pylist(
+            [{"partition": TaskContext.get().partitionId(), "checksum": checksum.hexdigest()}], schema=_CHECKSUM_SCHEMA
+        )
+
+    current = {row["partition"]: row["checksum"] for row in df.mapInArrow(digest, "partition int, checksum string").collect()}
+    unclaimed: dict[str, list[int]] = {}
+    for prepared_partition, checksum in sorted(record.checksums.items(), key=lambda item: int(item[0])):
+        unclaimed.setdefault(checksum, []).append(int(prepared_partition))
+    identity: Identity = {}
+    for spark_partition in sorted(current):
+        candidates = unclaimed.get(current[spark_partition])
+        if candidates:
+            identity[spark_partition] = candidates.pop(0)
+    return identity
+
+
+def _write_in_tasks(
+    df: DataFrame, target: Target, router: Router, context: WriteContext, store_url: str, identity: Identity | None
+) -> list[PartitionResult]:
     def write_partition(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         from pyspark import TaskContext
 
         task = TaskContext.get()
         store = open_store(store_url)
         try:
-            writer = PartitionWriter(context, target, router, store, task.partitionId(), task.attemptNumber())
+            partition = _writer_partition(identity, task.partitionId())
+            writer = PartitionWriter(context, target, router, store, partition, task.attemptNumber())
             result = writer.add_all(batches)
         finally:
             store.close()
@@ -48,7 +100,9 @@ def _write_in_tasks(df: DataFrame, target: Target, router: Router, context: Writ
 _BLOB_SCHEMA = pa.schema([("partition", pa.int32()), ("ipc", pa.binary())])
 
 
-def _write_in_driver(df: DataFrame, target: Target, router: Router, context: WriteContext, store: StateStore) -> list[PartitionResult]:
+def _write_in_driver(
+    df: DataFrame, target: Target, router: Router, context: WriteContext, store: StateStore, identity: Identity | None
+) -> list[PartitionResult]:
     def to_ipc(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         from pyspark import TaskContext
 
@@ -72,7 +126,7 @@ def _write_in_driver(df: DataFrame, target: Target, router: Router, context: Wri
                 if writer is not None:
                     results.append(writer.finish())
                 current = row["partition"]
-                writer = PartitionWriter(context, target, router, store, current)
+                writer = PartitionWriter(context, target, router, store, _writer_partition(identity, current))
             with pa.ipc.open_stream(row["ipc"]) as reader:
                 for batch in reader:
                     writer.add(batch)

@@ -130,6 +130,8 @@ class ExactlyOnceSink:
         recovery.check_epoch()  # a fenced driver stops here, before it reads or writes anything
         record = self.state.get_batch(self.job_id, query_id, batch_id)
         if record is not None and record.state is BatchState.COMMITTED:
+            # killed after the COMMITTED record: only the unchosen attempts may still need aborting
+            recovery.abort_intents(query_id, batch_id, keep={c.label for c in record.committables})
             report = BatchReport(batch_id, "already-committed")
         elif record is not None:
             report = self._recover_prepared(df, record)
@@ -143,11 +145,16 @@ class ExactlyOnceSink:
 
     # -- steps -----------------------------------------------------------------------------------
 
-    def _write(self, df: DataFrame, query_id: str, batch_id: int, replay: frozenset | None = None) -> list[PartitionResult]:
+    def _write(
+        self, df: DataFrame, query_id: str, batch_id: int, replay: frozenset | None = None,
+        committed_flushes: frozenset = frozenset(),
+    ) -> list[PartitionResult]:
         key = (query_id, batch_id)
         write_pass = self._write_passes[1] if self._write_passes[0] == key else 0
         self._write_passes = (key, write_pass + 1)
-        context = WriteContext(self.job_id, query_id, batch_id, self.epoch, write_pass, self.flush_bytes, replay)
+        context = WriteContext(
+            self.job_id, query_id, batch_id, self.epoch, write_pass, self.flush_bytes, replay, committed_flushes
+        )
         assert self._router is not None
         try:
             return run_writers(df, self.target, self._router, context, self.state)
@@ -174,11 +181,13 @@ class ExactlyOnceSink:
         crash_point("after-writers-prepared", batch_id)
         committables = [c for r in results for c in r.committables]
         records_in = sum(r.rows for r in results)
-        if records_in != sum(c.rows for c in committables):
+        # Rows the server filtered under the user's max_filter_ratio are accounted for, not lost.
+        accounted = sum(c.rows + int(c.extra.get("filtered_rows", 0)) + int(c.extra.get("unselected_rows", 0)) for c in committables)
+        if records_in != accounted:
             self._abort_unprepared(query_id, batch_id)
             raise RuntimeError(
                 f"job {self.job_id} batch {batch_id}: the writers received {records_in} rows but prepared "
-                f"{sum(c.rows for c in committables)}; refusing to commit a batch that does not add up"
+                f"{accounted} (filtered included); refusing to commit a batch that does not add up"
             )
         record = BatchRecord(
             query_id=query_id,
@@ -224,7 +233,19 @@ class ExactlyOnceSink:
         recovery = self._recovery
         assert recovery is not None
         plan = frozenset((c.table, c.partition) for c in lost)
-        results = self._write(df, record.query_id, record.batch_id, replay=plan)
+        # Parts of the same (table, partition) that did commit (one transaction per flush, as on Doris)
+        # must not be loaded again: the replay skips their flushes, or refuses if it cannot tell them apart.
+        lost_labels = {c.label for c in lost}
+        survivors = [c for c in record.live_committables() if (c.table, c.partition) in plan and c.label not in lost_labels]
+        unsplittable = [c.label for c in survivors if "flush" not in c.extra]
+        if unsplittable:
+            raise ReplayMismatchError(
+                f"job {self.job_id} batch {record.batch_id}: {unsplittable} committed while other transactions of the "
+                "same table and partition were lost, and they do not say which rows they hold; reloading the partition "
+                "would duplicate them. See docs/runbook.md, section 8 'Replay mismatch'."
+            )
+        committed = frozenset((c.table, c.partition, int(c.extra["flush"]), int(c.extra["flush_rows"])) for c in survivors)
+        results = self._write(df, record.query_id, record.batch_id, replay=plan, committed_flushes=committed)
         by_partition = {r.partition: r for r in results}
         for partition in sorted({p for _, p in plan}):
             replayed = by_partition.get(partition)

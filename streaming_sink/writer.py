@@ -35,12 +35,26 @@ class WriteContext:
     write_pass: int  # how many times this driver has written this batch before (fresh labels each pass)
     flush_bytes: int
     replay: frozenset[tuple[str, int]] | None = None  # (table, partition) to reload; None = everything
+    # In a replay: flushes of those (table, partition) that stayed committed, as (table, partition, flush, rows).
+    # Targets with one transaction per flush (Doris) can lose some flushes of a partition and not others.
+    committed_flushes: frozenset[tuple[str, int, int, int]] = frozenset()
 
     def attempt(self, task_attempt: int) -> str:
         return f"e{self.epoch}w{self.write_pass}t{task_attempt}"
 
     def wanted(self, table: str, partition: int) -> bool:
         return self.replay is None or (table, partition) in self.replay
+
+    def committed_rows(self, table: str, partition: int, flush: int) -> int | None:
+        """Rows of that flush if it is already committed (a replay must not send it again), else None."""
+        for t, p, f, rows in self.committed_flushes:
+            if (t, p, f) == (table, partition, flush):
+                return rows
+        return None
+
+
+class ReplayAlignmentError(RuntimeError):
+    """A replayed partition did not flush the same rows as the prepared one: refusing to guess what to skip."""
 
 
 @dataclass
@@ -104,6 +118,8 @@ class PartitionWriter:
         self._buffered_bytes: dict[str, int] = {}
         self._transactions: dict[str, TableTransaction] = {}
         self.peak_buffered_bytes = 0  # the most this writer ever held unsent: the memory bound, measured
+        self._flushes: dict[str, int] = {}  # flushes so far per table, skipped ones included
+        self._written: dict[str, list[tuple[int, int]]] = {}  # per table: (flush number, rows) of each write
 
     def add(self, batch: pa.RecordBatch) -> None:
         self._checksum.update(batch)
@@ -129,11 +145,14 @@ class PartitionWriter:
     def finish(self) -> PartitionResult:
         for table in list(self._buffers):
             self._flush(table)
-        committables = [
-            part.committable(self._checksum.hexdigest())
-            for table in sorted(self._transactions)
-            for part in self._transactions[table].prepare()
-        ]
+        committables = []
+        for table in sorted(self._transactions):
+            parts = self._transactions[table].prepare()
+            written = self._written.get(table, [])
+            if len(parts) == len(written):  # one part per flush: a replay can tell committed flushes apart
+                for part, (flush, rows) in zip(parts, written):
+                    part.extra.update(flush=flush, flush_rows=rows)
+            committables += [part.committable(self._checksum.hexdigest()) for part in parts]
         return PartitionResult(self._partition, self._attempt, self._checksum.hexdigest(), self._checksum.rows, committables)
 
     def abort(self) -> None:
@@ -149,6 +168,18 @@ class PartitionWriter:
         self._buffered_bytes.pop(table, None)
         if not batches:
             return
+        flush = self._flushes.get(table, 0)
+        self._flushes[table] = flush + 1
+        rows = sum(b.num_rows for b in batches)
+        committed = self._context.committed_rows(table, self._partition, flush)
+        if committed is not None:
+            if committed != rows:
+                raise ReplayAlignmentError(
+                    f"replay of {table!r} partition {self._partition}: flush {flush} has {rows} rows but the committed "
+                    f"one had {committed}; the flush size or Arrow batch size changed since the batch was prepared"
+                )
+            return  # committed before the rest of this (table, partition) was lost
+        self._written.setdefault(table, []).append((flush, rows))
         if table not in self._transactions:
             self._transactions[table] = self._target.begin(table, self._new_ref_for(table), self._record_intent)
         self._transactions[table].write(pa.Table.from_batches(batches))

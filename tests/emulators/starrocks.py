@@ -61,6 +61,8 @@ KNOBS = {
     "txn_in_processing": "a BE load/prepare/commit answers TXN_IN_PROCESSING without acting",
     "fe_cache_loss": "FE routing of load/prepare/commit/rollback answers FAILED 'Can't find the "
                      "transaction…' although the txn exists",
+    "restart_be": "a matching BE request finds the BE restarting: every stream context is lost "
+                  "(C.15) and the request's connection is closed without an answer",
 }
 
 
@@ -183,6 +185,10 @@ class StarRocksEmulator(BaseEmulator):
         return Call("other", role)
 
     def route(self, role: str, req: Request, call: Call) -> Response:
+        if role == "be" and self.faults.restart_be.take(call) is not None:
+            with self.lock:  # the BE crashed at this instant: contexts gone, request unanswered
+                self._reset_be_memory()
+            return Response.dropped()
         s = req.segments
         is_txn = len(s) == 3 and s[:2] == ["api", "transaction"]
         if role == "fe":

@@ -291,6 +291,18 @@ def test_begin_label_exists_after_be_restart_reports_running(sr: StarRocksEmulat
     assert load_state(sr, "L")["state"] == "ABORTED"
 
 
+def test_restart_be_knob_loses_every_context_at_that_request(sr: StarRocksEmulator) -> None:
+    txn(sr, "begin", "A")
+    txn(sr, "begin", "B")
+    sr.faults.restart_be.arm(op="load", role="be", label="A")
+    with pytest.raises(requests.ConnectionError):  # the BE died under the request: no answer
+        txn(sr, "load", "A", b"1,a\n")
+    assert sr.faults.restart_be.fired == 1
+    for label in ("A", "B"):  # C.15: contexts lost on the BE, the FE still has the PREPARE txns
+        assert txn(sr, "load", label, b"1,a\n").json["Status"] == "TXN_NOT_EXISTS"
+        assert load_state(sr, label)["state"] == "PREPARE"
+
+
 def test_be_rejects_mismatched_db_and_table(sr: StarRocksEmulator) -> None:
     sr.create_table(DB, "other", [("id", "INT")])
     txn(sr, "begin", "L")

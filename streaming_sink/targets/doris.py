@@ -1,0 +1,512 @@
+"""Apache Doris target: one Stream Load with `two_phase_commit: true` is one pre-committed transaction.
+
+Doris has no begin/load/prepare API like StarRocks: a whole load request is one transaction that
+ends PRECOMMITTED (durable, invisible) when the answer arrives. So a writer's `TableTransaction`
+holds one server transaction per flush, each under its own deterministic label:
+
+* write   = ask the writer for the chunk's label, record the intent, then one 2PC stream load;
+* prepare = nothing left to do: every chunk is already PRECOMMITTED; one PreparedPart per chunk;
+* commit  = `_stream_load_2pc` `commit` by txn id; "already committed/visible" is success, "already
+  aborted" (the precommit timeout, 3600 s by default, passed) or "not found" is LOST (replay);
+* abort   = `_stream_load_2pc` `abort` by txn id when known, else by label (2.1+), else by the
+  empty-body probe that older servers need (it reveals the txn id that holds a label).
+
+A load that is retried after an unclear failure may find its label taken ("Label Already Exists"):
+a RUNNING or PRECOMMITTED holder is aborted and the chunk loaded again under the same label (we
+never adopt data whose load we did not see answered); a FINISHED holder means the label was
+committed already, which the protocol never does before the batch is prepared: a loud error.
+
+Wire facts (paths, headers, messages) are those of /work/shared/protocol.md part B.
+"""
+from __future__ import annotations
+
+import logging
+import re
+import time
+from dataclasses import dataclass, field, fields
+from typing import Any, Iterable, Mapping
+
+import pyarrow as pa
+
+from ..committable import Committable, TxnRef
+from ..encoding import CsvFormat, JsonFormat, WireFormat, columns_header, encode_chunks
+from ..http import AuthenticationError, HttpClient, HttpError, HttpResponse, excerpt
+from .base import CommitOutcome, ConfigurationError, NewRef, PreparedPart, RecordIntent, TableTransaction, Target, TargetError
+
+log = logging.getLogger(__name__)
+
+# Messages of the FE's 2PC handling (protocol.md B.1 'FE 2PC messages'), matched loosely on purpose:
+# versions differ in prefixes ("TStatus: errCode = 2, detailMessage = ") and trailing punctuation.
+_ALREADY_COMMITTED = re.compile(r"is already (committed|visible)\b", re.IGNORECASE)
+_ALREADY_ABORTED = re.compile(r"is already aborted", re.IGNORECASE)
+_COULD_NOT_ABORT = re.compile(r"is already (COMMITTED|VISIBLE), could not abort", re.IGNORECASE)
+_TXN_NOT_FOUND = re.compile(r"transaction \[\d+\] not found", re.IGNORECASE)
+_LABEL_NOT_FOUND = re.compile(r"running transaction not found", re.IGNORECASE)
+_LABEL_HOLDER = re.compile(r"has already been used, relate to txn \[(\d+)\]")
+# An FE or BE that cannot address a 2PC operation by label (before 2.1) says one of these.
+_NO_LABEL_2PC = re.compile(r"No transaction id selected|convert txn_id \[\] failed")
+# Transient refusals that a later attempt may pass (protocol.md C.2; D-DTM running-txn limit).
+_RETRYABLE_2PC = re.compile(r"write lock timeout", re.IGNORECASE)
+_RETRYABLE_LOAD = re.compile(r"current running txns on db|too many running txns|write lock timeout", re.IGNORECASE)
+
+_RESERVED_HEADERS = frozenset(
+    {"label", "two_phase_commit", "format", "columns", "column_separator", "line_delimiter", "row_delimiter",
+     "enclose", "escape", "read_json_by_line", "strip_outer_array", "max_filter_ratio", "strict_mode",
+     "timeout", "expect", "authorization", "txn_id", "txn_operation"}
+)
+_LOAD_STATE_PROBE_LABEL = "streaming_sink_connectivity_check"
+_MAX_LABEL_RESOLUTIONS = 3
+_ERROR_LOG_LINES = 5
+
+
+@dataclass(frozen=True)
+class DorisOptions:
+    """What `DorisTarget(**options)` accepts; every field is optional.
+
+    * `tables`: tables rows may be routed to; without it any name goes and Doris refuses unknown ones.
+    * `format`: "csv" (with the `enclose`/`escape` headers, which Doris added in 2.0 as far as we know:
+      use "json" on older servers) or "json" (one object per line, `read_json_by_line`).
+    * `max_filter_ratio`, `strict_mode`: passed through as the Stream Load headers of the same names.
+    * `load_timeout_s`: the load's `timeout` header (the server default is 3 days from Doris 1.2).
+    * `headers`: more Stream Load headers passed through as they are (`where`, `partitions`, ...).
+    * `abort_by_label`: None detects whether the server takes labels on `_stream_load_2pc` (2.1+);
+      False always uses the empty-body probe of older servers.
+    * `piece_bytes`: Arrow bytes encoded at a time while a load's body streams (memory bound).
+    * `connect_timeout_s`, `request_timeout_s`, `retries`, `backoff_s`: the HTTP client's.
+    """
+
+    tables: tuple[str, ...] | None = None
+    format: str = "csv"
+    max_filter_ratio: float | None = None
+    strict_mode: bool | None = None
+    load_timeout_s: int | None = None
+    headers: tuple[tuple[str, str], ...] = ()
+    abort_by_label: bool | None = None
+    piece_bytes: int = 4 * 1024 * 1024
+    connect_timeout_s: float = 10.0
+    request_timeout_s: float = 600.0
+    retries: int = 3
+    backoff_s: float = 0.5
+    commit_parallelism: int = 8
+
+    @classmethod
+    def parse(cls, options: Mapping[str, Any]) -> "DorisOptions":
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(options) - known)
+        if unknown:
+            raise ConfigurationError(f"DorisTarget: unknown option(s) {unknown}; known: {sorted(known)}")
+        values = dict(options)
+        if values.get("tables") is not None:
+            tables = values["tables"]
+            if isinstance(tables, str):
+                raise ConfigurationError("DorisTarget: `tables` must be a list of table names, not one string")
+            values["tables"] = tuple(str(t) for t in tables)
+        if "headers" in values:
+            headers = dict(values["headers"] or {})
+            clash = sorted(k for k in headers if k.lower() in _RESERVED_HEADERS)
+            if clash:
+                raise ConfigurationError(
+                    f"DorisTarget: headers {clash} are set by the target itself; use its options "
+                    "(format, max_filter_ratio, strict_mode, load_timeout_s) instead"
+                )
+            values["headers"] = tuple(sorted((str(k), str(v)) for k, v in headers.items()))
+        parsed = cls(**values)
+        if parsed.format not in ("csv", "json"):
+            raise ConfigurationError(f"DorisTarget: format must be 'csv' or 'json', got {parsed.format!r}")
+        if parsed.max_filter_ratio is not None and not 0.0 <= float(parsed.max_filter_ratio) <= 1.0:
+            raise ConfigurationError(f"DorisTarget: max_filter_ratio must be within [0, 1], got {parsed.max_filter_ratio}")
+        if parsed.retries < 0 or parsed.piece_bytes <= 0 or parsed.commit_parallelism < 1:
+            raise ConfigurationError("DorisTarget: retries >= 0, piece_bytes > 0 and commit_parallelism >= 1 are required")
+        return parsed
+
+    def wire_format(self) -> WireFormat:
+        return CsvFormat() if self.format == "csv" else JsonFormat(lines=True)
+
+    def load_headers(self) -> dict[str, str]:
+        """The format and data-quality headers every load of this target sends."""
+        fmt = self.wire_format()
+        headers = fmt.headers() if isinstance(fmt, CsvFormat) else {"format": "json", "read_json_by_line": "true"}
+        if self.max_filter_ratio is not None:
+            headers["max_filter_ratio"] = repr(float(self.max_filter_ratio))
+        if self.strict_mode is not None:
+            headers["strict_mode"] = "true" if self.strict_mode else "false"
+        if self.load_timeout_s is not None:
+            headers["timeout"] = str(int(self.load_timeout_s))
+        headers.update(dict(self.headers))
+        return headers
+
+
+@dataclass
+class _Answer:
+    """A `_stream_load_2pc` answer: lowercase `status`/`msg` keys (protocol.md B.1)."""
+
+    status: str
+    msg: str
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "Success"
+
+
+@dataclass
+class _PartState:
+    """One chunk of a writer's transaction: its label, and its txn id once the load answered."""
+
+    ref: TxnRef
+    txn_id: int | None = None
+    rows: int = 0
+    bytes: int = 0
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+class DorisTarget(Target):
+    kind = "doris"
+
+    def __init__(
+        self,
+        fe_url: str = "http://127.0.0.1:8030",
+        database: str = "db",
+        user: str = "root",
+        password: str = "",
+        **options: Any,
+    ) -> None:
+        self.options = DorisOptions.parse(options)
+        try:
+            self._client = HttpClient(
+                fe_url, user, password,
+                connect_timeout=self.options.connect_timeout_s,
+                read_timeout=self.options.request_timeout_s,
+                retries=self.options.retries,
+                backoff_s=self.options.backoff_s,
+            )
+        except ValueError as error:
+            raise ConfigurationError(f"DorisTarget: {error}") from None
+        self.fe_url, self.database, self.user = self._client.base_url, database, user
+        self._label_2pc: bool | None = self.options.abort_by_label
+
+    def __repr__(self) -> str:
+        return f"DorisTarget({self.fe_url!r}, database={self.database!r}, user={self.user!r})"
+
+    @property
+    def runs_writers_in_driver(self) -> bool:
+        return False
+
+    @property
+    def commit_parallelism(self) -> int:
+        return self.options.commit_parallelism
+
+    # -- start-up --------------------------------------------------------------------------------
+
+    def routable_tables(self) -> set[str] | None:
+        """The `tables` option (or None); first proves the FE answers, the password works and the database exists.
+
+        `get_load_state` is the one read-only call of the load protocol that checks all three.
+        """
+        try:
+            response = self._client.request(
+                "GET", f"/api/{self.database}/get_load_state", params={"label": _LOAD_STATE_PROBE_LABEL}, idempotent=True
+            )
+            envelope = response.json()
+        except AuthenticationError as error:
+            raise ConfigurationError(f"Doris at {self.fe_url} refused user {self.user!r}: {error}") from None
+        except HttpError as error:
+            raise ConfigurationError(f"Doris FE at {self.fe_url} is not usable: {error}") from None
+        if not isinstance(envelope, dict) or envelope.get("code") != 0:
+            raise ConfigurationError(
+                f"Doris at {self.fe_url} refused database {self.database!r}: {excerpt(str(envelope), 200)}"
+            )
+        return set(self.options.tables) if self.options.tables is not None else None
+
+    # -- writing ---------------------------------------------------------------------------------
+
+    def begin(self, table: str, new_ref: NewRef, record_intent: RecordIntent) -> TableTransaction:
+        return _DorisTransaction(self, table, new_ref, record_intent)
+
+    def _load(self, part: _PartState, chunk: pa.Table) -> None:
+        """One 2PC stream load of `chunk` under `part.ref.label`; sets the part's txn id and counts.
+
+        Transport failures are retried by the client (the label makes a repeat harmless); a label
+        found taken afterwards is resolved here.
+        """
+        ref = part.ref
+        fmt = self.options.wire_format()
+        headers = {
+            "Expect": "100-continue",
+            "label": ref.label,
+            "two_phase_commit": "true",
+            "columns": columns_header(chunk.schema),
+            **self.options.load_headers(),
+        }
+        piece_bytes = self.options.piece_bytes
+
+        def body() -> Iterable[bytes]:
+            return encode_chunks(chunk, fmt, piece_bytes)
+
+        path = f"/api/{ref.database}/{ref.table}/_stream_load"
+        resolutions = 0
+        busy = 0
+        while True:
+            answer = self._put(path, headers, body, what=f"stream load of label {ref.label}")
+            status = str(answer.get("Status", ""))
+            if status == "Success":
+                self._accept_load(part, chunk, answer)
+                return
+            if status == "Label Already Exists" and resolutions < _MAX_LABEL_RESOLUTIONS:
+                resolutions += 1
+                self._free_label(ref, answer)
+                continue
+            message = str(answer.get("Message", ""))
+            if status == "Fail" and _RETRYABLE_LOAD.search(message) and busy < self.options.retries:
+                self._pause(busy, f"stream load of label {ref.label}: {message}")
+                busy += 1
+                continue
+            raise TargetError(self._load_failure(ref, answer))
+
+    def _accept_load(self, part: _PartState, chunk: pa.Table, answer: dict[str, Any]) -> None:
+        ref = part.ref
+        txn_id = int(answer.get("TxnId", -1))
+        if str(answer.get("TwoPhaseCommit", "")).lower() != "true":
+            raise TargetError(
+                f"Doris loaded label {ref.label} (txn {txn_id}) into {ref.database}.{ref.table} WITHOUT two-phase "
+                "commit, so it is visible already and exactly-once cannot hold; this server ignores the "
+                "`two_phase_commit` header (Doris 1.0/1.1 need BE config disable_stream_load_2pc=false)"
+            )
+        part.txn_id = txn_id
+        total, loaded = int(answer.get("NumberTotalRows", 0)), int(answer.get("NumberLoadedRows", 0))
+        filtered = int(answer.get("NumberFilteredRows", 0))
+        unselected = int(answer.get("NumberUnselectedRows", 0))
+        if total != chunk.num_rows:
+            self._abort_txn(txn_id, ref)
+            raise TargetError(
+                f"Doris read {total} rows from the load of label {ref.label} but {chunk.num_rows} were sent; "
+                "the wire encoding and the server's parsing disagree (format/separator headers?); aborted it"
+            )
+        part.rows, part.bytes = loaded, chunk.nbytes
+        part.extra = {"load_bytes": int(answer.get("LoadBytes", 0))}
+        if filtered or unselected:
+            part.extra.update(filtered_rows=filtered, unselected_rows=unselected)
+            log.warning(
+                "Doris label %s: %d of %d rows filtered (within max_filter_ratio), %d unselected; rejected rows: %s",
+                ref.label, filtered, total, unselected, answer.get("ErrorURL", "(no ErrorURL)"),
+            )
+
+    def _free_label(self, ref: TxnRef, answer: dict[str, Any]) -> None:
+        """A retried load found its label taken: abort a RUNNING/PRECOMMITTED holder, refuse a FINISHED one."""
+        existing = str(answer.get("ExistingJobStatus", ""))
+        message = str(answer.get("Message", ""))
+        if existing == "FINISHED":
+            raise TargetError(
+                f"Doris label {ref.label} is already committed (ExistingJobStatus FINISHED: {excerpt(message, 200)}); "
+                "loading it again would duplicate its rows. A writer never reuses a committed label: was the state "
+                "store or the checkpoint restored from an older copy, or does another job share this job_id?"
+            )
+        holder = _LABEL_HOLDER.search(message)
+        log.warning(
+            "Doris label %s is held by txn %s (%s) after a retried load; aborting that txn and loading again",
+            ref.label, holder.group(1) if holder else "?", existing or "status not given",
+        )
+        if holder:
+            self._abort_txn(int(holder.group(1)), ref)
+        else:
+            self.abort(ref)
+
+    def _load_failure(self, ref: TxnRef, answer: dict[str, Any]) -> str:
+        status, message = answer.get("Status"), str(answer.get("Message", ""))
+        text = (
+            f"Doris stream load of label {ref.label} into {ref.database}.{ref.table} failed: "
+            f"Status {status!r}, Message {excerpt(message, 400)!r}"
+        )
+        if answer.get("NumberFilteredRows"):
+            text += (
+                f"; {answer.get('NumberFilteredRows')} of {answer.get('NumberTotalRows')} rows were filtered, more than "
+                f"max_filter_ratio={self.options.max_filter_ratio or 0} allows"
+            )
+        error_url = answer.get("ErrorURL")
+        if error_url:
+            text += f"; rejected rows: {error_url}" + self._error_log_excerpt(str(error_url))
+        return text
+
+    def _error_log_excerpt(self, url: str) -> str:
+        """The first lines of the server's error log, so the failure says which rows and why."""
+        try:
+            lines = self._client.request("GET", url, idempotent=True, timeout=10).text.splitlines()
+        except HttpError as error:
+            return f" (could not read it: {error})"
+        return "; first rejected rows:\n  " + "\n  ".join(excerpt(line, 300) for line in lines[:_ERROR_LOG_LINES])
+
+    # -- two-phase commit ------------------------------------------------------------------------
+
+    def commit(self, committable: Committable) -> CommitOutcome:
+        if committable.txn_id is None:
+            raise TargetError(f"committable {committable.label} has no Doris txn id; it cannot be committed")
+        txn_id = int(committable.txn_id)
+        attempt = 0
+        while True:
+            answer = self._two_pc(committable.database, "commit", txn_id=txn_id)
+            if answer.ok or _ALREADY_COMMITTED.search(answer.msg):
+                return CommitOutcome.COMMITTED
+            if _ALREADY_ABORTED.search(answer.msg):
+                log.warning("Doris txn %s (label %s) can no longer be committed: %s", txn_id, committable.label, answer.msg)
+                return CommitOutcome.LOST
+            if _TXN_NOT_FOUND.search(answer.msg):
+                return self._resolve_not_found(committable, answer)
+            if _RETRYABLE_2PC.search(answer.msg) and attempt < self.options.retries:
+                self._pause(attempt, f"commit of Doris txn {txn_id}: {answer.msg}")
+                attempt += 1
+                continue
+            raise TargetError(
+                f"Doris refused to commit txn {txn_id} (label {committable.label}, table "
+                f"{committable.database}.{committable.table}): status {answer.status!r}, msg {answer.msg!r}"
+            )
+
+    def _resolve_not_found(self, committable: Committable, answer: _Answer) -> CommitOutcome:
+        """The FE forgot the txn (label retention passed): the label's state is the last witness."""
+        state = self.load_state(committable.database, committable.label)
+        if state in ("COMMITTED", "VISIBLE"):
+            return CommitOutcome.COMMITTED
+        if state in ("ABORTED", "UNKNOWN"):
+            log.warning(
+                "Doris txn %s (label %s) is gone (%s; label state %s): treating it as lost. Doris keeps finished "
+                "stream-load labels for streaming_label_keep_max_second (12 h by default); past that it cannot tell "
+                "a committed txn from an expired one.",
+                committable.txn_id, committable.label, answer.msg, state,
+            )
+            return CommitOutcome.LOST
+        raise TargetError(
+            f"Doris says txn {committable.txn_id} is not found but its label {committable.label} is {state}; "
+            "refusing to guess whether it holds this committable's data"
+        )
+
+    def abort(self, ref: TxnRef) -> None:
+        """Abort whatever transaction holds `ref.label` now; harmless when none does."""
+        if self._label_2pc is not False:
+            answer = self._two_pc(ref.database, "abort", label=ref.label)
+            if not _NO_LABEL_2PC.search(answer.msg):
+                self._label_2pc = True
+                self._check_abort(answer, f"label {ref.label}")
+                return
+            log.info("Doris at %s cannot abort by label (before 2.1): using the empty-load probe", self.fe_url)
+            self._label_2pc = False
+        self._abort_by_probe(ref)
+
+    def _abort_by_probe(self, ref: TxnRef) -> None:
+        """Older servers: an empty 2PC load under the label either reveals the txn holding it or becomes one."""
+        headers = {"Expect": "100-continue", "label": ref.label, "two_phase_commit": "true", **self.options.load_headers()}
+        answer = self._put(f"/api/{ref.database}/{ref.table}/_stream_load", headers, b"", what=f"abort probe of label {ref.label}")
+        status = str(answer.get("Status", ""))
+        if status == "Success":
+            self._abort_txn(int(answer["TxnId"]), ref)  # the probe itself began one: end it
+            return
+        if status == "Label Already Exists":
+            if answer.get("ExistingJobStatus") == "FINISHED":
+                raise TargetError(
+                    f"cannot abort Doris label {ref.label}: it is already committed ({excerpt(str(answer.get('Message')), 200)})"
+                )
+            holder = _LABEL_HOLDER.search(str(answer.get("Message", "")))
+            if holder is None:
+                raise TargetError(f"cannot find the txn holding Doris label {ref.label}: {answer.get('Message')!r}")
+            self._abort_txn(int(holder.group(1)), ref)
+            return
+        raise TargetError(f"abort probe of Doris label {ref.label} failed: {self._load_failure(ref, answer)}")
+
+    def _abort_txn(self, txn_id: int, ref: TxnRef) -> None:
+        self._check_abort(self._two_pc(ref.database, "abort", txn_id=txn_id), f"txn {txn_id} (label {ref.label})")
+
+    @staticmethod
+    def _check_abort(answer: _Answer, what: str) -> None:
+        if answer.ok:
+            return
+        if _COULD_NOT_ABORT.search(answer.msg):
+            raise TargetError(
+                f"Doris {what} is already committed and cannot be aborted ({answer.msg}); its rows are visible but "
+                "belong to no prepared batch: this needs an operator (see docs/runbook.md)"
+            )
+        if _ALREADY_ABORTED.search(answer.msg) or _TXN_NOT_FOUND.search(answer.msg) or _LABEL_NOT_FOUND.search(answer.msg):
+            return
+        raise TargetError(f"Doris refused to abort {what}: status {answer.status!r}, msg {answer.msg!r}")
+
+    # -- inspection ------------------------------------------------------------------------------
+
+    def load_state(self, database: str, label: str) -> str:
+        """The label's state: UNKNOWN, PREPARE, PRECOMMITTED, COMMITTED, VISIBLE or ABORTED."""
+        try:
+            response = self._client.request("GET", f"/api/{database}/get_load_state", params={"label": label}, idempotent=True)
+            envelope = response.json()
+        except HttpError as error:
+            raise TargetError(f"Doris get_load_state of label {label} got no usable answer: {error}") from error
+        if not isinstance(envelope, dict) or envelope.get("code") != 0:
+            raise TargetError(f"Doris get_load_state of label {label} failed: {excerpt(str(envelope), 300)}")
+        return str(envelope.get("data"))
+
+    def close(self) -> None:
+        self._client.close()
+
+    # -- plumbing --------------------------------------------------------------------------------
+
+    def _two_pc(self, database: str, operation: str, txn_id: int | None = None, label: str | None = None) -> _Answer:
+        headers = {"Expect": "100-continue", "txn_operation": operation}
+        if txn_id is not None:
+            headers["txn_id"] = str(txn_id)
+        if label is not None:
+            headers["label"] = label
+        what = f"{operation} of Doris " + (f"txn {txn_id}" if txn_id is not None else f"label {label}")
+        try:
+            response = self._client.request("PUT", f"/api/{database}/_stream_load_2pc", headers=headers, idempotent=True)
+            body = response.json()
+        except HttpError as error:
+            raise TargetError(f"{what} got no usable answer: {error}") from error
+        if not isinstance(body, dict) or "status" not in body:
+            raise TargetError(f"{what}: unexpected answer {excerpt(str(body), 300)!r}")
+        return _Answer(str(body.get("status")), str(body.get("msg", "")))
+
+    def _put(self, path: str, headers: dict[str, str], body: Any, what: str) -> dict[str, Any]:
+        """A stream-load PUT; repeats are safe because the label makes them so (then resolved by status)."""
+        try:
+            response: HttpResponse = self._client.request("PUT", path, headers=headers, body=body, idempotent=True)
+            answer = response.json()
+        except HttpError as error:
+            raise TargetError(f"Doris {what} got no usable answer: {error}") from error
+        if not isinstance(answer, dict) or "Status" not in answer:
+            raise TargetError(f"Doris {what}: unexpected answer {excerpt(str(answer), 300)!r}")
+        return answer
+
+    def _pause(self, attempt: int, why: str) -> None:
+        delay = min(8.0, self.options.backoff_s * (2**attempt))
+        log.warning("Doris: retrying in %.2fs: %s", delay, why)
+        time.sleep(delay)
+
+
+class _DorisTransaction(TableTransaction):
+    """One table of one writer attempt: a PRECOMMITTED server transaction per chunk written."""
+
+    def __init__(self, target: DorisTarget, table: str, new_ref: NewRef, record_intent: RecordIntent) -> None:
+        self._target, self._table = target, table
+        self._new_ref, self._record_intent = new_ref, record_intent
+        self._parts: list[_PartState] = []
+
+    def write(self, chunk: pa.Table) -> None:
+        ref = self._new_ref(len(self._parts))
+        self._record_intent(ref)  # durable before the server sees the label
+        part = _PartState(ref)
+        self._parts.append(part)
+        self._target._load(part, chunk)
+
+    def prepare(self) -> list[PreparedPart]:
+        unfinished = [p.ref.label for p in self._parts if p.txn_id is None]
+        if unfinished:
+            raise TargetError(f"Doris labels {unfinished} never finished loading; the transaction cannot be prepared")
+        return [PreparedPart(p.ref, str(p.txn_id), p.rows, p.bytes, dict(p.extra)) for p in self._parts]
+
+    def abort(self) -> None:
+        """Abort every chunk: by txn id where the load answered, by label where its outcome is unknown."""
+        errors: list[str] = []
+        for part in self._parts:
+            try:
+                if part.txn_id is not None:
+                    self._target._abort_txn(part.txn_id, part.ref)
+                else:
+                    self._target.abort(part.ref)
+            except TargetError as error:
+                errors.append(str(error))
+        if errors:
+            raise TargetError(f"{len(errors)} Doris abort(s) failed: " + " | ".join(errors))

@@ -1,0 +1,516 @@
+"""StarRocks target: the Stream Load transaction interface (protocol.md part A), one label per transaction.
+
+* begin    = `POST /api/transaction/begin` with `timeout`, at the first flush of a (table, writer
+  attempt), after the intent is recorded; never for a table with no rows;
+* write    = one `PUT /api/transaction/load` per encoded piece (CSV with enclose/escape, or JSON),
+  so a writer holds at most its flush plus one piece;
+* prepare  = `POST /api/transaction/prepare` (with `prepared_timeout` when configured);
+* commit   = `POST /api/transaction/commit` on the driver; every answer but OK is resolved through
+  `GET /api/{db}/get_load_state` (COMMITTED/VISIBLE: done; PREPARE(D): retry; ABORTED/UNKNOWN: LOST,
+  so the sink replays that part);
+* abort    = `POST /api/transaction/rollback`, falling back to `_cancel` when the BE forgot the
+  transaction (e.g. after a BE restart).
+
+Every request goes to the FE, which answers with a 307 to a BE for data-phase operations: the HTTP
+client follows it itself and re-sends credentials and body (streaming_sink/http.py). Logical
+errors come back as HTTP 200 with a `Status` field; `OK` is the only success.
+"""
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import pyarrow as pa
+
+from ..committable import Committable, TxnRef
+from ..encoding import DEFAULT_CHUNK_BYTES, CsvFormat, JsonFormat, WireFormat, columns_header, encode_chunks
+from ..http import AuthenticationError, HttpClient, HttpConnectionError, HttpError, HttpResponse
+from .base import CommitOutcome, ConfigurationError, NewRef, PreparedPart, RecordIntent, TableTransaction, Target, TargetError
+
+log = logging.getLogger(__name__)
+
+# Label states (protocol.md A.4, A.7).
+UNKNOWN, PREPARE, PREPARED, COMMITTED, VISIBLE, ABORTED = "UNKNOWN", "PREPARE", "PREPARED", "COMMITTED", "VISIBLE", "ABORTED"
+_DONE = (COMMITTED, VISIBLE)
+_GONE = (ABORTED, UNKNOWN)
+
+# Headers the target owns; `properties` may not override them.
+_MANAGED_HEADERS = frozenset(
+    {"label", "db", "table", "format", "columns", "column_separator", "row_delimiter", "enclose", "escape",
+     "strip_outer_array", "ignore_json_size", "timeout", "prepared_timeout", "authorization", "expect",
+     "transaction_type"}
+)
+_PROBE_LABEL = "streaming_sink_connectivity_probe"
+DEFAULT_PREPARED_TIMEOUT_S = 86400.0  # FE prepared_transaction_default_timeout_second (protocol.md A.5)
+DEFAULT_LABEL_KEEP_S = 259200.0  # FE label_keep_max_second (A.4)
+
+
+@dataclass(frozen=True)
+class StarRocksOptions:
+    """Everything configurable besides the address and credentials; unknown names are refused."""
+
+    tables: tuple[str, ...] | None = None  # tables rows may be routed to; None: the server refuses unknown ones
+    format: str = "csv"  # csv | json
+    column_separator: str = ","
+    row_delimiter: str = "\n"
+    enclose: str | None = '"'
+    escape: str | None = "\\"
+    timeout: int = 600  # begin: seconds the transaction may stay in PREPARE (the data phase)
+    prepared_timeout: int | None = None  # prepare: seconds it may stay PREPARED (StarRocks 3.5.4+)
+    publish_timeout: int | None = None  # commit: seconds the FE waits for publish before answering
+    load_chunk_bytes: int = DEFAULT_CHUNK_BYTES  # Arrow bytes per load request
+    properties: tuple[tuple[str, str], ...] = ()  # extra Stream Load headers, e.g. max_filter_ratio
+    connect_timeout: float = 10.0
+    read_timeout: float = 300.0
+    http_retries: int = 3  # for requests that never reached the server, and idempotent ones
+    busy_retries: int = 20  # TXN_IN_PROCESSING, write-lock timeouts, FE routing misses
+    backoff_s: float = 0.2
+    backoff_max_s: float = 5.0
+    commit_parallelism: int = 8
+
+    @classmethod
+    def parse(cls, options: dict[str, Any]) -> "StarRocksOptions":
+        known = set(cls.__dataclass_fields__)
+        unknown = sorted(set(options) - known)
+        if unknown:
+            raise ConfigurationError(f"StarRocksTarget: unknown option(s) {unknown}; known: {sorted(known)}")
+        values = dict(options)
+        if values.get("tables") is not None:
+            if isinstance(values["tables"], str):
+                raise ConfigurationError("StarRocksTarget tables=...: give a list of table names, not one string")
+            values["tables"] = tuple(values["tables"])
+        if "properties" in values:
+            props = {str(k).lower(): str(v) for k, v in dict(values["properties"]).items()}
+            clash = sorted(set(props) & _MANAGED_HEADERS)
+            if clash:
+                raise ConfigurationError(
+                    f"StarRocksTarget properties {clash} are set by the sink itself; use the named options "
+                    "(format, column_separator, enclose, escape, timeout, prepared_timeout) instead"
+                )
+            values["properties"] = tuple(sorted(props.items()))
+        parsed = cls(**values)
+        parsed._validate()
+        return parsed
+
+    def _validate(self) -> None:
+        if self.format not in ("csv", "json"):
+            raise ConfigurationError(f"StarRocksTarget format={self.format!r}: use 'csv' or 'json'")
+        for name in ("timeout", "load_chunk_bytes", "commit_parallelism"):
+            if int(getattr(self, name)) <= 0:
+                raise ConfigurationError(f"StarRocksTarget {name} must be positive, got {getattr(self, name)}")
+        for name in ("prepared_timeout", "publish_timeout"):
+            value = getattr(self, name)
+            if value is not None and int(value) <= 0:
+                raise ConfigurationError(f"StarRocksTarget {name} must be a positive number of seconds, got {value}")
+        try:
+            self.wire_format()
+        except ValueError as error:
+            raise ConfigurationError(f"StarRocksTarget CSV options: {error}") from None
+
+    def wire_format(self) -> WireFormat:
+        if self.format == "json":
+            return JsonFormat(lines=False)
+        return CsvFormat(self.column_separator, self.row_delimiter, self.enclose, self.escape)
+
+    def format_headers(self, schema: pa.Schema) -> dict[str, str]:
+        wire = self.wire_format()
+        if isinstance(wire, CsvFormat):
+            headers = wire.headers()
+        else:  # one JSON array per request, as the StarRocks connectors send it
+            headers = {"format": "json", "strip_outer_array": "true", "ignore_json_size": "true"}
+        headers["columns"] = columns_header(schema)
+        headers.update(dict(self.properties))
+        return headers
+
+
+class StarRocksTarget(Target):
+    """StarRocks through the Stream Load transaction interface (2.4+; `prepared_timeout` needs 3.5.4+).
+
+    The target tables must exist: the sink never creates StarRocks tables. Picklable: writers run
+    in Spark tasks, one transaction per (table, task attempt).
+    """
+
+    kind = "starrocks"
+
+    def __init__(
+        self,
+        fe_url: str = "http://127.0.0.1:8030",
+        database: str = "db",
+        user: str = "root",
+        password: str = "",
+        **options: Any,
+    ) -> None:
+        if not database:
+            raise ConfigurationError("StarRocksTarget: database must not be empty")
+        self.fe_url, self.database, self.user = fe_url.rstrip("/"), database, user
+        self.options = StarRocksOptions.parse(options)
+        o = self.options
+        try:
+            self.http = HttpClient(
+                self.fe_url, user, password,
+                connect_timeout=o.connect_timeout, read_timeout=o.read_timeout, retries=o.http_retries,
+                backoff_s=o.backoff_s, backoff_max_s=o.backoff_max_s,
+            )
+        except ValueError as error:
+            raise ConfigurationError(f"StarRocksTarget fe_url: {error}") from None
+
+    def __repr__(self) -> str:
+        return f"StarRocksTarget({self.fe_url!r}, database={self.database!r}, user={self.user!r})"
+
+    # -- Target protocol -------------------------------------------------------------------------
+
+    @property
+    def runs_writers_in_driver(self) -> bool:
+        return False
+
+    @property
+    def commit_parallelism(self) -> int:
+        return self.options.commit_parallelism
+
+    def routable_tables(self) -> set[str] | None:
+        """Checks that the FE answers, the credentials work and the database exists; returns `tables`."""
+        self.load_state(_PROBE_LABEL)
+        return set(self.options.tables) if self.options.tables is not None else None
+
+    def expiry_limits(self) -> dict[str, float | None]:
+        """Server defaults unless configured: PREPARED lives `prepared_timeout` (FE default 86400 s), and
+        a finished label is remembered `label_keep_max_second` (FE default 3 days)."""
+        prepared = self.options.prepared_timeout or DEFAULT_PREPARED_TIMEOUT_S
+        return {"prepared transactions": float(prepared), "label history (FE default)": DEFAULT_LABEL_KEEP_S}
+
+    def begin(self, table: str, new_ref: NewRef, record_intent: RecordIntent) -> TableTransaction:
+        return _StarRocksTransaction(self, table, new_ref, record_intent)
+
+    def commit(self, committable: Committable) -> CommitOutcome:
+        """Commit; any answer but OK is resolved through the label state (publish timeouts do commit)."""
+        label, table = committable.label, committable.table
+        headers = self._headers(label, table)
+        if self.options.publish_timeout is not None:
+            headers["timeout"] = str(int(self.options.publish_timeout))
+        attempts = 0
+        while True:
+            answer = self._call("commit", headers)
+            if answer.ok:
+                return CommitOutcome.COMMITTED
+            state, reason = self.load_state(label)
+            if state in _DONE:
+                log.info("commit of %s answered %s, but the label is %s: committed", label, answer.brief, state)
+                return CommitOutcome.COMMITTED
+            if state in _GONE:
+                log.warning("commit of %s answered %s; the label is %s (%s): the prepared data is lost, replaying",
+                            label, answer.brief, state, reason or "no reason given")
+                return CommitOutcome.LOST
+            attempts += 1  # PREPARED (write-lock timeout, routing miss) or PREPARE: commit again
+            if attempts > self.options.busy_retries:
+                raise TargetError(
+                    f"StarRocks commit of label {label} (table {self.database}.{table}) still fails after "
+                    f"{attempts} attempts; last answer {answer.brief}, label state {state}. The batch stays "
+                    "PREPARED and the next run commits it; check the FE (write-lock contention, publish delays)."
+                )
+            self._backoff(attempts, f"commit of {label}: {answer.brief}, label {state}")
+
+    def abort(self, ref: TxnRef) -> None:
+        """Roll back; harmless when the label never began or is already aborted; loud if it was committed."""
+        answer = self._call("rollback", self._headers(ref.label, ref.table), idempotent=True)
+        if answer.ok:
+            return
+        state, _ = self.load_state(ref.label)
+        if state in _GONE:
+            return
+        if state in (PREPARE, PREPARED):
+            cancel = self._cancel(ref)  # the BE lost the context (restart): the FE can still cancel it
+            state, _ = self.load_state(ref.label)
+            if state in _GONE:
+                return
+            raise TargetError(
+                f"StarRocks could not roll back label {ref.label} (table {self.database}.{ref.table}): rollback "
+                f"answered {answer.brief}, _cancel answered {cancel.brief}, the label is still {state}. It will "
+                "expire after its timeout; the sink retries the abort on its next start."
+            )
+        raise TargetError(
+            f"StarRocks label {ref.label} (table {self.database}.{ref.table}) is {state}, but the sink was "
+            "aborting it: a transaction that was never chosen was committed, so its rows may be duplicated. "
+            "Is a second job writing with the same job_id and checkpoint? Stop it, then compare the table with the source."
+        )
+
+    def close(self) -> None:
+        self.http.close()
+
+    # -- protocol calls --------------------------------------------------------------------------
+
+    def load_state(self, label: str) -> tuple[str, str]:
+        """(state, reason) of a label from `get_load_state`; raises on credentials, database or FE errors."""
+        try:
+            response = self.http.request(
+                "GET", f"/api/{self.database}/get_load_state", params={"label": label}, idempotent=True
+            )
+        except AuthenticationError as error:
+            raise ConfigurationError(f"StarRocks at {self.fe_url} refused the credentials: {error}") from None
+        except HttpError as error:
+            raise TargetError(
+                f"StarRocks get_load_state for label {label} at {self.fe_url} failed: {error}. "
+                "Is the FE up and fe_url its HTTP port (default 8030)?"
+            ) from None
+        body = response.json()
+        status = str(body.get("status", "")).upper()
+        if status != "OK":
+            message = body.get("msg") or body.get("message") or body
+            if "database" in str(message).lower():
+                raise ConfigurationError(
+                    f"StarRocks database {self.database!r} at {self.fe_url}: {message}; create it, or fix `database`"
+                )
+            raise TargetError(f"StarRocks get_load_state for label {label} failed: {message}")
+        return str(body.get("state", UNKNOWN)).upper(), str(body.get("reason") or "")
+
+    def _headers(self, label: str, table: str) -> dict[str, str]:
+        return {"label": label, "db": self.database, "table": table}
+
+    def _call(self, op: str, headers: dict[str, str], body: bytes | None = None, idempotent: bool = False) -> "_Answer":
+        """One transaction-API request; connection failures become an answer (status `CONNECTION`)."""
+        method = "PUT" if op == "load" else "POST"
+        try:
+            response = self.http.request(method, f"/api/transaction/{op}", headers=headers, body=body, idempotent=idempotent)
+        except AuthenticationError as error:
+            raise ConfigurationError(f"StarRocks {op} refused the credentials: {error}") from None
+        except HttpConnectionError as error:
+            return _Answer.failed("CONNECTION", str(error), applied=error.maybe_applied)
+        except HttpError as error:
+            return _Answer.failed("HTTP_ERROR", str(error), applied=True)
+        return _Answer.parse(op, response)
+
+    def _cancel(self, ref: TxnRef) -> "_Answer":
+        try:
+            response = self.http.request(
+                "POST", f"/api/{self.database}/{ref.table}/_cancel", params={"label": ref.label}, idempotent=True
+            )
+        except HttpError as error:
+            return _Answer.failed("HTTP_ERROR", str(error), applied=True)
+        return _Answer.parse("_cancel", response)
+
+    def _backoff(self, attempt: int, why: str) -> None:
+        delay = min(self.options.backoff_max_s, self.options.backoff_s * (2 ** min(attempt, 16)))
+        log.info("StarRocks: %s; retrying in %.2fs", why, delay)
+        time.sleep(delay)
+
+
+@dataclass(frozen=True)
+class _Answer:
+    """The parts of a transaction-API answer the target acts on."""
+
+    status: str
+    message: str
+    body: dict[str, Any]
+    applied: bool = True  # False only when the request surely never reached the server
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "OK"
+
+    @property
+    def brief(self) -> str:
+        text = f"{self.status}: {self.message}" if self.message else self.status
+        error_url = self.body.get("ErrorURL")
+        return f"{text} (rejected rows: {error_url})" if error_url else text
+
+    @classmethod
+    def failed(cls, status: str, message: str, applied: bool) -> "_Answer":
+        return cls(status, message, {}, applied)
+
+    @classmethod
+    def parse(cls, op: str, response: HttpResponse) -> "_Answer":
+        body = response.json()
+        if not isinstance(body, dict) or "Status" not in body:
+            raise TargetError(
+                f"StarRocks {op} at {response.url} answered without a 'Status' ({str(body)[:200]!r}); "
+                "the transaction interface needs StarRocks 2.4 or later, and fe_url must be the FE HTTP port"
+            )
+        return cls(str(body["Status"]), str(body.get("Message") or ""), body)
+
+
+class _StarRocksTransaction(TableTransaction):
+    """One label for one (table, writer attempt): begin at the first write, load pieces, prepare."""
+
+    def __init__(self, target: StarRocksTarget, table: str, new_ref: NewRef, record_intent: RecordIntent) -> None:
+        self._target, self._table = target, table
+        self._new_ref, self._record_intent = new_ref, record_intent
+        self._ref: TxnRef | None = None
+        self._txn_id: str | None = None
+        self._format_headers: dict[str, str] | None = None
+        self._rows = 0
+        self._bytes = 0
+
+    # -- TableTransaction ------------------------------------------------------------------------
+
+    def write(self, chunk: pa.Table) -> None:
+        if chunk.num_rows == 0:
+            return  # never begin for nothing (the writer does not send empty chunks anyway)
+        target = self._target
+        if self._format_headers is None:
+            self._format_headers = target.options.format_headers(chunk.schema)
+        if self._ref is None:
+            self._begin()
+        for piece in encode_chunks(chunk, target.options.wire_format(), target.options.load_chunk_bytes):
+            self._load(piece)
+            self._bytes += len(piece)
+        self._rows += chunk.num_rows
+
+    def prepare(self) -> list[PreparedPart]:
+        if self._ref is None:
+            return []
+        ref, target = self._ref, self._target
+        headers = target._headers(ref.label, ref.table)
+        if target.options.prepared_timeout is not None:
+            headers["prepared_timeout"] = str(int(target.options.prepared_timeout))
+        attempts = 0
+        while True:
+            answer = self._retry_busy("prepare", headers)
+            if answer.ok:
+                self._check_counts(answer)
+                break
+            # A repeated prepare (our first answer was lost) gets TXN_NOT_EXISTS, a routing miss FAILED:
+            # only the label state tells whether the transaction is prepared.
+            state, reason = target.load_state(ref.label)
+            if state == PREPARED:
+                break
+            attempts += 1
+            lost_context = answer.status == "TXN_NOT_EXISTS"  # PREPARE on the FE, unknown to the BE: BE restart
+            if state != PREPARE or lost_context or attempts > target.options.busy_retries:
+                raise TargetError(self._failure("prepare", answer, state, reason))
+            # the request did not get through: preparing again is safe (a prepare still running
+            # answers TXN_IN_PROCESSING, a finished one TXN_NOT_EXISTS while the label is PREPARED)
+            target._backoff(attempts, f"prepare of {ref.label}: {answer.brief}, label still PREPARE")
+        txn_id = answer.body.get("TxnId", self._txn_id)
+        return [PreparedPart(ref, None if txn_id is None else str(txn_id), self._rows, self._bytes)]
+
+    def abort(self) -> None:
+        if self._ref is not None:
+            self._target.abort(self._ref)
+
+    # -- steps -----------------------------------------------------------------------------------
+
+    def _begin(self) -> None:
+        target = self._target
+        ref = self._new_ref(0)
+        self._record_intent(ref)  # durable before anything exists on the server (I3)
+        self._ref = ref
+        headers = target._headers(ref.label, ref.table)
+        headers["timeout"] = str(int(target.options.timeout))
+        attempts = 0
+        while True:
+            answer = target._call("begin", headers)
+            if answer.ok:
+                self._txn_id = str(answer.body["TxnId"]) if answer.body.get("TxnId") is not None else None
+                return
+            if answer.status not in ("CONNECTION", "HTTP_ERROR", "LABEL_ALREADY_EXISTS"):
+                break
+            # Our own begin may have landed (the label is unique to this writer attempt): adopt it if so.
+            state, _ = target.load_state(ref.label)
+            if state == PREPARE:
+                log.info("begin of %s answered %s, but the label is PREPARE: it is ours, going on", ref.label, answer.brief)
+                return
+            attempts += 1
+            if answer.status == "LABEL_ALREADY_EXISTS" or state not in _GONE or attempts > target.options.busy_retries:
+                break
+            target._backoff(attempts, f"begin of {ref.label}: {answer.brief}")  # nothing exists: begin again
+        raise TargetError(self._begin_failure(answer))
+
+    def _load(self, piece: bytes) -> None:
+        ref, target = self._ref, self._target
+        assert ref is not None and self._format_headers is not None
+        headers = {**target._headers(ref.label, ref.table), **self._format_headers, "Expect": "100-continue"}
+        answer = self._retry_busy("load", headers, piece, retry_fe_miss=True)
+        if not answer.ok:
+            if not answer.applied or answer.status == "CONNECTION":
+                detail = "the connection was lost, so whether the data was received is unknown"
+            else:
+                detail = f"StarRocks answered {answer.brief}"
+            raise TargetError(
+                f"StarRocks load into {self._target.database}.{ref.table} (label {ref.label}) failed: {detail}. "
+                "The transaction is rolled back and the writer fails; Spark retries the task under a new label"
+                + self._hint(answer)
+            )
+
+    def _retry_busy(self, op: str, headers: dict[str, str], body: bytes | None = None, retry_fe_miss: bool = False) -> _Answer:
+        """TXN_IN_PROCESSING (another request holds the label) and FE routing misses did nothing: retry."""
+        target = self._target
+        attempt = 0
+        while True:
+            answer = target._call(op, headers, body)
+            busy = answer.status == "TXN_IN_PROCESSING"
+            fe_miss = retry_fe_miss and answer.status == "FAILED" and "Can't find the transaction" in answer.message
+            never_sent = answer.status == "CONNECTION" and not answer.applied
+            if not (busy or fe_miss or never_sent) or attempt >= target.options.busy_retries:
+                return answer
+            if fe_miss and target.load_state(headers["label"])[0] != PREPARE:
+                return answer  # the transaction really is gone (timed out, aborted)
+            target._backoff(attempt, f"{op} of {headers['label']}: {answer.brief}")
+            attempt += 1
+
+    def _check_counts(self, answer: _Answer) -> None:
+        body = answer.body
+        loaded = body.get("NumberLoadedRows")
+        if loaded is None:
+            return
+        filtered = int(body.get("NumberFilteredRows") or 0)
+        unselected = int(body.get("NumberUnselectedRows") or 0)
+        if int(loaded) + filtered + unselected != self._rows:
+            raise TargetError(
+                f"StarRocks prepared label {self._ref.label if self._ref else '?'} with {loaded} loaded + {filtered} "
+                f"filtered + {unselected} unselected rows, but {self._rows} rows were sent; refusing to commit "
+                "a transaction that does not hold exactly what was written. Check `row_delimiter`/`enclose` options."
+            )
+        if filtered or unselected:
+            log.warning(
+                "StarRocks label %s: %d rows were filtered and %d unselected by the server (max_filter_ratio allows it); "
+                "they will not be visible. Rejected rows: %s",
+                self._ref.label if self._ref else "?", filtered, unselected, body.get("ErrorURL", "n/a"),
+            )
+        self._rows = int(loaded)
+
+    # -- messages ----------------------------------------------------------------------------------
+
+    def _begin_failure(self, answer: _Answer) -> str:
+        ref = self._ref
+        label, table = (ref.label, ref.table) if ref else ("?", self._table)
+        where = f"{self._target.database}.{table}"
+        text = answer.message.lower()
+        if answer.status == "LABEL_ALREADY_EXISTS":
+            return (
+                f"StarRocks begin for {where}: label {label} is already used "
+                f"({answer.body.get('ExistingJobStatus') or 'running'}). Labels are unique per job, checkpoint, "
+                "batch and writer attempt, so another job is writing with the same job_id and checkpoint; stop it."
+            )
+        if "unknown table" in text or "unknown database" in text or "does not exist" in text:
+            return (
+                f"StarRocks begin for {where} failed: {answer.brief}. Create the table (the sink never creates "
+                "StarRocks tables) or fix the routing."
+            )
+        if "running txns" in text:
+            return (
+                f"StarRocks begin for {where} failed: {answer.brief}. Too many open transactions: lower the "
+                "number of Spark partitions, or raise max_running_txn_num_per_db on the FE."
+            )
+        return f"StarRocks begin for {where} (label {label}) failed: {answer.brief}" + self._hint(answer)
+
+    def _failure(self, op: str, answer: _Answer, state: str, reason: str) -> str:
+        ref = self._ref
+        label, table = (ref.label, ref.table) if ref else ("?", self._table)
+        return (
+            f"StarRocks {op} of label {label} ({self._target.database}.{table}) answered {answer.brief}; "
+            f"the label is {state}{f' ({reason})' if reason else ''}. The writer fails and Spark retries "
+            "the task under a new label" + self._hint(answer)
+        )
+
+    @staticmethod
+    def _hint(answer: _Answer) -> str:
+        text = answer.message.lower()
+        if "filtered rows" in text:
+            return (
+                "; rows were rejected by the table's types or constraints: read the rejected rows at the "
+                "ErrorURL, fix the data or the table, or allow some with properties={'max_filter_ratio': ...}"
+            )
+        if "timeout" in text or answer.status in ("TXN_NOT_EXISTS", "ABORTED"):
+            return "; if this repeats, raise the `timeout` option (seconds a transaction may stay open)"
+        return ""

@@ -1,0 +1,534 @@
+"""DorisTarget against the Doris emulator (protocol.md part B): loads, 2PC outcomes, aborts, faults.
+
+Fast and in-process: the emulator serves real HTTP on loopback, the target speaks to it through its
+own client; no Spark. Rows are compared to what was written, value by value.
+"""
+from __future__ import annotations
+
+import datetime as dt
+import pickle
+from typing import Any, Iterator
+
+import pyarrow as pa
+import pytest
+
+from state import BatchRecord, FileStateStore
+from streaming_sink.committable import BatchState, TxnRef
+from streaming_sink.recovery import Recovery, ReplayImpossibleError
+from streaming_sink.routing import Router
+from streaming_sink.targets import ConfigurationError, target_from_url
+from streaming_sink.targets.base import CommitOutcome, TargetError
+from streaming_sink.targets.doris import DorisTarget
+from streaming_sink.writer import PartitionWriter, WriteContext
+from tests.emulators.common import send
+from tests.emulators.doris import DorisEmulator
+
+DB = "db"
+COLUMNS = [("id", "BIGINT NOT NULL"), ("name", "VARCHAR(64)"), ("amount", "DOUBLE")]
+
+
+@pytest.fixture
+def emu(tmp_path: Any) -> Iterator[DorisEmulator]:
+    with DorisEmulator(tmp_path / "doris") as emulator:
+        emulator.create_table(DB, "orders", COLUMNS)
+        emulator.create_table(DB, "payments", COLUMNS)
+        yield emulator
+
+
+def make_target(emu: DorisEmulator, **options: Any) -> DorisTarget:
+    options.setdefault("backoff_s", 0.01)
+    return DorisTarget(emu.fe_url, DB, "root", "", **options)
+
+
+def rows(start: int, n: int) -> pa.Table:
+    ids = list(range(start, start + n))
+    return pa.table({"id": pa.array(ids, pa.int64()), "name": [f"n{i}" for i in ids], "amount": [i / 4 for i in ids]})
+
+
+def as_tuples(table: pa.Table) -> list[tuple]:
+    return [tuple(r.values()) for r in table.to_pylist()]
+
+
+class Writer:
+    """What a PartitionWriter gives a transaction: deterministic labels, and intents it can inspect."""
+
+    def __init__(self, emu: DorisEmulator, prefix: str = "L", fresh_labels: bool = True) -> None:
+        self.emu, self.prefix, self.fresh_labels = emu, prefix, fresh_labels
+        self.intents: list[TxnRef] = []
+
+    def new_ref(self, table: str):
+        return lambda chunk: TxnRef("doris", DB, table, f"{self.prefix}_{table}_c{chunk}", 0, "e1w0t0")
+
+    def record_intent(self, ref: TxnRef) -> None:
+        known = {t["label"] for t in self.emu.transactions()}
+        assert not self.fresh_labels or ref.label not in known, "the intent must be durable before the server sees the label"
+        self.intents.append(ref)
+
+    def begin(self, target: DorisTarget, table: str = "orders"):
+        return target.begin(table, self.new_ref(table), self.record_intent)
+
+
+def states(emu: DorisEmulator) -> dict[str, str]:
+    return {t["label"]: t["state"] for t in emu.transactions()}
+
+
+def precommit(emu: DorisEmulator, label: str, data: bytes = b"1,a,0.5\n") -> int:
+    answer = send("PUT", f"{emu.fe_url}/api/{DB}/orders/_stream_load", data=data, headers={
+        "Expect": "100-continue", "label": label, "two_phase_commit": "true", "column_separator": ","}).json
+    assert answer["Status"] == "Success", answer
+    return answer["TxnId"]
+
+
+# -- loads and commits -----------------------------------------------------------------------------
+
+
+def test_each_flush_is_one_precommitted_txn_recorded_before_it_begins(emu: DorisEmulator) -> None:
+    target, writer = make_target(emu), Writer(emu)
+    txn = writer.begin(target)
+    txn.write(rows(0, 3))
+    txn.write(rows(3, 2))
+    parts = txn.prepare()
+    assert [p.ref.label for p in parts] == ["L_orders_c0", "L_orders_c1"] == [r.label for r in writer.intents]
+    assert [p.rows for p in parts] == [3, 2]
+    assert states(emu) == {"L_orders_c0": "PRECOMMITTED", "L_orders_c1": "PRECOMMITTED"}
+    assert [int(p.txn_id) for p in parts] == [t["txn_id"] for t in emu.transactions()]
+    assert emu.visible_rows(DB, "orders") == []  # invisible until the driver commits
+
+
+def test_commit_makes_rows_visible_and_repeating_it_is_success(emu: DorisEmulator) -> None:
+    target = make_target(emu)
+    txn = Writer(emu).begin(target)
+    txn.write(rows(0, 4))
+    (part,) = txn.prepare()
+    committable = part.committable("sum")
+    assert target.commit(committable) is CommitOutcome.COMMITTED
+    assert target.commit(committable) is CommitOutcome.COMMITTED  # "is already visible, not pre-committed."
+    assert sorted(emu.visible_rows(DB, "orders")) == as_tuples(rows(0, 4))
+    assert [t["commit_count"] for t in emu.transactions()] == [2]
+
+
+def test_commit_with_publish_delay_is_committed_and_then_visible(emu: DorisEmulator) -> None:
+    target = make_target(emu)
+    txn = Writer(emu).begin(target)
+    txn.write(rows(0, 2))
+    committable = txn.prepare()[0].committable("sum")
+    emu.faults.publish_timeout.arm(op="commit", visible_after=30)
+    assert target.commit(committable) is CommitOutcome.COMMITTED
+    assert target.load_state(DB, committable.label) == "COMMITTED"
+    assert target.commit(committable) is CommitOutcome.COMMITTED  # "is already committed, not pre-committed."
+    emu.clock.advance(30)
+    assert sorted(emu.visible_rows(DB, "orders")) == as_tuples(rows(0, 2))
+
+
+@pytest.mark.parametrize("fmt", ["csv", "json"])
+def test_hostile_values_round_trip(emu: DorisEmulator, fmt: str) -> None:
+    emu.create_table(DB, "wide", [("id", "BIGINT"), ("s", "STRING"), ("f", "DOUBLE"), ("b", "BOOLEAN"),
+                                  ("d", "DATE"), ("ts", "DATETIME")])
+    strings = ['plain', 'comma,inside', 'quote " inside', '"enclosed"', 'back\\slash', 'new\nline', 'tab\tx',
+               '\\N', 'N', '', None, 'ünïcødé ✓', 'crlf\r\nend', '\\', '"', ',']
+    n = len(strings)
+    table = pa.table({
+        "id": pa.array(range(n), pa.int64()),
+        "s": pa.array(strings, pa.string()),
+        "f": pa.array([None if i == 3 else i * 1.25 - 3 for i in range(n)], pa.float64()),
+        "b": pa.array([None if i == 4 else i % 2 == 0 for i in range(n)], pa.bool_()),
+        "d": pa.array([dt.date(2024, 1, 1) + dt.timedelta(days=i) for i in range(n)], pa.date32()),
+        "ts": pa.array([dt.datetime(2024, 2, 29, 23, 59, 58, 123456) + dt.timedelta(seconds=i) for i in range(n)],
+                       pa.timestamp("us")),
+    })
+    target = make_target(emu, format=fmt)
+    txn = Writer(emu).begin(target, "wide")
+    txn.write(table)
+    (part,) = txn.prepare()
+    assert part.rows == n
+    assert target.commit(part.committable("sum")) is CommitOutcome.COMMITTED
+    assert sorted(emu.visible_rows(DB, "wide")) == as_tuples(table)
+
+
+def test_a_load_streams_in_pieces_and_counts_every_row(emu: DorisEmulator) -> None:
+    target = make_target(emu, piece_bytes=512)  # many pieces in one chunked body
+    txn = Writer(emu).begin(target)
+    txn.write(rows(0, 500))
+    (part,) = txn.prepare()
+    assert part.rows == 500 and part.extra["load_bytes"] > 0
+    target.commit(part.committable("sum"))
+    assert sorted(emu.visible_rows(DB, "orders")) == as_tuples(rows(0, 500))
+
+
+# -- commit outcomes ---------------------------------------------------------------------------------
+
+
+def prepared(emu: DorisEmulator, target: DorisTarget, start: int = 0, prefix: str = "L"):
+    txn = Writer(emu, prefix).begin(target)
+    txn.write(rows(start, 3))
+    return txn.prepare()[0].committable("sum")
+
+
+def test_precommit_expiry_during_an_outage_is_lost(emu: DorisEmulator) -> None:
+    target = make_target(emu)
+    committable = prepared(emu, target)
+    emu.clock.advance(3601)  # stream_load_default_precommit_timeout_second = 3600
+    assert target.commit(committable) is CommitOutcome.LOST
+    assert emu.visible_rows(DB, "orders") == []
+
+
+def test_expire_prepared_knob_is_lost(emu: DorisEmulator) -> None:
+    target = make_target(emu)
+    committable = prepared(emu, target)
+    emu.faults.expire_prepared.arm(label=committable.label, op="commit")
+    assert target.commit(committable) is CommitOutcome.LOST
+
+
+def test_not_found_is_resolved_through_the_label_state(emu: DorisEmulator) -> None:
+    target = make_target(emu)
+    committable = prepared(emu, target)
+    assert target.commit(committable) is CommitOutcome.COMMITTED
+    from dataclasses import replace
+
+    wrong_id = replace(committable, txn_id="987654")  # "transaction [987654] not found", label VISIBLE
+    assert target.commit(wrong_id) is CommitOutcome.COMMITTED
+    emu.clock.advance(43201)  # streaming_label_keep_max_second: txn and label are forgotten
+    assert target.load_state(DB, committable.label) == "UNKNOWN"
+    assert target.commit(committable) is CommitOutcome.LOST  # Doris can no longer tell; see the target's doc
+
+
+def test_write_lock_timeout_is_retried_then_committed(emu: DorisEmulator) -> None:
+    target = make_target(emu)
+    committable = prepared(emu, target)
+    emu.faults.write_lock_timeout.arm(times=2, label=committable.label)
+    assert target.commit(committable) is CommitOutcome.COMMITTED
+    assert emu.faults.write_lock_timeout.fired == 2
+
+
+def test_write_lock_timeout_beyond_the_retries_fails_loudly(emu: DorisEmulator) -> None:
+    target = make_target(emu, retries=1)
+    committable = prepared(emu, target)
+    emu.faults.write_lock_timeout.arm(times=5, label=committable.label)
+    with pytest.raises(TargetError, match="write lock timeout"):
+        target.commit(committable)
+    assert states(emu)[committable.label] == "PRECOMMITTED"  # nothing decided: the driver will retry
+
+
+def test_connection_dropped_after_the_commit_applied(emu: DorisEmulator) -> None:
+    target = make_target(emu)
+    committable = prepared(emu, target)
+    emu.faults.drop_connection_after_commit.arm(label=committable.label)
+    assert target.commit(committable) is CommitOutcome.COMMITTED  # retried: "already visible"
+    assert [t["commit_count"] for t in emu.transactions()] == [2]
+    assert sorted(emu.visible_rows(DB, "orders")) == as_tuples(rows(0, 3))
+
+
+def test_5xx_and_drops_are_retried_on_load_and_commit(emu: DorisEmulator) -> None:
+    target = make_target(emu)
+    emu.faults.http_5xx.arm(times=2, op="stream_load", role="be")
+    emu.faults.drop_connection_before.arm(op="stream_load", role="fe")
+    committable = prepared(emu, target)
+    emu.faults.http_5xx.arm(op="commit", role="fe")
+    emu.faults.drop_connection_before.arm(op="commit", role="be")
+    assert target.commit(committable) is CommitOutcome.COMMITTED
+    assert states(emu) == {committable.label: "VISIBLE"}
+    assert sorted(emu.visible_rows(DB, "orders")) == as_tuples(rows(0, 3))
+
+
+def test_5xx_beyond_the_retries_fails_loudly(emu: DorisEmulator) -> None:
+    target = make_target(emu, retries=1)
+    committable = prepared(emu, target)
+    emu.faults.http_5xx.arm(times=5, op="commit")
+    with pytest.raises(TargetError, match="HTTP 503"):
+        target.commit(committable)
+
+
+def test_slow_answer_then_retry_finds_the_label_precommitted_and_loads_it_once(emu: DorisEmulator) -> None:
+    target = make_target(emu, request_timeout_s=0.5)
+    emu.faults.slow_response.arm(op="stream_load", role="be", seconds=30)  # applied, answer late
+    committable = prepared(emu, target)
+    emu.faults.release()
+    history = [(t["label"], t["state"]) for t in emu.transactions()]
+    assert history == [(committable.label, "ABORTED"), (committable.label, "PRECOMMITTED")]
+    assert target.commit(committable) is CommitOutcome.COMMITTED
+    assert sorted(emu.visible_rows(DB, "orders")) == as_tuples(rows(0, 3))
+
+
+def test_a_committed_label_is_never_loaded_again(emu: DorisEmulator) -> None:
+    target = make_target(emu)
+    send("PUT", f"{emu.fe_url}/api/{DB}/_stream_load_2pc",
+         headers={"txn_operation": "commit", "txn_id": str(precommit(emu, "L_orders_c0"))})
+    txn = Writer(emu, fresh_labels=False).begin(target)  # as if the label had been used before
+    with pytest.raises(TargetError, match="already committed .*FINISHED"):
+        txn.write(rows(0, 3))
+    assert emu.visible_rows(DB, "orders") == [(1, "a", 0.5)]
+
+
+def test_a_label_held_by_a_load_still_running_is_taken_over(emu: DorisEmulator) -> None:
+    """A stale request of the same label is still streaming (RUNNING): abort it, then load under the label."""
+    import threading
+    import time
+
+    go = threading.Event()
+
+    def stale_body() -> Iterator[bytes]:
+        yield b"99,stale,0\n"
+        go.wait(10)
+
+    stale: dict[str, Any] = {}
+    thread = threading.Thread(target=lambda: stale.update(answer=send(
+        "PUT", f"{emu.be_url}/api/{DB}/orders/_stream_load", data=stale_body(),
+        headers={"label": "L_orders_c0", "two_phase_commit": "true", "column_separator": ","}).json))
+    thread.start()
+    deadline = time.monotonic() + 10
+    while not emu.transactions():  # progress marker: the stale load has begun its txn
+        assert time.monotonic() < deadline
+        time.sleep(0.005)
+    target = make_target(emu)
+    txn = Writer(emu, fresh_labels=False).begin(target)
+    txn.write(rows(0, 3))
+    go.set()
+    thread.join(10)
+    assert stale["answer"]["Status"] == "Fail"  # its txn was aborted under it
+    assert [(t["label"], t["state"]) for t in emu.transactions()] == [("L_orders_c0", "ABORTED"),
+                                                                      ("L_orders_c0", "PRECOMMITTED")]
+    target.commit(txn.prepare()[0].committable("sum"))
+    assert sorted(emu.visible_rows(DB, "orders")) == as_tuples(rows(0, 3))
+
+
+def test_a_running_txn_limit_is_retried_then_reported(tmp_path: Any) -> None:
+    with DorisEmulator(tmp_path / "d", max_running_txn_num_per_db=1) as emu:
+        emu.create_table(DB, "orders", COLUMNS)
+        target = make_target(emu, retries=2)
+        prepared(emu, target, prefix="first")
+        with pytest.raises(TargetError, match="larger than limit 1"):
+            prepared(emu, target, prefix="second")
+
+
+def test_restart_keeps_precommitted_txns_committable(emu: DorisEmulator) -> None:
+    target = make_target(emu)
+    committable = prepared(emu, target)
+    emu.restart()
+    assert target.commit(committable) is CommitOutcome.COMMITTED
+    assert sorted(emu.visible_rows(DB, "orders")) == as_tuples(rows(0, 3))
+
+
+# -- aborts --------------------------------------------------------------------------------------------
+
+
+def test_transaction_abort_ends_every_chunk(emu: DorisEmulator) -> None:
+    target = make_target(emu)
+    txn = Writer(emu).begin(target)
+    txn.write(rows(0, 2))
+    txn.write(rows(2, 2))
+    txn.abort()
+    txn.abort()  # repeating is harmless
+    assert set(states(emu).values()) == {"ABORTED"}
+
+
+def test_abort_by_label(emu: DorisEmulator) -> None:
+    target = make_target(emu)
+    committable = prepared(emu, target)
+    target.abort(committable.ref())
+    assert states(emu) == {committable.label: "ABORTED"}
+    assert target.commit(committable) is CommitOutcome.LOST  # "is already aborted"
+    target.abort(committable.ref())  # already aborted
+    target.abort(TxnRef("doris", DB, "orders", "never_used", 0, "a"))  # no such label
+    assert states(emu) == {committable.label: "ABORTED"}
+
+
+def test_aborting_a_committed_label_is_refused_loudly(emu: DorisEmulator) -> None:
+    target = make_target(emu)
+    committable = prepared(emu, target)
+    target.commit(committable)
+    with pytest.raises(TargetError, match="already committed"):
+        target.abort(committable.ref())
+
+
+@pytest.mark.parametrize("how", ["old-server", "option"])
+def test_abort_without_label_2pc_uses_the_empty_load_probe(tmp_path: Any, how: str) -> None:
+    version, options = ("2.0.15", {}) if how == "old-server" else ("2.1.8", {"abort_by_label": False})
+    with DorisEmulator(tmp_path / "d", version=version) as emu:
+        emu.create_table(DB, "orders", COLUMNS)
+        target = make_target(emu, **options)
+        committable = prepared(emu, target)
+        target.abort(committable.ref())  # the probe finds the holder's txn id and aborts it
+        assert states(emu) == {committable.label: "ABORTED"}
+        never = TxnRef("doris", DB, "orders", "never_used", 0, "a")
+        target.abort(never)  # the probe itself becomes a txn, which is aborted at once
+        assert {t["state"] for t in emu.transactions()} == {"ABORTED"}
+        committed = prepared(emu, target, start=10, prefix="M")
+        target.commit(committed)
+        with pytest.raises(TargetError, match="already committed"):
+            target.abort(committed.ref())
+
+
+# -- data quality ----------------------------------------------------------------------------------
+
+
+def bad_numbers(emu: DorisEmulator) -> pa.Table:
+    emu.create_table(DB, "typed", [("id", "BIGINT"), ("n", "INT")])
+    return pa.table({"id": pa.array(range(4), pa.int64()), "n": ["1", "x", "3", "4"]})
+
+
+def test_filtered_rows_beyond_the_ratio_fail_clearly(emu: DorisEmulator) -> None:
+    table = bad_numbers(emu)
+    txn = Writer(emu).begin(make_target(emu, strict_mode=True), "typed")
+    with pytest.raises(TargetError) as failure:
+        txn.write(table)
+    text = str(failure.value)
+    assert "too many filtered rows" in text and "1 of 4 rows were filtered" in text
+    assert "max_filter_ratio=0" in text and "'x'" in text  # the rejected row, from the ErrorURL
+    txn.abort()
+    assert set(states(emu).values()) == {"ABORTED"}
+
+
+def test_max_filter_ratio_and_strict_mode_are_passed_through(emu: DorisEmulator) -> None:
+    table = bad_numbers(emu)
+    tolerant = make_target(emu, strict_mode=True, max_filter_ratio=0.5)
+    txn = Writer(emu, "tolerant").begin(tolerant, "typed")
+    txn.write(table)
+    (part,) = txn.prepare()
+    assert (part.rows, part.extra["filtered_rows"]) == (3, 1)
+    lenient = make_target(emu, strict_mode=False)  # a value that does not convert becomes NULL
+    txn = Writer(emu, "lenient").begin(lenient, "typed")
+    txn.write(table)
+    (part,) = txn.prepare()
+    lenient.commit(part.committable("sum"))
+    assert sorted(emu.visible_rows(DB, "typed")) == [(0, 1), (1, None), (2, 3), (3, 4)]
+
+
+def test_a_server_that_ignores_two_phase_commit_is_refused(emu: DorisEmulator, monkeypatch) -> None:
+    target = make_target(emu)
+    real_put = target._put
+
+    def without_2pc(path, headers, body, what):  # as Doris 1.0/1.1 with 2PC disabled would answer
+        return real_put(path, {k: v for k, v in headers.items() if k != "two_phase_commit"}, body, what)
+
+    monkeypatch.setattr(target, "_put", without_2pc)
+    with pytest.raises(TargetError, match="WITHOUT two-phase commit"):
+        Writer(emu).begin(target).write(rows(0, 1))
+
+
+# -- start-up and configuration ---------------------------------------------------------------------
+
+
+def test_routable_tables_checks_the_server(emu: DorisEmulator) -> None:
+    assert make_target(emu).routable_tables() is None
+    assert make_target(emu, tables=["orders"]).routable_tables() == {"orders"}
+    with pytest.raises(ConfigurationError, match="refused user 'root'"):
+        DorisTarget(emu.fe_url, DB, "root", "wrong").routable_tables()
+    with pytest.raises(ConfigurationError, match="database 'nope'"):
+        DorisTarget(emu.fe_url, "nope").routable_tables()
+
+
+def test_routable_tables_fails_when_nothing_listens(emu: DorisEmulator) -> None:
+    url = emu.fe_url
+    emu.stop()
+    with pytest.raises(ConfigurationError, match="not usable"):
+        DorisTarget(url, DB, retries=0).routable_tables()
+
+
+def test_options_are_checked_and_the_target_travels_to_tasks(emu: DorisEmulator) -> None:
+    with pytest.raises(ConfigurationError, match="unknown option"):
+        DorisTarget(emu.fe_url, DB, formt="json")
+    with pytest.raises(ConfigurationError, match="set by the target itself"):
+        DorisTarget(emu.fe_url, DB, headers={"two_phase_commit": "false"})
+    with pytest.raises(ConfigurationError, match="format"):
+        DorisTarget(emu.fe_url, DB, format="parquet")
+    target = pickle.loads(pickle.dumps(make_target(emu, format="json", tables=["orders"])))
+    assert target.runs_writers_in_driver is False and target.options.tables == ("orders",)
+    committable = prepared(emu, target)
+    assert target.commit(committable) is CommitOutcome.COMMITTED
+    from_url = target_from_url(f"doris://127.0.0.1:{emu.fe_port}", DB, {"retries": 1})
+    assert isinstance(from_url, DorisTarget) and from_url.fe_url == emu.fe_url and from_url.routable_tables() is None
+
+
+# -- with the coordinator's recovery ----------------------------------------------------------------
+
+
+JOB, QUERY = "job", "query-1"
+
+
+def routed(partition: int, start: int, n: int) -> pa.RecordBatch:
+    ids = list(range(start, start + n))
+    return pa.RecordBatch.from_pydict({
+        "id": pa.array(ids, pa.int64()), "name": [f"n{i}" for i in ids], "amount": [i / 2 for i in ids],
+        "__table": ["orders" if i % 3 else "payments" for i in ids],
+    })
+
+
+def write_batch(target: DorisTarget, store: FileStateStore, epoch: int, batch_id: int) -> BatchRecord:
+    context = WriteContext(JOB, QUERY, batch_id, epoch, 0, flush_bytes=256)  # several chunks per table
+    router = Router(None, table_column="__table")
+    results = [
+        PartitionWriter(context, target, router, store, p).add_all([routed(p, p * 1000 + k * 20, 20) for k in range(3)])
+        for p in range(2)
+    ]
+    committables = [c for r in results for c in r.committables]
+    return BatchRecord(QUERY, batch_id, BatchState.PREPARED, epoch, committables, {r.partition: r.checksum for r in results})
+
+
+def expected(table: str) -> list[tuple]:
+    out = [(r["id"], r["name"], r["amount"]) for p in range(2) for k in range(3)
+           for r in routed(p, p * 1000 + k * 20, 20).to_pylist() if r["__table"] == table]
+    return sorted(out)
+
+
+def test_recovery_commits_a_prepared_batch_exactly_once(emu: DorisEmulator, tmp_path: Any) -> None:
+    target, store = make_target(emu), FileStateStore(tmp_path / "state")
+    epoch = store.take_epoch(JOB, "test")
+    record = write_batch(target, store, epoch, 1)
+    assert len(record.committables) > 4  # one txn per flush, not per table
+    store.put_batch(JOB, epoch, record)
+    first = Recovery(target, store, JOB, epoch)
+    assert first.commit_pending(record) == []
+    for committable in record.committables:  # a driver that died before recording progress repeats them
+        assert target.commit(committable) is CommitOutcome.COMMITTED
+    first.finish_prepared(record)
+    assert sorted(emu.visible_rows(DB, "orders")) == expected("orders")
+    assert sorted(emu.visible_rows(DB, "payments")) == expected("payments")
+    assert {t["state"] for t in emu.transactions()} == {"VISIBLE"}
+
+
+def test_intents_without_a_record_are_aborted(emu: DorisEmulator, tmp_path: Any) -> None:
+    target, store = make_target(emu), FileStateStore(tmp_path / "state")
+    epoch = store.take_epoch(JOB, "test")
+    write_batch(target, store, epoch, 1)
+    Recovery(target, store, JOB, epoch).abort_intents(QUERY, 1)
+    assert {t["state"] for t in emu.transactions()} == {"ABORTED"}
+    assert store.intents(JOB, QUERY, 1) == []
+
+
+def test_expired_batch_outside_its_rerun_fails_loudly(emu: DorisEmulator, tmp_path: Any) -> None:
+    target, store = make_target(emu), FileStateStore(tmp_path / "state")
+    epoch = store.take_epoch(JOB, "test")
+    record = write_batch(target, store, epoch, 1)
+    store.put_batch(JOB, epoch, record)
+    emu.clock.advance(3601)
+    with pytest.raises(ReplayImpossibleError, match="runbook"):
+        Recovery(target, store, JOB, epoch).finish_prepared(record)
+    assert emu.visible_rows(DB, "orders") == []
+
+
+def test_speculative_duplicates_are_aborted_by_the_coordinator(emu: DorisEmulator, tmp_path: Any, monkeypatch) -> None:
+    """Two successful attempts of every partition both pre-commit (a speculative copy: Spark does not launch
+    those on one host, so the attempts are run here); the coordinator commits one, aborts the other's txns."""
+    from streaming_sink import sink as sink_module
+    from streaming_sink.execution import _one_per_partition
+    from streaming_sink.sink import ExactlyOnceSink
+
+    def both_attempts(df, target, router, context, store):
+        results = [
+            PartitionWriter(context, target, router, store, p, attempt).add_all(
+                [routed(p, p * 1000 + k * 20, 20) for k in range(3)])
+            for attempt in (1, 0)  # the copy finishes first, so Spark would report it
+            for p in range(2)
+        ]
+        return _one_per_partition(results)
+
+    monkeypatch.setattr(sink_module, "run_writers", both_attempts)
+    store = FileStateStore(tmp_path / "state")
+    sink = ExactlyOnceSink(make_target(emu), store, JOB, table_column="__table", flush_bytes=256)
+    assert sink.process(None, 1, QUERY).action == "written"
+    assert sorted(emu.visible_rows(DB, "orders")) == expected("orders")
+    assert sorted(emu.visible_rows(DB, "payments")) == expected("payments")
+    by_attempt = {(t["label"].split("_")[-3], t["state"]) for t in emu.transactions()}
+    assert by_attempt == {("e1w0t1", "VISIBLE"), ("e1w0t0", "ABORTED")}, by_attempt
+    assert store.intents(JOB, QUERY, 1) == []
+    assert sink.process(None, 1, QUERY).action == "already-committed"  # a re-run changes nothing
