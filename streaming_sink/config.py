@@ -25,7 +25,7 @@ _KEYS: dict[str, set[str]] = {
     "target": {"url", "database", "options", "create_tables"},
     "state": {"url"},
     "trigger": {"interval"},
-    "sink": {"flush_bytes", "checkpoint", "metadata_columns"},
+    "sink": {"flush_bytes", "checkpoint", "metadata_columns", "metrics_port"},
     "spark": {"conf"},
 }
 _TABLE_KEYS = {"schema"}
@@ -113,6 +113,7 @@ def resolve_config(data: dict[str, Any], base_dir: Path) -> JobSpec:
         flush_bytes=flush_bytes,
         target_options=options,
         create_tables=bool(target.get("create_tables", embedded)),
+        metrics_port=_port(sink.get("metrics_port"), "sink.metrics_port"),
         spark_conf={str(k): str(v) for k, v in data.get("spark", {}).get("conf", {}).items()},
     )
 
@@ -158,6 +159,14 @@ def _check_keys(data: dict[str, Any]) -> None:
         for key in spec if isinstance(spec, dict) else []:
             if key not in _TABLE_KEYS:
                 raise ConfigurationError(f"unknown key 'tables.{table}.{key}'; a table has only 'schema'")
+
+
+def _port(value: Any, key: str) -> int | None:
+    if value is None:
+        return None
+    if not isinstance(value, int) or not 0 <= value <= 65535:
+        raise ConfigurationError(f"{key}: {value!r} is not a TCP port (0-65535; 0 picks a free one)")
+    return value
 
 
 def _table_schema(name: str, spec: Any) -> str:

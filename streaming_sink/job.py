@@ -21,6 +21,7 @@ from typing import Any
 
 from state import open_store
 
+from .metrics import BatchMetrics, serve_metrics
 from .routing import struct_column_for
 from .sink import ExactlyOnceSink
 from .targets import ConfigurationError, target_from_url
@@ -51,6 +52,7 @@ class JobSpec:
     trigger: str = "available-now"  # or a processing-time interval such as "5 seconds"
     flush_bytes: int = 64 * 1024 * 1024
     create_tables: bool = False  # create missing tables from the schemas (embedded ClickHouse only)
+    metrics_port: int | None = None  # serve per-batch figures as Prometheus text on this port
     target_options: dict[str, Any] = field(default_factory=dict)
     spark_conf: dict[str, str] = field(default_factory=dict)
 
@@ -75,6 +77,12 @@ class JobSpec:
 
 
 def build_sink(spec: JobSpec) -> ExactlyOnceSink:
+    listeners = []
+    if spec.metrics_port is not None:
+        metrics = BatchMetrics(spec.job_id)
+        server = serve_metrics(metrics, spec.metrics_port)
+        logging.getLogger("streaming_sink").info("metrics at http://%s:%d/metrics", *server.server_address[:2])
+        listeners.append(metrics.record)
     return ExactlyOnceSink(
         target=target_from_url(spec.target_url, spec.database, spec.target_options),
         state=open_store(spec.state_url),
@@ -83,6 +91,7 @@ def build_sink(spec: JobSpec) -> ExactlyOnceSink:
         flush_bytes=spec.flush_bytes,
         struct_columns=True,
         dead_letter_table=spec.dead_letter_table,
+        listeners=listeners,
     )
 
 

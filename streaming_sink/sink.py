@@ -18,6 +18,7 @@ import re
 import socket
 import time
 from dataclasses import dataclass
+from typing import Callable
 
 from pyspark.sql import DataFrame
 
@@ -71,6 +72,7 @@ class ExactlyOnceSink:
         retain_batches: int = 100,
         struct_columns: bool = False,
         dead_letter_table: str | None = None,
+        listeners: list[Callable[[BatchReport], None]] | None = None,
     ) -> None:
         if not _JOB_ID.match(job_id):
             raise ConfigurationError(f"job_id {job_id!r}: 1-64 characters of letters, digits, '.', '_' or '-'")
@@ -83,6 +85,7 @@ class ExactlyOnceSink:
         self.flush_bytes, self.retain_batches = flush_bytes, retain_batches
         self.struct_columns = struct_columns  # with table_column: each table's row is a struct column of its own
         self.dead_letter_table = dead_letter_table  # only to report dead letters apart from loaded rows
+        self.listeners = list(listeners or [])  # told of every batch's report (metrics)
         self._router: Router | None = None
         self._recovery: Recovery | None = None
         self._write_passes: tuple[tuple[str, int] | None, int] = (None, 0)  # (batch, passes written by this driver)
@@ -141,6 +144,8 @@ class ExactlyOnceSink:
             report = self._write_and_commit(df, query_id, batch_id)
         self.last_report = report
         log.info("streaming_sink.batch %s", json.dumps({"job": self.job_id, **report.__dict__}, sort_keys=True))
+        for listener in self.listeners:
+            listener(report)
         return report
 
     # -- steps -----------------------------------------------------------------------------------

@@ -108,3 +108,29 @@ def test_table_order_does_not_depend_on_the_process(tmp_path):
     job.schema = "id BIGINT"
     names = {f"t{i}" for i in range(20)}
     assert list(resolve_tables(job, names | {"dead_letters"})) == sorted(names)
+
+
+def test_batch_figures_reach_the_metrics_endpoint(spark_session, target, tmp_path):
+    import urllib.request
+
+    from streaming_sink.metrics import BatchMetrics, serve_metrics
+
+    metrics = BatchMetrics("dlq")
+    server = serve_metrics(metrics, 0)
+    try:
+        job = spec(tmp_path)
+        sink = ExactlyOnceSink(target=target, state=FileStateStore(tmp_path / "state"), job_id=job.job_id,
+                               table_column="__table", struct_columns=True, dead_letter_table=job.dead_letter_table,
+                               listeners=[metrics.record])
+        sink.start()
+        frame = build_frame(kafka_frame(spark_session), job, resolve_tables(job, sink.known_tables))
+        sink.process(frame, 0, "q")
+        sink.process(frame, 0, "q")  # re-run: already committed, counted as such, no rows twice
+        text = urllib.request.urlopen(f"http://127.0.0.1:{server.server_address[1]}/metrics", timeout=10).read().decode()
+    finally:
+        server.shutdown()
+    assert 'streaming_sink_batches_total{job="dlq",action="written"} 1' in text
+    assert 'streaming_sink_batches_total{job="dlq",action="already-committed"} 1' in text
+    assert 'streaming_sink_rows_total{job="dlq",table="dead_letters"} 5' in text
+    assert 'streaming_sink_records_in_total{job="dlq"} 8' in text
+    assert 'streaming_sink_dead_letters_total{job="dlq"} 5' in text

@@ -69,6 +69,7 @@ def test_a_real_target_does_not_create_tables(tmp_path):
         ("target.options", {"timeout": 5}, "target.options.timeout = 5 s is shorter than 10 s"),
         ("target.options", {"prepared_timeout": 15}, "target.options.prepared_timeout = 15 s is shorter than 20 s"),
         ("sink.flush_bytes", 10, "sink.flush_bytes: 10 is not a byte count"),
+        ("sink.metrics_port", 70000, "sink.metrics_port: 70000 is not a TCP port"),
     ],
 )
 def test_configuration_errors_name_the_key(tmp_path, path, value, message):
