@@ -340,6 +340,7 @@ class _StarRocksTransaction(TableTransaction):
         self._format_headers: dict[str, str] | None = None
         self._rows = 0
         self._bytes = 0
+        self._rejected: dict[str, int] = {}  # rows the server filtered/unselected, as the prepare reported
 
     # -- TableTransaction ------------------------------------------------------------------------
 
@@ -382,7 +383,9 @@ class _StarRocksTransaction(TableTransaction):
             # answers TXN_IN_PROCESSING, a finished one TXN_NOT_EXISTS while the label is PREPARED)
             target._backoff(attempts, f"prepare of {ref.label}: {answer.brief}, label still PREPARE")
         txn_id = answer.body.get("TxnId", self._txn_id)
-        return [PreparedPart(ref, None if txn_id is None else str(txn_id), self._rows, self._bytes)]
+        part = PreparedPart(ref, None if txn_id is None else str(txn_id), self._rows, self._bytes)
+        part.extra.update(self._rejected)  # the sink counts them as accounted for, not as lost
+        return [part]
 
     def abort(self) -> None:
         if self._ref is not None:
@@ -462,6 +465,7 @@ class _StarRocksTransaction(TableTransaction):
                 "a transaction that does not hold exactly what was written. Check `row_delimiter`/`enclose` options."
             )
         if filtered or unselected:
+            self._rejected = {"filtered_rows": filtered, "unselected_rows": unselected}
             log.warning(
                 "StarRocks label %s: %d rows were filtered and %d unselected by the server (max_filter_ratio allows it); "
                 "they will not be visible. Rejected rows: %s",

@@ -1,0 +1,180 @@
+"""The StarRocks target and the exactly-once scenario against a real StarRocks (all-in-one container).
+
+Runs where a Docker engine answers; elsewhere the whole module is skipped with the reason. The
+emulator is a test double of protocol.md part A; this is where its facts meet the real server:
+the FE->BE 307 with credentials re-sent, PREPARED data invisible until commit, "already committed"
+on a repeated commit, rollback wording, and a kill -9 at the commit point followed by a restart
+that ends exact.
+
+Container: `starrocks/allin1-ubuntu` (override the tag with STARROCKS_VERSION, the image with
+STARROCKS_IMAGE) on the host network, so the BE address the FE redirects to (127.0.0.1:8040) is
+reachable from this process. SQL (DDL, row reads) goes through the `mysql` client in the image;
+the sink itself only speaks HTTP.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import time
+from pathlib import Path
+from typing import Any, Iterator
+
+import pytest
+
+docker = pytest.importorskip("docker", reason="the docker SDK is not installed")
+pytest.importorskip("testcontainers.core.container", reason="testcontainers is not installed")
+
+
+def _docker_unavailable() -> str | None:
+    try:
+        docker.from_env().ping()
+    except Exception as error:  # any failure to reach the engine means: skip, saying why
+        return f"no Docker engine answers ({type(error).__name__}: {error})"
+    return None
+
+
+_REASON = _docker_unavailable()
+if _REASON:
+    pytest.skip(_REASON, allow_module_level=True)
+
+import pyarrow as pa  # noqa: E402
+
+from devstack.pipeline import DB, TABLES, LocalPipeline  # noqa: E402
+from streaming_sink.committable import TxnRef  # noqa: E402
+from streaming_sink.targets.base import CommitOutcome, TargetError  # noqa: E402
+from streaming_sink.targets.starrocks import StarRocksTarget  # noqa: E402
+
+pytestmark = [pytest.mark.docker, pytest.mark.slow]
+
+VERSION = os.environ.get("STARROCKS_VERSION", "3.5.4")  # 3.5.4+: prepared_timeout on prepare
+IMAGE = os.environ.get("STARROCKS_IMAGE", f"starrocks/allin1-ubuntu:{VERSION}")
+FE_URL = "http://127.0.0.1:8030"
+COLUMNS_DDL = "id BIGINT, name VARCHAR(64), amount DOUBLE, kafka_partition INT, kafka_offset BIGINT"
+START_DEADLINE_S = 600
+
+
+class RealStarRocks:
+    """One all-in-one container (FE + BE), and SQL through its mysql client."""
+
+    def __init__(self) -> None:
+        from testcontainers.core.container import DockerContainer
+
+        self.container = DockerContainer(IMAGE).with_kwargs(network_mode="host")
+
+    def start(self) -> "RealStarRocks":
+        self.container.start()
+        deadline = time.monotonic() + START_DEADLINE_S
+        while time.monotonic() < deadline:  # readiness poll of a starting server, not a synchronisation sleep
+            try:
+                if "true" in self.sql("SHOW BACKENDS", database=None).lower().split():
+                    return self
+            except RuntimeError:
+                pass
+            time.sleep(2)
+        raise RuntimeError(f"StarRocks did not report an alive BE within {START_DEADLINE_S}s")
+
+    def stop(self) -> None:
+        try:
+            self.container.stop()
+        except Exception as error:  # teardown: report, do not mask the test's own failure
+            print(f"stopping {self.container} failed: {error}")
+
+    def sql(self, statement: str, database: str | None = DB) -> str:
+        command = ["mysql", "-h127.0.0.1", "-P9030", "-uroot", "--batch", "--raw", "--skip-column-names"]
+        if database:
+            command.append(f"-D{database}")
+        code, output = self.container.exec(command + ["-e", statement])
+        text = output.decode("utf-8", errors="replace") if isinstance(output, bytes) else str(output)
+        if code != 0:
+            raise RuntimeError(f"SQL failed ({code}): {statement}: {text}")
+        return text
+
+    def create_table(self, table: str) -> None:
+        self.sql(f"CREATE DATABASE IF NOT EXISTS {DB}", database=None)
+        self.sql(
+            f"CREATE TABLE IF NOT EXISTS {table} ({COLUMNS_DDL}) DUPLICATE KEY(id) "
+            'DISTRIBUTED BY HASH(id) BUCKETS 1 PROPERTIES ("replication_num" = "1")'
+        )
+
+    def rows(self, table: str) -> list[tuple]:
+        text = self.sql(f"SELECT id, name, amount, kafka_partition, kafka_offset FROM {table}")
+        out = []
+        for line in text.splitlines():
+            ident, name, amount, partition, offset = line.split("\t")
+            out.append((int(ident), name, float(amount), int(partition), int(offset)))
+        return sorted(out)
+
+    def open_transactions(self) -> list[str]:
+        db_id = next(line.split("\t")[0] for line in self.sql("SHOW PROC '/dbs'", None).splitlines()
+                     if line.split("\t")[1:2] == [DB])
+        return [line for line in self.sql(f"SHOW PROC '/transactions/{db_id}/running'", None).splitlines() if line]
+
+
+@pytest.fixture(scope="module")
+def starrocks() -> Iterator[RealStarRocks]:
+    server = RealStarRocks().start()
+    try:
+        for table in [*TABLES, "probe"]:
+            server.create_table(table)
+        yield server
+    finally:
+        server.stop()
+
+
+def _rows(start: int, n: int) -> pa.Table:
+    ids = list(range(start, start + n))
+    return pa.table({"id": pa.array(ids, pa.int64()), "name": [f"n,\"{i}\"\\" for i in ids], "amount": [i / 4 for i in ids],
+                     "kafka_partition": pa.array([0] * n, pa.int32()), "kafka_offset": pa.array(ids, pa.int64())})
+
+
+def test_begin_load_prepare_commit_rollback_against_the_real_server(starrocks: RealStarRocks) -> None:
+    target = StarRocksTarget(FE_URL, DB, "root", "", prepared_timeout=600, backoff_s=0.2)
+    assert target.routable_tables() is None
+    labels = [f"real_{time.time_ns()}_{i}" for i in range(2)]
+    parts = []
+    for label, start in zip(labels, (0, 5)):
+        refs: list[TxnRef] = []
+        txn = target.begin("probe", lambda chunk, label=label: TxnRef("starrocks", DB, "probe", label, 0, "a"), refs.append)
+        txn.write(_rows(start, 3))
+        txn.write(_rows(start + 3, 2))
+        (part,) = txn.prepare()
+        parts.append(part.committable("sum"))
+    assert [target.load_state(label)[0] for label in labels] == ["PREPARED", "PREPARED"]
+    assert starrocks.rows("probe") == []  # invisible until committed
+    assert target.commit(parts[0]) is CommitOutcome.COMMITTED
+    assert target.commit(parts[0]) is CommitOutcome.COMMITTED  # "has already committed"
+    target.abort(parts[1].ref())
+    assert target.load_state(labels[1])[0] == "ABORTED"
+    assert target.commit(parts[1]) is CommitOutcome.LOST
+    with pytest.raises(TargetError, match="but the sink was aborting it"):
+        target.abort(parts[0].ref())
+    assert starrocks.rows("probe") == sorted((i, f"n,\"{i}\"\\", i / 4, 0, i) for i in range(5))
+
+
+def test_kill_at_the_commit_point_then_restart_is_exact(starrocks: RealStarRocks, tmp_path: Path, kafka_broker: Any) -> None:
+    class RealAdapter:
+        def target_url(self) -> str:
+            return "starrocks://127.0.0.1:8030"
+
+        def target_options(self) -> dict[str, Any]:
+            return {"tables": TABLES, "backoff_s": 0.2}
+
+        def env(self) -> dict[str, str]:
+            return {"STREAMING_SINK_TARGET_USER": "root", "STREAMING_SINK_TARGET_PASSWORD": ""}
+
+        def create_tables(self, database: str, tables: list[str]) -> None:
+            for table in tables:
+                starrocks.sql(f"TRUNCATE TABLE {table}")
+
+        def rows(self, database: str, table: str) -> list[tuple]:
+            return starrocks.rows(table)
+
+        def problems(self, database: str) -> list[str]:
+            return [f"open transaction left: {line}" for line in starrocks.open_transactions()]
+
+    pipeline = LocalPipeline(tmp_path, kafka_broker, f"file://{tmp_path / 'state'}", adapter=RealAdapter(),
+                             messages_per_partition=200, max_offsets_per_trigger=120)
+    pipeline.produce()
+    assert pipeline.run_driver(crash_at="after-prepared-record@2", run=0) == -signal.SIGKILL, pipeline.log_tail(0)
+    pipeline.run_to_completion()
+    pipeline.verify()

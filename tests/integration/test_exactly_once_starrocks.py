@@ -1,0 +1,216 @@
+"""Exactly-once from a real Kafka topic, through Spark tasks, into the StarRocks emulator.
+
+Real Kafka (3 partitions) -> the packaged job in a child process (local Spark, 2 cores, retries
+allowed: `local[2,3]`; the writers run in the tasks) -> the StarRocks emulator running in this
+process, reached over loopback with a password -> the Redis state store.
+
+Every test ends with `verify()`: both tables equal the source row by row (count and checksum), no
+transaction is left PREPARE/PREPARED, no label was committed twice, no intent is left, every batch
+record is COMMITTED. Faults are armed on the emulator's knobs and each test asserts its knobs
+fired, so a knob that never triggers cannot pass silently.
+"""
+from __future__ import annotations
+
+import random
+import re
+import signal
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from devstack.pipeline import DB, TABLES, LocalPipeline
+from streaming_sink.committable import BatchState
+from streaming_sink.crash import POINTS
+from tests.emulators.starrocks import StarRocksEmulator
+from tests.integration.starrocks_harness import DIE_AFTER_PREPARE, TWIN, StarRocksEmulatorAdapter
+
+pytestmark = pytest.mark.slow
+
+CRASH_BATCH = 2
+PASSWORD = "s3cret"
+
+
+@pytest.fixture
+def emulator(tmp_path: Path):
+    with StarRocksEmulator(tmp_path / "starrocks", password=PASSWORD) as emu:
+        yield emu
+
+
+def _scenario(tmp_path, kafka_broker, redis_server, emulator, options=None, per_trigger=45, **kwargs) -> LocalPipeline:
+    scenario = LocalPipeline(
+        tmp_path,
+        kafka_broker,
+        redis_server.url,
+        messages_per_partition=60,
+        max_offsets_per_trigger=per_trigger,  # 180 messages over 3 partitions: 3 tasks per batch
+        adapter=StarRocksEmulatorAdapter(emulator, dict(options or {})),
+        driver_module="tests.integration.starrocks_driver",
+        spark_conf={"spark.master": "local[2,3]", **kwargs.pop("spark_conf", {})},
+        **kwargs,
+    )
+    scenario.produce()
+    return scenario
+
+
+def _assert_stopped_at(scenario: LocalPipeline, point: str, batch: int) -> None:
+    """The kill happened where it was asked to: the journal shows that exact protocol step."""
+    record, intents, done = scenario.batch_state(batch)
+    if point == "after-writers-prepared":
+        assert record is None and intents, "writers should have prepared with intents, and no record yet"
+    elif point == "after-prepared-record":
+        assert record.state is BatchState.PREPARED and not done
+    elif point == "after-first-commit":
+        assert record.state is BatchState.PREPARED and len(done) == 1 < len(record.committables)
+    elif point == "after-committed-record":
+        assert record.state is BatchState.COMMITTED
+    else:
+        raise AssertionError(point)
+
+
+def _open_labels(emulator: StarRocksEmulator) -> list[str]:
+    return [t["label"] for t in emulator.transactions(DB) if t["state"] in ("PREPARE", "PREPARED")]
+
+
+def test_kill_at_every_protocol_point_in_turn_then_restart_is_exact(tmp_path, kafka_broker, redis_server, emulator):
+    """One crash point per batch (1, 2, 3, 4 of 6), each followed by a restart on the same checkpoint;
+    after the kill with a PREPARED record the whole StarRocks cluster restarts too (PREPARED survives)."""
+    # one commit at a time, so "after-first-commit" leaves exactly one of the batch's commits done
+    scenario = _scenario(tmp_path, kafka_broker, redis_server, emulator, options={"commit_parallelism": 1}, per_trigger=30)
+    for run, point in enumerate(POINTS):
+        batch = run + 1
+        code = scenario.run_driver(crash_at=f"{point}@{batch}", run=run)
+        assert code == -signal.SIGKILL, f"driver should have been killed at {point}, exited {code}:\n{scenario.log_tail(run)}"
+        _assert_stopped_at(scenario, point, batch)
+        if point in ("after-writers-prepared", "after-prepared-record"):
+            assert _open_labels(emulator), "the kill should have left prepared transactions for recovery to settle"
+        if point == "after-prepared-record":
+            emulator.restart()  # FE and BE: memory lost, PREPARED transactions kept on disk
+    scenario.run_to_completion(first_run=len(POINTS))
+    scenario.verify()
+    assert len(scenario.store().batch_keys(scenario.job_id)) == 6
+
+
+def test_kill_at_random_instants_is_exact(tmp_path, kafka_broker, redis_server, emulator):
+    rng = random.Random(29)
+    scenario = _scenario(tmp_path, kafka_broker, redis_server, emulator)
+    killed = 0
+    for run in range(3):
+        proc = scenario.start_driver(run=run)
+        scenario.wait_for_batches(proc, count=run + 1)
+        try:
+            proc.wait(timeout=rng.uniform(0.0, 2.0))  # the kill instant, drawn from the seed
+        except subprocess.TimeoutExpired:
+            scenario.kill(proc)
+            killed += 1
+        if proc.returncode == 0:
+            break
+    assert killed >= 1, "the random instants never hit a running driver; the test proved nothing"
+    scenario.run_to_completion(first_run=10)
+    scenario.verify()
+
+
+def test_commit_faults_resolve_through_the_label_state(tmp_path, kafka_broker, redis_server, emulator):
+    """publish timeout (FAILED, yet committed), write-lock timeout (stays PREPARED), an answer lost
+    after the commit applied, a 5xx: each commit ends COMMITTED exactly once."""
+    faults = emulator.faults
+    faults.publish_timeout.arm(times=2, op="commit", role="fe")
+    faults.write_lock_timeout.arm(times=3, op="commit", role="fe")
+    faults.drop_connection_after_commit.arm(times=2, op="commit", role="fe")
+    faults.http_5xx.arm(times=1, op="commit", role="fe", status=503)
+    scenario = _scenario(tmp_path, kafka_broker, redis_server, emulator)
+    scenario.run_to_completion(first_run=0)
+    scenario.verify()
+    for knob in ("publish_timeout", "write_lock_timeout", "drop_connection_after_commit", "http_5xx"):
+        assert getattr(faults, knob).fired >= 1, f"knob {knob} never fired"
+
+
+def test_data_phase_faults_are_retried_or_fail_the_task(tmp_path, kafka_broker, redis_server, emulator):
+    """Busy labels, FE routing misses, connections cut before the server acts, 5xx, a slow prepare
+    whose answer comes after the client gave up, a BE restart that loses every open transaction:
+    retried where that is safe, otherwise the task fails, rolls back, and Spark retries it under a
+    new label."""
+    faults = emulator.faults
+    faults.txn_in_processing.arm(times=2, op="load")
+    faults.txn_in_processing.arm(times=2, op="prepare")
+    faults.fe_cache_loss.arm(times=1, op="load")
+    faults.fe_cache_loss.arm(times=1, op="prepare")
+    faults.drop_connection_before.arm(times=1, op="begin", role="fe")
+    faults.http_5xx.arm(times=1, op="begin", role="be", status=502)
+    faults.http_5xx.arm(times=1, op="load", role="be", status=500)  # load outcome unknown: the task fails
+    faults.slow_response.arm(times=1, op="prepare", role="be", seconds=30)  # longer than read_timeout
+    faults.restart_be.arm(times=1, op="load", role="be")  # every open transaction loses its BE context
+    scenario = _scenario(tmp_path, kafka_broker, redis_server, emulator, options={"read_timeout": 2.0})
+    try:
+        scenario.run_to_completion(first_run=0)
+    finally:
+        faults.release()
+    scenario.verify()
+    for knob in ("txn_in_processing", "fe_cache_loss", "drop_connection_before", "http_5xx", "slow_response", "restart_be"):
+        assert getattr(faults, knob).fired >= 1, f"knob {knob} never fired"
+    assert "TargetError" in scenario.log_tail(0, lines=100_000), "the 5xx on a load should have failed a task"
+    aborted = [t for t in emulator.transactions(DB) if t["state"] == "ABORTED"]
+    assert aborted, "the transactions of the failed task attempts should have been rolled back"
+
+
+def test_task_dying_after_prepare_and_a_speculative_twin_leave_no_duplicates(
+    tmp_path, kafka_broker, redis_server, emulator
+):
+    scenario = _scenario(
+        tmp_path, kafka_broker, redis_server, emulator,
+        spark_conf={"spark.speculation": "true"},
+        driver_env={DIE_AFTER_PREPARE: f"{CRASH_BATCH}:0", TWIN: "1:1"},
+    )
+    scenario.run_to_completion(first_run=0)
+    scenario.verify()
+    log = scenario.log_tail(0, lines=100_000)
+    assert "test hook: Python worker dies after prepare" in log
+    query_id = next(iter(scenario.query_ids()))
+    store = scenario.store()
+    died = store.get_batch(scenario.job_id, query_id, CRASH_BATCH)
+    assert {c.attempt[-2:] for c in died.committables if c.partition == 0} == {"t1"}, "the retry's transactions win"
+    twin_batch = store.get_batch(scenario.job_id, query_id, 1)
+    assert not any(c.label.endswith("_twin") for c in twin_batch.committables)
+    states = {t["label"]: t["state"] for t in emulator.transactions(DB)}
+    twins = [label for label in states if label.endswith("_twin")]
+    assert twins and all(states[label] == "ABORTED" for label in twins), states
+    losers = [label for label, state in states.items() if f"_{CRASH_BATCH}_" in label and "_p0_" in label and "t0_" in label]
+    assert losers and all(states[label] == "ABORTED" for label in losers), "the dead attempt's prepared txns are aborted"
+
+
+def test_prepared_transactions_that_expire_while_the_driver_is_down_are_replayed(
+    tmp_path, kafka_broker, redis_server, emulator
+):
+    scenario = _scenario(tmp_path, kafka_broker, redis_server, emulator, options={"prepared_timeout": 300})
+    assert scenario.run_driver(crash_at=f"after-prepared-record@{CRASH_BATCH}", run=0) == -signal.SIGKILL
+    record, _, _ = scenario.batch_state(CRASH_BATCH)
+    emulator.clock.advance(301)  # the driver stays down longer than prepared_timeout
+    expired = {t["label"] for t in emulator.transactions(DB) if t["reason"] == "timeout by txn manager"}
+    assert {c.label for c in record.committables} <= expired
+    scenario.run_to_completion()
+    scenario.verify()
+    record, _, _ = scenario.batch_state(CRASH_BATCH)
+    assert sorted(record.lost) == sorted(c.label for c in record.committables if c.label in expired)
+    assert any("replayed" in event for event in record.events), record.events
+
+
+def test_expired_batch_that_the_source_will_not_replay_fails_loudly(tmp_path, kafka_broker, redis_server, emulator):
+    """A new checkpoint means Spark never re-runs the PREPARED batch, whose data expired: stop, name the runbook."""
+    scenario = _scenario(tmp_path, kafka_broker, redis_server, emulator, options={"prepared_timeout": 300})
+    assert scenario.run_driver(crash_at=f"after-prepared-record@{CRASH_BATCH}", run=0) == -signal.SIGKILL
+    (old_query,) = scenario.query_ids()
+    emulator.clock.advance(301)
+    visible_before = {t: emulator.visible_rows(DB, t) for t in TABLES}
+    scenario.checkpoint_name = "checkpoint-new"  # the operator started over on a fresh checkpoint
+    scenario.write_spec()
+    code = scenario.run_driver(run=1)
+    log = scenario.log_tail(1, lines=100_000)
+    assert code not in (0, -signal.SIGKILL), f"the driver should fail loudly, exited {code}"
+    assert "ReplayImpossibleError" in log, log[-3000:]
+    assert re.search(r"docs/runbook\.md, section \d+ 'Prepared data lost outside its batch'", log), log[-3000:]
+    record, _, _ = scenario.batch_state(CRASH_BATCH, query_id=old_query)
+    assert record.state is BatchState.PREPARED, "the record of the lost batch must stay for the operator"
+    for table in TABLES:  # nothing new was loaded, nothing duplicated: the failure came before any write
+        assert emulator.visible_rows(DB, table) == visible_before[table]
+        assert len(set(visible_before[table])) == len(visible_before[table])
+    assert _open_labels(emulator) == []
