@@ -47,7 +47,8 @@ class ConfigJob:
     messages_per_partition: int = 1000
     bad_every: int = 37
     max_offsets_per_trigger: int = 600
-    target_toml: str = ""  # a [target]/[state] section; empty: the embedded defaults
+    target_toml: str = ""  # a [target] section; empty: the embedded default (chdb)
+    state: str | None = None  # a state store URL; None: the embedded default (file store)
     env: dict[str, str] = field(default_factory=dict)
     expected: dict[str, list[tuple]] = field(default_factory=dict)
 
@@ -62,7 +63,8 @@ class ConfigJob:
             f'job_id = "demo-ingest"\ndata_dir = "data"\n\n[kafka]\nbootstrap_servers = "{self.bootstrap}"\n'
             f'topics = ["{self.topic}"]\nmax_offsets_per_trigger = {self.max_offsets_per_trigger}\n\n'
             f'[routing]\nfield = "table"\n\n{tables}\n[dead_letters]\ntable = "{DEAD_LETTERS}"\n\n'
-            f"{self.target_toml}\n\n[spark.conf]\n{spark}\n"
+            f"{self.target_toml}\n\n" + (f'[state]\nurl = "{self.state}"\n\n' if self.state else "")
+            + f"[spark.conf]\n{spark}\n"
         )
 
     @property
@@ -71,7 +73,7 @@ class ConfigJob:
 
     @property
     def state_url(self) -> str:
-        return f"file://{self.data_dir / 'state'}"
+        return self.state or f"file://{self.data_dir / 'state'}"
 
     def produce(self, broker) -> int:
         """Messages with known fates; returns how many."""
