@@ -219,6 +219,12 @@ class DorisTarget(Target):
 
     # -- writing ---------------------------------------------------------------------------------
 
+    def expiry_limits(self) -> dict[str, float | None]:
+        """Server defaults (protocol.md part B/C.8-9): a pre-committed transaction is aborted after
+        `stream_load_default_precommit_timeout_second` (3600 s), and a finished stream-load label is
+        forgotten after `streaming_label_keep_max_second` (12 h). Raise them on the FE for longer outages."""
+        return {"pre-committed transactions (FE default)": 3600.0, "label history (FE default)": 43200.0}
+
     def begin(self, table: str, new_ref: NewRef, record_intent: RecordIntent) -> TableTransaction:
         return _DorisTransaction(self, table, new_ref, record_intent)
 
