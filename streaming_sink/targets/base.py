@@ -75,9 +75,9 @@ class Target(ABC):
     database: str
 
     @property
-    @abstractmethod
     def runs_writers_in_driver(self) -> bool:
-        """True for embedded engines that only one process may open (chdb)."""
+        """True for embedded engines that only one process may open (chdb); network targets write from tasks."""
+        return False
 
     @property
     def commit_parallelism(self) -> int:

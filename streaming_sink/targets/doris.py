@@ -188,10 +188,6 @@ class DorisTarget(Target):
         return f"DorisTarget({self.fe_url!r}, database={self.database!r}, user={self.user!r})"
 
     @property
-    def runs_writers_in_driver(self) -> bool:
-        return False
-
-    @property
     def commit_parallelism(self) -> int:
         return self.options.commit_parallelism
 

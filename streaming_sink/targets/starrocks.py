@@ -162,10 +162,6 @@ class StarRocksTarget(Target):
     # -- Target protocol -------------------------------------------------------------------------
 
     @property
-    def runs_writers_in_driver(self) -> bool:
-        return False
-
-    @property
     def commit_parallelism(self) -> int:
         return self.options.commit_parallelism
 
