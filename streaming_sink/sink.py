@@ -211,12 +211,7 @@ class ExactlyOnceSink:
             recovery.abort_intents(query_id, batch_id)
             return BatchReport(batch_id, "empty", timings=record.timings)
         crash_point("after-prepared-record", batch_id)
-        lost = recovery.commit_pending(record)
-        if lost:
-            record = self._replay(df, record, lost)
-        record.timings["commit_s"] = time.time() - recorded
-        recovery.mark_committed(record)
-        recovery.abort_intents(query_id, batch_id, keep={c.label for c in record.committables})
+        record = self._commit_prepared(df, record, started_commit=recorded)
         return self._report(batch_id, "written", record)
 
     def _recover_prepared(self, df: DataFrame, record: BatchRecord) -> BatchReport:
@@ -225,13 +220,21 @@ class ExactlyOnceSink:
         assert recovery is not None
         log.warning("job %s batch %s: found PREPARED by epoch %d; committing it", self.job_id, record.batch_id, record.epoch)
         recovery.abort_intents(record.query_id, record.batch_id, keep={c.label for c in record.committables})
+        record = self._commit_prepared(df, record, started_commit=time.time())
+        recovery.sweep(skip=(record.query_id, record.batch_id), retain_batches=self.retain_batches)
+        return self._report(record.batch_id, "recovered-prepared", record)
+
+    def _commit_prepared(self, df: DataFrame, record: BatchRecord, started_commit: float) -> BatchRecord:
+        """Commit every committable (replaying lost ones), mark COMMITTED, abort the unchosen attempts."""
+        recovery = self._recovery
+        assert recovery is not None
         lost = recovery.commit_pending(record)
         if lost:
             record = self._replay(df, record, lost)
+        record.timings["commit_s"] = time.time() - started_commit
         recovery.mark_committed(record)
         recovery.abort_intents(record.query_id, record.batch_id, keep={c.label for c in record.committables})
-        recovery.sweep(skip=(record.query_id, record.batch_id), retain_batches=self.retain_batches)
-        return self._report(record.batch_id, "recovered-prepared", record)
+        return record
 
     def _replay(self, df: DataFrame, record: BatchRecord, lost: list[Committable]) -> BatchRecord:
         """Load the lost parts again from the re-run batch, under fresh labels, proved identical by checksum."""
