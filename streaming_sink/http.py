@@ -20,7 +20,7 @@ import base64
 import json
 import logging
 import threading
-import time
+from time import sleep  # a module global, so tests can replace it here and nowhere else
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Mapping, Union
 from urllib.parse import urljoin, urlsplit
@@ -215,7 +215,7 @@ class HttpClient:
     def _pause(self, attempt: int, why: str) -> None:
         delay = min(self.backoff_max_s, self.backoff_s * (2**attempt))
         log.warning("retrying in %.2fs (attempt %d of %d): %s", delay, attempt + 2, self.retries + 1, why)
-        time.sleep(delay)
+        sleep(delay)
 
     def _follow(
         self,

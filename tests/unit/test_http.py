@@ -92,7 +92,7 @@ def servers() -> Iterator[Callable[[Callable], Recorder]]:
 @pytest.fixture(autouse=True)
 def no_sleep(monkeypatch: pytest.MonkeyPatch) -> list[float]:
     slept: list[float] = []
-    monkeypatch.setattr(http_module.time, "sleep", slept.append)
+    monkeypatch.setattr(http_module, "sleep", slept.append)  # this module's pauses only, not the process's
     return slept
 
 
