@@ -14,6 +14,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import random
 import signal
 import subprocess
 import sys
@@ -262,6 +263,22 @@ class LocalPipeline:
         except ProcessLookupError:
             pass
         proc.wait()
+
+    def kill_at_random_instants(self, rng: random.Random, runs: int, max_wait_s: float) -> int:
+        """Start the driver up to `runs` times; each time, once it has committed one more batch, kill it
+        at an instant drawn from `rng` (unless it finished first). Returns how many kills landed."""
+        killed = 0
+        for run in range(runs):
+            proc = self.start_driver(run=run)
+            self.wait_for_batches(proc, count=run + 1)
+            try:
+                proc.wait(timeout=rng.uniform(0.0, max_wait_s))  # the kill instant, drawn from the seed
+            except subprocess.TimeoutExpired:
+                self.kill(proc)
+                killed += 1
+            if proc.returncode == 0:
+                break
+        return killed
 
     def verify(self) -> dict[str, tuple[int, int]]:
         """Target equals source exactly, and nothing is left behind anywhere."""

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import random
 import signal
-import subprocess
 
 import pytest
 
@@ -64,17 +63,7 @@ def test_kill_at_random_instants_is_exact(seed, tmp_path, kafka_broker, request)
     store_kind = "redis" if seed % 2 else "file"
     url = request.getfixturevalue("redis_server").url if store_kind == "redis" else f"file://{tmp_path / 'state'}"
     scenario = _scenario(tmp_path, kafka_broker, url)
-    killed = 0
-    for run in range(3):
-        proc = scenario.start_driver(run=run)
-        scenario.wait_for_batches(proc, count=run + 1)
-        try:
-            proc.wait(timeout=rng.uniform(0.0, 3.0))  # the kill instant, drawn from the seed
-        except subprocess.TimeoutExpired:
-            scenario.kill(proc)
-            killed += 1
-        if proc.returncode == 0:
-            break
+    killed = scenario.kill_at_random_instants(rng, runs=3, max_wait_s=3.0)
     assert killed >= 1, "the random instants never hit a running driver; the test proved nothing"
     scenario.run_to_completion(first_run=10)
     scenario.verify()

@@ -17,7 +17,6 @@ import json
 import random
 import re
 import signal
-import subprocess
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Iterator
@@ -290,17 +289,7 @@ def test_replay_finds_renumbered_partitions(tmp_path, emulator, spark_session, m
 def test_kill_at_random_instants_is_exact(tmp_path, kafka_broker, emulator):
     rng = random.Random(29)
     pipeline = make_pipeline(tmp_path, kafka_broker, f"file://{tmp_path / 'state'}", emulator)
-    killed = 0
-    for run in range(2):
-        proc = pipeline.start_driver(run=run)
-        pipeline.wait_for_batches(proc, count=run + 1)
-        try:
-            proc.wait(timeout=rng.uniform(0.0, 2.5))  # the kill instant, drawn from the seed
-        except subprocess.TimeoutExpired:
-            pipeline.kill(proc)
-            killed += 1
-        if proc.returncode == 0:
-            break
+    killed = pipeline.kill_at_random_instants(rng, runs=2, max_wait_s=2.5)
     assert killed >= 1, "the random instants never hit a running driver; the test proved nothing"
     pipeline.run_to_completion(first_run=10)
     pipeline.verify_all()

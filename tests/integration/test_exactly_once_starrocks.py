@@ -14,7 +14,6 @@ from __future__ import annotations
 import random
 import re
 import signal
-import subprocess
 from pathlib import Path
 
 import pytest
@@ -94,17 +93,7 @@ def test_kill_at_every_protocol_point_in_turn_then_restart_is_exact(tmp_path, ka
 def test_kill_at_random_instants_is_exact(tmp_path, kafka_broker, redis_server, emulator):
     rng = random.Random(29)
     scenario = _scenario(tmp_path, kafka_broker, redis_server, emulator)
-    killed = 0
-    for run in range(3):
-        proc = scenario.start_driver(run=run)
-        scenario.wait_for_batches(proc, count=run + 1)
-        try:
-            proc.wait(timeout=rng.uniform(0.0, 2.0))  # the kill instant, drawn from the seed
-        except subprocess.TimeoutExpired:
-            scenario.kill(proc)
-            killed += 1
-        if proc.returncode == 0:
-            break
+    killed = scenario.kill_at_random_instants(rng, runs=3, max_wait_s=2.0)
     assert killed >= 1, "the random instants never hit a running driver; the test proved nothing"
     scenario.run_to_completion(first_run=10)
     scenario.verify()
