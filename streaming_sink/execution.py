@@ -13,10 +13,9 @@ with the same checksum (`_replay_identity`).
 """
 from __future__ import annotations
 
-from typing import Iterator
+from typing import TYPE_CHECKING, Iterator
 
 import pyarrow as pa
-from pyspark.sql import DataFrame
 
 from state import StateStore, open_store
 
@@ -24,11 +23,23 @@ from .routing import Router
 from .targets.base import Target
 from .writer import ContentChecksum, PartitionResult, PartitionWriter, WriteContext
 
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame
+
 Identity = dict[int, int]  # Spark partition number -> writer partition number
 
 
+class SparkWriterRunner:
+    """The sink's default runner: a micro-batch's DataFrame written by Spark tasks or by the driver."""
+
+    def run(
+        self, df: "DataFrame", target: Target, router: Router, context: WriteContext, store: StateStore
+    ) -> list[PartitionResult]:
+        return run_writers(df, target, router, context, store)
+
+
 def run_writers(
-    df: DataFrame, target: Target, router: Router, context: WriteContext, store: StateStore
+    df: "DataFrame", target: Target, router: Router, context: WriteContext, store: StateStore
 ) -> list[PartitionResult]:
     identity = _replay_identity(df, context, store) if context.replay is not None else None
     if target.runs_writers_in_driver:
@@ -48,7 +59,7 @@ def _writer_partition(identity: Identity | None, spark_partition: int) -> int:
 _CHECKSUM_SCHEMA = pa.schema([("partition", pa.int32()), ("checksum", pa.string())])
 
 
-def _replay_identity(df: DataFrame, context: WriteContext, store: StateStore) -> Identity | None:
+def _replay_identity(df: "DataFrame", context: WriteContext, store: StateStore) -> Identity | None:
     """Match the re-run batch's partitions to the prepared ones by content checksum (one extra read)."""
     record = store.get_batch(context.job_id, context.query_id, context.batch_id)
     if record is None or not record.checksums:
@@ -77,7 +88,7 @@ def _replay_identity(df: DataFrame, context: WriteContext, store: StateStore) ->
 
 
 def _write_in_tasks(
-    df: DataFrame, target: Target, router: Router, context: WriteContext, store_url: str, identity: Identity | None
+    df: "DataFrame", target: Target, router: Router, context: WriteContext, store_url: str, identity: Identity | None
 ) -> list[PartitionResult]:
     def write_partition(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         from pyspark import TaskContext
@@ -86,7 +97,8 @@ def _write_in_tasks(
         store = open_store(store_url)
         try:
             partition = _writer_partition(identity, task.partitionId())
-            writer = PartitionWriter(context, target, router, store, partition, task.attemptNumber())
+            # taskAttemptId is unique in the application; attemptNumber repeats across stage attempts (R7)
+            writer = PartitionWriter(context, target, router, store, partition, task.taskAttemptId())
             result = writer.add_all(batches)
         finally:
             store.close()
@@ -101,7 +113,7 @@ _BLOB_SCHEMA = pa.schema([("partition", pa.int32()), ("ipc", pa.binary())])
 
 
 def _write_in_driver(
-    df: DataFrame, target: Target, router: Router, context: WriteContext, store: StateStore, identity: Identity | None
+    df: "DataFrame", target: Target, router: Router, context: WriteContext, store: StateStore, identity: Identity | None
 ) -> list[PartitionResult]:
     def to_ipc(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         from pyspark import TaskContext

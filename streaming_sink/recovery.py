@@ -57,7 +57,7 @@ class Recovery:
 
         with ThreadPoolExecutor(max_workers=max(1, self.target.commit_parallelism)) as pool:
             for committable, outcome in zip(pending, pool.map(commit_one, pending)):
-                if outcome is CommitOutcome.LOST:
+                if outcome is not CommitOutcome.COMMITTED:
                     lost.append(committable)
         if lost:
             log.warning(

@@ -18,19 +18,19 @@ import re
 import socket
 import time
 from dataclasses import dataclass
-from typing import Callable
-
-from pyspark.sql import DataFrame
+from typing import TYPE_CHECKING, Any, Callable, Protocol
 
 from state import BatchRecord, StateStore
 
 from .committable import BatchState, Committable
 from .crash import crash_point
-from .execution import run_writers
 from .recovery import Recovery
 from .routing import Router
 from .targets.base import ConfigurationError, Target
 from .writer import PartitionResult, WriteContext
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame
 
 log = logging.getLogger("streaming_sink")
 
@@ -40,6 +40,18 @@ _JOB_ID = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
 
 class ReplayMismatchError(RuntimeError):
     """The re-run batch did not deliver the same data as the prepared one: refusing to guess."""
+
+
+class WriterRunner(Protocol):
+    """Runs one writer per partition of a micro-batch and returns what each prepared.
+
+    The default runs Spark tasks (`execution.SparkWriterRunner`); the simulation runs in-memory
+    Arrow batches, so the coordinator itself never needs Spark.
+    """
+
+    def run(
+        self, data: Any, target: Target, router: Router, context: WriteContext, store: StateStore
+    ) -> list[PartitionResult]: ...
 
 
 @dataclass
@@ -73,6 +85,7 @@ class ExactlyOnceSink:
         struct_columns: bool = False,
         dead_letter_table: str | None = None,
         listeners: list[Callable[[BatchReport], None]] | None = None,
+        runner: WriterRunner | None = None,
     ) -> None:
         if not _JOB_ID.match(job_id):
             raise ConfigurationError(f"job_id {job_id!r}: 1-64 characters of letters, digits, '.', '_' or '-'")
@@ -86,6 +99,7 @@ class ExactlyOnceSink:
         self.struct_columns = struct_columns  # with table_column: each table's row is a struct column of its own
         self.dead_letter_table = dead_letter_table  # only to report dead letters apart from loaded rows
         self.listeners = list(listeners or [])  # told of every batch's report (metrics)
+        self.runner = runner if runner is not None else _spark_runner()
         self._router: Router | None = None
         self._recovery: Recovery | None = None
         self._write_passes: tuple[tuple[str, int] | None, int] = (None, 0)  # (batch, passes written by this driver)
@@ -118,7 +132,7 @@ class ExactlyOnceSink:
 
     # -- the foreachBatch callable ----------------------------------------------------------------
 
-    def __call__(self, df: DataFrame, batch_id: int) -> None:
+    def __call__(self, df: "DataFrame", batch_id: int) -> None:
         query_id = df.sparkSession.sparkContext.getLocalProperty(QUERY_ID_PROPERTY)
         if not query_id:
             raise RuntimeError(
@@ -126,7 +140,7 @@ class ExactlyOnceSink:
             )
         self.process(df, int(batch_id), query_id)
 
-    def process(self, df: DataFrame, batch_id: int, query_id: str) -> BatchReport:
+    def process(self, df: Any, batch_id: int, query_id: str) -> BatchReport:
         self.start()
         recovery = self._recovery
         assert recovery is not None
@@ -151,7 +165,7 @@ class ExactlyOnceSink:
     # -- steps -----------------------------------------------------------------------------------
 
     def _write(
-        self, df: DataFrame, query_id: str, batch_id: int, replay: frozenset | None = None,
+        self, df: Any, query_id: str, batch_id: int, replay: frozenset | None = None,
         committed_flushes: frozenset = frozenset(),
     ) -> list[PartitionResult]:
         key = (query_id, batch_id)
@@ -162,7 +176,7 @@ class ExactlyOnceSink:
         )
         assert self._router is not None
         try:
-            return run_writers(df, self.target, self._router, context, self.state)
+            return self.runner.run(df, self.target, self._router, context, self.state)
         except BaseException:
             self._abort_unprepared(query_id, batch_id)
             raise
@@ -177,7 +191,7 @@ class ExactlyOnceSink:
         except Exception as error:
             log.error("job %s batch %s: could not abort after a failed write (%s); the next start will", self.job_id, batch_id, error)
 
-    def _write_and_commit(self, df: DataFrame, query_id: str, batch_id: int) -> BatchReport:
+    def _write_and_commit(self, df: Any, query_id: str, batch_id: int) -> BatchReport:
         recovery = self._recovery
         assert recovery is not None
         started = time.time()
@@ -214,7 +228,7 @@ class ExactlyOnceSink:
         record = self._commit_prepared(df, record, started_commit=recorded)
         return self._report(batch_id, "written", record)
 
-    def _recover_prepared(self, df: DataFrame, record: BatchRecord) -> BatchReport:
+    def _recover_prepared(self, df: Any, record: BatchRecord) -> BatchReport:
         """Batch N was prepared by an earlier driver and Spark re-runs it: roll it forward."""
         recovery = self._recovery
         assert recovery is not None
@@ -224,7 +238,7 @@ class ExactlyOnceSink:
         recovery.sweep(skip=(record.query_id, record.batch_id), retain_batches=self.retain_batches)
         return self._report(record.batch_id, "recovered-prepared", record)
 
-    def _commit_prepared(self, df: DataFrame, record: BatchRecord, started_commit: float) -> BatchRecord:
+    def _commit_prepared(self, df: Any, record: BatchRecord, started_commit: float) -> BatchRecord:
         """Commit every committable (replaying lost ones), mark COMMITTED, abort the unchosen attempts."""
         recovery = self._recovery
         assert recovery is not None
@@ -236,7 +250,7 @@ class ExactlyOnceSink:
         recovery.abort_intents(record.query_id, record.batch_id, keep={c.label for c in record.committables})
         return record
 
-    def _replay(self, df: DataFrame, record: BatchRecord, lost: list[Committable]) -> BatchRecord:
+    def _replay(self, df: Any, record: BatchRecord, lost: list[Committable]) -> BatchRecord:
         """Load the lost parts again from the re-run batch, under fresh labels, proved identical by checksum."""
         recovery = self._recovery
         assert recovery is not None
@@ -298,3 +312,9 @@ class ExactlyOnceSink:
             replayed=len(record.lost),
             timings=record.timings,
         )
+
+
+def _spark_runner() -> WriterRunner:
+    from .execution import SparkWriterRunner  # imports PySpark only when a Spark job uses the sink
+
+    return SparkWriterRunner()

@@ -22,8 +22,11 @@ RecordIntent = Callable[[TxnRef], None]  # durably records the intent; raises to
 
 
 class CommitOutcome(str, Enum):
+    """What a commit found. The coordinator replays ABORTED parts; a LOST part only if no commit was ever sent for it."""
+
     COMMITTED = "COMMITTED"  # visible now (or already was)
-    LOST = "LOST"  # can no longer be committed (expired, aborted by the server, staging gone): replay it
+    ABORTED = "ABORTED"  # the server knows it rolled this transaction back: it was never visible, replay is safe
+    LOST = "LOST"  # the server no longer knows the transaction at all: committed and forgotten, or never committed
 
 
 class TargetError(RuntimeError):
