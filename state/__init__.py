@@ -3,8 +3,9 @@ from __future__ import annotations
 
 from urllib.parse import urlparse
 
-from .base import BatchRecord, BatchSealedError, FencedError, StateStore, StateStoreError
+from .base import BatchRecord, BatchSealedError, FencedError, StateStore, StateStoreError, StateStoreLostError
 from .file import FileStateStore
+from .memory import MemoryStateStore
 from .redis import RedisStateStore
 
 __all__ = [
@@ -12,9 +13,11 @@ __all__ = [
     "BatchSealedError",
     "FencedError",
     "FileStateStore",
+    "MemoryStateStore",
     "RedisStateStore",
     "StateStore",
     "StateStoreError",
+    "StateStoreLostError",
     "open_store",
 ]
 

@@ -8,6 +8,7 @@ the commit point of the batch.
 from __future__ import annotations
 
 import json
+import re
 import time
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
@@ -32,8 +33,67 @@ class FencedError(StateStoreError):
         self.job_id, self.held, self.current = job_id, held, current
 
 
+class StateStoreLostError(FencedError):
+    """The store forgot what this job wrote (wiped, rolled back, restored, or not the store the driver uses).
+
+    A subclass of FencedError: the driver or task that sees it must stop acting, exactly as when fenced.
+    """
+
+    def __init__(self, job_id: str, held: int, current: int | None, what: str | None = None) -> None:
+        what = what or (
+            f"this process holds fencing epoch {held}, but the state store's newest epoch is {current or 0}"
+        )
+        StateStoreError.__init__(
+            self,
+            f"job {job_id!r}: {what}: the store has lost state (restarted without persistence, failed over to a "
+            "replica that missed writes, restored from a backup), or it is not the store the driver uses (a file:// "
+            "store is local to one machine). Nothing more was written. See docs/runbook.md, section "
+            "'State store lost or rolled back'."
+        )
+        self.job_id, self.held, self.current = job_id, held, current
+
+
+def fencing_error(job_id: str, held: int, current: int | None) -> FencedError:
+    """The right error when the stored epoch is not the one held: newer driver, or a store that went back."""
+    if current is None or current < held:
+        return StateStoreLostError(job_id, held, current)
+    return FencedError(job_id, held, current)
+
+
 class BatchSealedError(StateStoreError):
-    """An intent arrived for a batch already COMMITTED: a zombie task must not begin anything."""
+    """An intent arrived for a batch closed to its writer attempt: a zombie or late task must not begin anything."""
+
+
+def attempt_epoch(attempt: str) -> int | None:
+    """The fencing epoch an attempt string (`e<epoch>w<pass>t<task>`) was written under."""
+    match = _ATTEMPT.match(attempt)
+    return int(match.group(1)) if match else None
+
+
+_ATTEMPT = re.compile(r"^e(\d+)w")
+
+
+def intent_gate(record: "BatchRecord | None") -> str:
+    """Which writer attempts may still record intents for a batch, as stored beside the record.
+
+    '' (no record: any attempt of the current epoch), 'COMMITTED' (none), or 'PREPARED:<prefix>'
+    (only attempts of the replay pass `<prefix>`, e.g. 'e3w1'; none when the prefix is empty).
+    Closing the gate before the final abort is what keeps a late writer from leaking a transaction (R6).
+    """
+    if record is None:
+        return ""
+    if record.state is BatchState.COMMITTED:
+        return "COMMITTED"
+    return f"PREPARED:{record.open_attempt or ''}"
+
+
+def gate_admits(gate: str, attempt: str) -> bool:
+    if gate == "":
+        return True
+    if gate.startswith("PREPARED:"):
+        prefix = gate[len("PREPARED:"):]
+        return bool(prefix) and attempt.startswith(prefix + "t")
+    return False
 
 
 @dataclass
@@ -51,6 +111,8 @@ class BatchRecord:
     timings: dict[str, float] = field(default_factory=dict)
     events: list[str] = field(default_factory=list)  # recovery events, for operators
     records_in: int = 0  # rows the writers received; equals the rows of all committables
+    sent: list[str] = field(default_factory=list)  # labels a commit may have been sent for (R1: never replay those)
+    open_attempt: str | None = None  # while PREPARED: the replay pass whose writers may still record intents
 
     def live_committables(self) -> list[Committable]:
         lost = set(self.lost)
@@ -70,6 +132,8 @@ class BatchRecord:
                 "timings": self.timings,
                 "events": self.events,
                 "records_in": self.records_in,
+                "sent": self.sent,
+                "open_attempt": self.open_attempt,
             },
             sort_keys=True,
         )
@@ -89,6 +153,8 @@ class BatchRecord:
             timings=dict(data.get("timings", {})),
             events=list(data.get("events", [])),
             records_in=int(data.get("records_in", 0)),
+            sent=list(data.get("sent", [])),
+            open_attempt=data.get("open_attempt"),
         )
 
 
@@ -104,8 +170,9 @@ class StateStore(ABC):
     url: str
 
     @abstractmethod
-    def take_epoch(self, job_id: str, owner: str) -> int:
-        """Start a driver: a new, larger epoch; older holders are fenced from now on."""
+    def take_epoch(self, job_id: str, owner: str, at_least: int = 0) -> int:
+        """Start a driver: a new epoch, larger than any taken before and at least `at_least`
+        (the high-water mark kept beside the checkpoint, so epochs never go back after a store loss)."""
 
     @abstractmethod
     def current_epoch(self, job_id: str) -> int:
@@ -117,7 +184,16 @@ class StateStore(ABC):
 
     @abstractmethod
     def add_intent(self, job_id: str, epoch: int, query_id: str, batch_id: int, ref: TxnRef) -> None:
-        """Record that a transaction is about to begin. Raises BatchSealedError on a COMMITTED batch."""
+        """Record that a transaction is about to begin. Raises BatchSealedError when the batch's gate
+        (`intent_gate`) does not admit `ref.attempt`."""
+
+    @abstractmethod
+    def confirm_intent(self, job_id: str, epoch: int, query_id: str, batch_id: int, ref: TxnRef) -> None:
+        """After a begin: raise unless the intent is still recorded and the gate still admits it.
+
+        With `add_intent` before the begin and the driver closing the gate before its final abort,
+        a transaction begun too late is either aborted by the driver or by its writer, never neither.
+        """
 
     @abstractmethod
     def intents(self, job_id: str, query_id: str, batch_id: int) -> list[TxnRef]:

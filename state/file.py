@@ -17,9 +17,9 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
-from streaming_sink.committable import BatchState, TxnRef
+from streaming_sink.committable import TxnRef
 
-from .base import BatchRecord, BatchSealedError, FencedError, StateStore
+from .base import BatchRecord, BatchSealedError, StateStore, fencing_error, gate_admits, intent_gate
 
 _SAFE_NAME = re.compile(r"^[A-Za-z0-9._-]+$")
 
@@ -51,7 +51,7 @@ class FileStateStore(StateStore):
                 if epoch is not None:
                     current = self._read_epoch(job_id)
                     if current != epoch:
-                        raise FencedError(job_id, epoch, current)
+                        raise fencing_error(job_id, epoch, current)
                 yield
             finally:
                 fcntl.flock(lock, fcntl.LOCK_UN)
@@ -60,9 +60,9 @@ class FileStateStore(StateStore):
         data = _read_json(self._job_dir(job_id) / "epoch.json")
         return int(data["epoch"]) if data else 0
 
-    def take_epoch(self, job_id: str, owner: str) -> int:
+    def take_epoch(self, job_id: str, owner: str, at_least: int = 0) -> int:
         with self._locked(job_id, None):
-            epoch = self._read_epoch(job_id) + 1
+            epoch = max(self._read_epoch(job_id) + 1, at_least)
             _write_json_atomic(self._job_dir(job_id) / "epoch.json", {"epoch": epoch, "owner": owner, "at": time.time()})
             return epoch
 
@@ -74,10 +74,19 @@ class FileStateStore(StateStore):
 
     def add_intent(self, job_id: str, epoch: int, query_id: str, batch_id: int, ref: TxnRef) -> None:
         with self._locked(job_id, epoch):
-            record = self.get_batch(job_id, query_id, batch_id)
-            if record is not None and record.state is BatchState.COMMITTED:
-                raise BatchSealedError(f"job {job_id!r}: batch {batch_id} of query {query_id} is already COMMITTED")
+            self._check_gate(job_id, query_id, batch_id, ref)
             self._update(self._batch_file(job_id, query_id, batch_id, "intents"), dict, lambda d: d.update({ref.label: ref.to_json()}))
+
+    def confirm_intent(self, job_id: str, epoch: int, query_id: str, batch_id: int, ref: TxnRef) -> None:
+        with self._locked(job_id, epoch):
+            self._check_gate(job_id, query_id, batch_id, ref)
+            if ref.label not in (_read_json(self._batch_file(job_id, query_id, batch_id, "intents")) or {}):
+                raise BatchSealedError(f"job {job_id!r}: the intent {ref.label} of batch {batch_id} was aborted before it began")
+
+    def _check_gate(self, job_id: str, query_id: str, batch_id: int, ref: TxnRef) -> None:
+        gate = intent_gate(self.get_batch(job_id, query_id, batch_id))
+        if not gate_admits(gate, ref.attempt):
+            raise BatchSealedError(f"job {job_id!r}: batch {batch_id} of query {query_id} is closed to attempt {ref.attempt} ({gate})")
 
     def intents(self, job_id: str, query_id: str, batch_id: int) -> list[TxnRef]:
         data = _read_json(self._batch_file(job_id, query_id, batch_id, "intents")) or {}

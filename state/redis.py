@@ -1,8 +1,8 @@
 """Redis state store: every mutation is one Lua script that checks the fencing epoch first.
 
 Layout under `streaming-sink:{job}:` — `epoch`, `owner`, `index` (set of "query_id|batch_id"),
-`batch:{q}:{n}` (record JSON), `done:{q}:{n}` (set of labels), `intents:{q}:{n}` (hash label ->
-TxnRef JSON). Run Redis with AOF (`appendfsync always` or `everysec`) for durability; a script
+`batch:{q}:{n}` (record JSON), `gate:{q}:{n}` (which writer attempts may still record intents),
+`done:{q}:{n}` (set of labels), `intents:{q}:{n}` (hash label -> TxnRef JSON). Run Redis with AOF (`appendfsync always` or `everysec`) for durability; a script
 is atomic on one Redis instance (not written for Redis Cluster: keys share no hash slot).
 """
 from __future__ import annotations
@@ -15,25 +15,50 @@ import redis
 
 from streaming_sink.committable import TxnRef
 
-from .base import BatchRecord, BatchSealedError, FencedError, StateStore, StateStoreError
+from .base import BatchRecord, BatchSealedError, StateStore, StateStoreError, fencing_error, intent_gate
 
-# ARGV[1] expected epoch; ARGV[2] JSON list of redis commands; ARGV[3] batch key whose COMMITTED
-# state refuses the write ('' for none). KEYS[1] is the epoch key.
+# ARGV[1] expected epoch; ARGV[2] JSON list of redis commands; ARGV[3] the batch's gate key ('' for
+# none) and ARGV[4] the writer attempt it must admit (see state.base.intent_gate); ARGV[5] an intents
+# hash key and ARGV[6] a label that must be in it ('' for none). KEYS[1] is the epoch key.
 _FENCED_SCRIPT = """
 local current = redis.call('GET', KEYS[1])
 if current ~= ARGV[1] then
   return redis.error_reply('FENCED ' .. tostring(current))
 end
 if ARGV[3] ~= '' then
-  local record = redis.call('GET', ARGV[3])
-  if record and cjson.decode(record)['state'] == 'COMMITTED' then
-    return redis.error_reply('SEALED')
+  local gate = redis.call('GET', ARGV[3]) or ''
+  if gate ~= '' then
+    local admitted = false
+    if string.sub(gate, 1, 9) == 'PREPARED:' then
+      local prefix = string.sub(gate, 10)
+      admitted = prefix ~= '' and string.sub(ARGV[4], 1, #prefix + 1) == prefix .. 't'
+    end
+    if not admitted then
+      return redis.error_reply('SEALED ' .. gate)
+    end
   end
+end
+if ARGV[5] ~= '' and redis.call('HEXISTS', ARGV[5], ARGV[6]) == 0 then
+  return redis.error_reply('SEALED the intent was aborted before it began')
 end
 for _, command in ipairs(cjson.decode(ARGV[2])) do
   redis.call(unpack(command))
 end
 return 1
+"""
+
+# KEYS[1] epoch key, KEYS[2] owner key; ARGV[1] the lowest acceptable epoch; ARGV[2] owner JSON without the epoch.
+_TAKE_EPOCH_SCRIPT = """
+local epoch = redis.call('INCR', KEYS[1])
+local floor = tonumber(ARGV[1])
+if epoch < floor then
+  redis.call('SET', KEYS[1], floor)
+  epoch = floor
+end
+local owner = cjson.decode(ARGV[2])
+owner['epoch'] = epoch
+redis.call('SET', KEYS[2], cjson.encode(owner))
+return epoch
 """
 
 
@@ -45,6 +70,7 @@ class RedisStateStore(StateStore):
         self._prefix = prefix
         self._client = redis.Redis.from_url(url, socket_timeout=socket_timeout, decode_responses=True)
         self._script = self._client.register_script(_FENCED_SCRIPT)
+        self._take_epoch_script = self._client.register_script(_TAKE_EPOCH_SCRIPT)
 
     def __getstate__(self) -> dict:
         return {"url": self.url, "prefix": self._prefix}
@@ -55,22 +81,31 @@ class RedisStateStore(StateStore):
     def _key(self, job_id: str, *parts: object) -> str:
         return ":".join([self._prefix, job_id, *map(str, parts)])
 
-    def _fenced(self, job_id: str, epoch: int, commands: list[list[object]], sealed_key: str = "") -> None:
+    def _fenced(
+        self, job_id: str, epoch: int, commands: list[list[object]], gate_key: str = "", attempt: str = "",
+        intents_key: str = "", label: str = "",
+    ) -> None:
         try:
-            self._script(keys=[self._key(job_id, "epoch")], args=[str(epoch), json.dumps(commands), sealed_key])
+            self._script(
+                keys=[self._key(job_id, "epoch")],
+                args=[str(epoch), json.dumps(commands), gate_key, attempt, intents_key, label],
+            )
         except redis.ResponseError as error:
             message = str(error)
             if message.startswith("FENCED"):
                 current = message.split(" ", 1)[1]
-                raise FencedError(job_id, epoch, int(current) if current.isdigit() else None) from None
+                raise fencing_error(job_id, epoch, int(current) if current.isdigit() else None) from None
             if message.startswith("SEALED"):
-                raise BatchSealedError(f"job {job_id!r}: batch {sealed_key} is already COMMITTED") from None
+                raise BatchSealedError(f"job {job_id!r}: {gate_key} refuses attempt {attempt}: {message[7:]}") from None
             raise StateStoreError(f"redis state store {self.url}: {message}") from error
 
-    def take_epoch(self, job_id: str, owner: str) -> int:
-        epoch = int(self._client.incr(self._key(job_id, "epoch")))
-        self._client.set(self._key(job_id, "owner"), json.dumps({"epoch": epoch, "owner": owner, "at": time.time()}))
-        return epoch
+    def take_epoch(self, job_id: str, owner: str, at_least: int = 0) -> int:
+        return int(
+            self._take_epoch_script(
+                keys=[self._key(job_id, "epoch"), self._key(job_id, "owner")],
+                args=[str(at_least), json.dumps({"owner": owner, "at": time.time()})],
+            )
+        )
 
     def current_epoch(self, job_id: str) -> int:
         value = self._client.get(self._key(job_id, "epoch"))
@@ -88,7 +123,19 @@ class RedisStateStore(StateStore):
                 ["HSET", self._key(job_id, "intents", query_id, batch_id), ref.label, ref.to_json()],
                 ["SADD", self._key(job_id, "index"), f"{query_id}|{batch_id}"],
             ],
-            sealed_key=self._key(job_id, "batch", query_id, batch_id),
+            gate_key=self._key(job_id, "gate", query_id, batch_id),
+            attempt=ref.attempt,
+        )
+
+    def confirm_intent(self, job_id: str, epoch: int, query_id: str, batch_id: int, ref: TxnRef) -> None:
+        self._fenced(
+            job_id,
+            epoch,
+            [],
+            gate_key=self._key(job_id, "gate", query_id, batch_id),
+            attempt=ref.attempt,
+            intents_key=self._key(job_id, "intents", query_id, batch_id),
+            label=ref.label,
         )
 
     def intents(self, job_id: str, query_id: str, batch_id: int) -> list[TxnRef]:
@@ -104,7 +151,11 @@ class RedisStateStore(StateStore):
         self._fenced(
             job_id,
             epoch,
-            [["SET", key, record.to_json()], ["SADD", self._key(job_id, "index"), f"{record.query_id}|{record.batch_id}"]],
+            [
+                ["SET", key, record.to_json()],
+                ["SET", self._key(job_id, "gate", record.query_id, record.batch_id), intent_gate(record)],
+                ["SADD", self._key(job_id, "index"), f"{record.query_id}|{record.batch_id}"],
+            ],
         )
 
     def get_batch(self, job_id: str, query_id: str, batch_id: int) -> BatchRecord | None:
@@ -132,6 +183,7 @@ class RedisStateStore(StateStore):
                 ["DEL", self._key(job_id, "batch", query_id, batch_id)],
                 ["DEL", self._key(job_id, "done", query_id, batch_id)],
                 ["DEL", self._key(job_id, "intents", query_id, batch_id)],
+                ["DEL", self._key(job_id, "gate", query_id, batch_id)],
                 ["SREM", self._key(job_id, "index"), f"{query_id}|{batch_id}"],
             ],
         )

@@ -5,18 +5,23 @@ Rules (DESIGN.md section 2):
 * intents of a batch that has no PREPARED record are aborted (I3);
 * intents that are not in a batch's record (failed, speculative or replaced attempts) are aborted
   once the batch is COMMITTED;
-* a committable that can no longer be committed is LOST: only the sink, while Spark re-runs that
-  very batch, can replay it; anywhere else it is a loud failure with the runbook step.
+* a committable that can no longer be committed (ABORTED, or LOST: unknown to the server) is replayed
+  by the sink while Spark re-runs that very batch; anywhere else it is a loud failure with the runbook step;
+* a LOST committable whose commit may have been sent (its label is in the record's `sent`) is never
+  replayed: the server may have committed it and forgotten the label since (I8), so the job stops;
+* a fenced driver acts on nothing: the epoch is checked before every commit and abort (I5), and an
+  abort never touches a transaction of a newer epoch.
 """
 from __future__ import annotations
 
 import logging
 import time
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 from dataclasses import dataclass, replace
 from typing import Callable
 
-from state import BatchRecord, FencedError, StateStore
+from state import BatchRecord, StateStore
+from state.base import attempt_epoch, fencing_error
 
 from .committable import BatchState, Committable
 from .crash import crash_point
@@ -29,6 +34,14 @@ class ReplayImpossibleError(RuntimeError):
     """Prepared data is gone and the source will not re-run the batch: stop before losing it silently."""
 
 
+class ReplayAmbiguousError(RuntimeError):
+    """The server forgot a label whose commit may have been sent: replaying could duplicate, skipping could lose."""
+
+
+#: Other checkpoints' batch records are dropped this long after their newest one (O2).
+STALE_QUERY_SECONDS = 7 * 86400.0
+
+
 class Recovery:
     def __init__(self, target: Target, store: StateStore, job_id: str, epoch: int) -> None:
         self.target, self.store, self.job_id, self.epoch = target, store, job_id, epoch
@@ -37,16 +50,24 @@ class Recovery:
     def check_epoch(self) -> None:
         current = self.store.current_epoch(self.job_id)
         if current != self.epoch:
-            raise FencedError(self.job_id, self.epoch, current)
+            raise fencing_error(self.job_id, self.epoch, current)
 
     def commit_pending(self, record: BatchRecord, on_commit: Callable[[], None] | None = None) -> list[Committable]:
-        """Commit every live committable not yet recorded as done; return the LOST ones."""
+        """Commit every live committable not yet recorded as done; return those that can be replayed.
+
+        Before the first commit is sent, the record lists the labels it is sent for (one state write):
+        a later LOST answer for one of them is ambiguous and stops the job (R1).
+        """
         self.check_epoch()
         done = self.store.done_labels(self.job_id, record.query_id, record.batch_id)
         pending = [c for c in record.live_committables() if c.label not in done]
-        lost: list[Committable] = []
+        unsent = [c.label for c in pending if c.label not in set(record.sent)]
+        if unsent:
+            record.sent = record.sent + unsent
+            self.store.put_batch(self.job_id, self.epoch, record)
 
         def commit_one(committable: Committable) -> CommitOutcome:
+            self.check_epoch()  # a fenced driver sends no further commit (I5)
             outcome = self.target.commit(committable)
             if outcome is CommitOutcome.COMMITTED:
                 self.store.mark_done(self.job_id, self.epoch, record.query_id, record.batch_id, committable.label)
@@ -55,13 +76,31 @@ class Recovery:
                     on_commit()
             return outcome
 
-        with ThreadPoolExecutor(max_workers=max(1, self.target.commit_parallelism)) as pool:
-            for committable, outcome in zip(pending, pool.map(commit_one, pending)):
-                if outcome is not CommitOutcome.COMMITTED:
-                    lost.append(committable)
+        pool = ThreadPoolExecutor(max_workers=max(1, self.target.commit_parallelism))
+        try:
+            futures = [pool.submit(commit_one, c) for c in pending]
+            finished, _ = wait(futures, return_when=FIRST_EXCEPTION)
+            failed = next((f for f in futures if f in finished and f.exception() is not None), None)
+            if failed is not None:
+                pool.shutdown(wait=True, cancel_futures=True)  # stop at the first error: fenced, or the target failing
+                raise failed.exception()  # type: ignore[misc]
+            outcomes = [f.result() for f in futures]
+        finally:
+            pool.shutdown(wait=True)
+        ambiguous = [c for c, o in zip(pending, outcomes) if o is CommitOutcome.LOST]
+        if ambiguous:
+            raise ReplayAmbiguousError(
+                f"job {self.job_id} batch {record.batch_id} of query {record.query_id}: the target no longer knows "
+                f"{len(ambiguous)} transaction(s) whose commit was sent ({', '.join(c.label for c in ambiguous)}). "
+                "The server forgets finished labels after a while (StarRocks 3 days; Doris 12 h or 2000 finished "
+                "transactions per database), so they may be committed or not: replaying could duplicate their rows, "
+                "skipping could lose them. Nothing was replayed. See docs/runbook.md, section 'Replay ambiguous: "
+                "a committed label was forgotten', to settle it with a query on the target and resume."
+            )
+        lost = [c for c, o in zip(pending, outcomes) if o is CommitOutcome.ABORTED]
         if lost:
             log.warning(
-                "job %s batch %s: %d prepared transaction(s) can no longer be committed: %s",
+                "job %s batch %s: the target aborted %d prepared transaction(s) before they were committed: %s",
                 self.job_id, record.batch_id, len(lost), [c.label for c in lost],
             )
         return lost
@@ -74,11 +113,19 @@ class Recovery:
         return committed
 
     def abort_intents(self, query_id: str, batch_id: int, keep: set[str] = frozenset()) -> int:
-        """Abort every intent of the batch whose label is not in `keep`; forget all of them."""
+        """Abort every intent of the batch whose label is not in `keep`; forget all of them.
+
+        Never a transaction of a newer epoch (its driver owns it), and never once fenced (R4).
+        """
+        self.check_epoch()
         intents = self.store.intents(self.job_id, query_id, batch_id)
+        newer = [r for r in intents if (attempt_epoch(r.attempt) or 0) > self.epoch]
+        if newer:
+            raise fencing_error(self.job_id, self.epoch, attempt_epoch(newer[0].attempt))
         aborted = 0
         for ref in intents:
             if ref.label not in keep:
+                self.check_epoch()
                 self.target.abort(ref)
                 aborted += 1
         self.store.remove_intents(self.job_id, self.epoch, query_id, batch_id, [r.label for r in intents])
@@ -100,12 +147,19 @@ class Recovery:
         self.abort_intents(record.query_id, record.batch_id, keep={c.label for c in record.committables})
         return committed
 
-    def sweep(self, skip: tuple[str, int] | None = None, retain_batches: int = 100) -> None:
-        """Finish or clean every batch of the job other than `skip`; drop COMMITTED records past retention."""
+    def sweep(self, skip: tuple[str, int] | None = None, retain_batches: int = 100, now: float | None = None) -> None:
+        """Finish or clean every batch of the job other than `skip`; drop COMMITTED records past retention.
+
+        The current query keeps its newest `retain_batches` records (batch N needs N-1's to prove the
+        store did not lose state). Other queries (older checkpoints) keep only their newest record,
+        and none once it is `STALE_QUERY_SECONDS` old, so state does not grow with checkpoint changes (O2).
+        """
         keys = self.store.batch_keys(self.job_id)
         newest: dict[str, int] = {}
         for query_id, batch_id in keys:
             newest[query_id] = max(newest.get(query_id, batch_id), batch_id)
+        current_query = skip[0] if skip else None
+        now = time.time() if now is None else now
         for key in keys:
             query_id, batch_id = key
             if key == skip:
@@ -120,9 +174,15 @@ class Recovery:
                 else:
                     self.abort_intents(query_id, batch_id, keep={c.label for c in record.committables})
                 self._clean.add(key)
-            if batch_id <= newest[query_id] - retain_batches:
+            other = current_query is not None and query_id != current_query
+            retain = 1 if other else retain_batches
+            if batch_id <= newest[query_id] - retain or (other and self._stale(key, now)):
                 self.store.delete_batch(self.job_id, self.epoch, query_id, batch_id)
                 self._clean.discard(key)
+
+    def _stale(self, key: tuple[str, int], now: float) -> bool:
+        record = self.store.get_batch(self.job_id, *key)
+        return record is not None and record.state is BatchState.COMMITTED and now - record.created_at > STALE_QUERY_SECONDS
 
 
 @dataclass

@@ -20,10 +20,11 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Protocol
 
-from state import BatchRecord, StateStore
+from state import BatchRecord, FileStateStore, StateStore, StateStoreLostError
 
 from .committable import BatchState, Committable
 from .crash import crash_point
+from .epoch_marker import EpochMarker
 from .recovery import Recovery
 from .routing import Router
 from .targets.base import ConfigurationError, Target
@@ -86,6 +87,8 @@ class ExactlyOnceSink:
         dead_letter_table: str | None = None,
         listeners: list[Callable[[BatchReport], None]] | None = None,
         runner: WriterRunner | None = None,
+        checkpoint_location: str | None = None,
+        accept_empty_state: bool = False,
     ) -> None:
         if not _JOB_ID.match(job_id):
             raise ConfigurationError(f"job_id {job_id!r}: 1-64 characters of letters, digits, '.', '_' or '-'")
@@ -93,6 +96,8 @@ class ExactlyOnceSink:
             raise ConfigurationError("give exactly one of table=... or table_column=...")
         if flush_bytes <= 0:
             raise ConfigurationError(f"flush_bytes must be positive, got {flush_bytes}")
+        if retain_batches < 1:
+            raise ConfigurationError(f"retain_batches must be at least 1 (batch N proves the store by N-1), got {retain_batches}")
         self.target, self.state, self.job_id = target, state, job_id
         self.table, self.table_column = table, table_column
         self.flush_bytes, self.retain_batches = flush_bytes, retain_batches
@@ -100,6 +105,11 @@ class ExactlyOnceSink:
         self.dead_letter_table = dead_letter_table  # only to report dead letters apart from loaded rows
         self.listeners = list(listeners or [])  # told of every batch's report (metrics)
         self.runner = runner if runner is not None else _spark_runner()
+        # Where the epoch's high-water mark lives (the streaming checkpoint): epochs never go back (R2).
+        self.checkpoint_location = checkpoint_location
+        # Start on a store that holds nothing for this job although Spark is past batch 0 (deliberate fresh store).
+        self.accept_empty_state = accept_empty_state
+        self._spark: Any = None
         self._router: Router | None = None
         self._recovery: Recovery | None = None
         self._write_passes: tuple[tuple[str, int] | None, int] = (None, 0)  # (batch, passes written by this driver)
@@ -115,7 +125,13 @@ class ExactlyOnceSink:
         self._router = Router(
             frozenset(tables) if tables is not None else None, self.table, self.table_column, self.struct_columns
         )
-        epoch = self.state.take_epoch(self.job_id, owner=f"{socket.gethostname()}:{os.getpid()}")
+        marker = EpochMarker(self.checkpoint_location, self.job_id, self._spark) if self.checkpoint_location else None
+        floor = marker.read() if marker else 0
+        epoch = self.state.take_epoch(self.job_id, owner=f"{socket.gethostname()}:{os.getpid()}", at_least=floor + 1)
+        if marker:
+            marker.advance(epoch)
+        if epoch == floor + 1 and floor > 0 and self.state.current_epoch(self.job_id) == epoch and not self.state.batch_keys(self.job_id):
+            log.warning("job %s: the state store had no epoch above the checkpoint's mark %d: was it wiped?", self.job_id, floor)
         self._recovery = Recovery(self.target, self.state, self.job_id, epoch)
         log.info("job %s: driver took fencing epoch %d", self.job_id, epoch)
 
@@ -133,12 +149,24 @@ class ExactlyOnceSink:
     # -- the foreachBatch callable ----------------------------------------------------------------
 
     def __call__(self, df: "DataFrame", batch_id: int) -> None:
-        query_id = df.sparkSession.sparkContext.getLocalProperty(QUERY_ID_PROPERTY)
+        spark = df.sparkSession
+        query_id = spark.sparkContext.getLocalProperty(QUERY_ID_PROPERTY)
         if not query_id:
             raise RuntimeError(
                 "ExactlyOnceSink must run as a streaming query's foreachBatch (no streaming query id found)"
             )
+        if self._spark is None:
+            self._spark = spark
+            self._check_store_reaches_writers(spark.sparkContext.master)
         self.process(df, int(batch_id), query_id)
+
+    def _check_store_reaches_writers(self, master: str) -> None:
+        """A file store is local to one machine: writers in tasks on other hosts would not see it (O3)."""
+        if isinstance(self.state, FileStateStore) and not self.target.runs_writers_in_driver and not master.startswith("local"):
+            raise ConfigurationError(
+                f"the file state store {self.state.url} is local to this machine, but {self.target.kind} writers run "
+                f"in Spark tasks on the cluster ({master}); use a Redis state store that the driver and every executor reach"
+            )
 
     def process(self, df: Any, batch_id: int, query_id: str) -> BatchReport:
         self.start()
@@ -153,6 +181,7 @@ class ExactlyOnceSink:
         elif record is not None:
             report = self._recover_prepared(df, record)
         else:
+            self._check_journal_continues(query_id, batch_id)
             recovery.abort_intents(query_id, batch_id)
             recovery.sweep(skip=(query_id, batch_id), retain_batches=self.retain_batches)
             report = self._write_and_commit(df, query_id, batch_id)
@@ -161,6 +190,22 @@ class ExactlyOnceSink:
         for listener in self.listeners:
             listener(report)
         return report
+
+    def _check_journal_continues(self, query_id: str, batch_id: int) -> None:
+        """Spark calls batch N only after batch N-1 returned, and every batch leaves a record: no record
+        of N-1 means the store lost or rolled back state, and writing N could duplicate what it forgot (R2)."""
+        if batch_id == 0 or self.state.get_batch(self.job_id, query_id, batch_id - 1) is not None:
+            return
+        if self.accept_empty_state and not self.state.batch_keys(self.job_id):
+            log.warning("job %s: starting at batch %d of query %s on an empty state store (accept_empty_state)",
+                        self.job_id, batch_id, query_id)
+            return
+        raise StateStoreLostError(
+            self.job_id, self.epoch, self.state.current_epoch(self.job_id),
+            f"Spark is at batch {batch_id} of query {query_id}, but the state store has no record of batch "
+            f"{batch_id - 1}, which every processed batch leaves (to start deliberately on an empty store, set "
+            "accept_empty_state once)",
+        )
 
     # -- steps -----------------------------------------------------------------------------------
 
@@ -181,11 +226,19 @@ class ExactlyOnceSink:
             self._abort_unprepared(query_id, batch_id)
             raise
 
+    def _next_attempt_prefix(self, query_id: str, batch_id: int) -> str:
+        key = (query_id, batch_id)
+        write_pass = self._write_passes[1] if self._write_passes[0] == key else 0
+        return f"e{self.epoch}w{write_pass}"
+
     def _abort_unprepared(self, query_id: str, batch_id: int) -> None:
         """A failed write leaves no transaction behind, unless the state store itself is unreachable."""
         assert self._recovery is not None
         try:
             record = self.state.get_batch(self.job_id, query_id, batch_id)
+            if record is not None and record.open_attempt:  # a failed replay: close the gate before aborting
+                record.open_attempt = None
+                self.state.put_batch(self.job_id, self.epoch, record)
             keep = {c.label for c in record.committables} if record else set()
             self._recovery.abort_intents(query_id, batch_id, keep)
         except Exception as error:
@@ -267,6 +320,8 @@ class ExactlyOnceSink:
                 "would duplicate them. See docs/runbook.md, section 8 'Replay mismatch'."
             )
         committed = frozenset((c.table, c.partition, int(c.extra["flush"]), int(c.extra["flush_rows"])) for c in survivors)
+        record.open_attempt = self._next_attempt_prefix(record.query_id, record.batch_id)
+        self.state.put_batch(self.job_id, self.epoch, record)  # the replay's writers, and only they, may begin
         results = self._write(df, record.query_id, record.batch_id, replay=plan, committed_flushes=committed)
         by_partition = {r.partition: r for r in results}
         for partition in sorted({p for _, p in plan}):
@@ -282,6 +337,7 @@ class ExactlyOnceSink:
         fresh = [c for r in results for c in r.committables]
         record.lost = sorted(set(record.lost) | {c.label for c in lost})
         record.committables = record.committables + fresh
+        record.open_attempt = None  # closed again before anything is committed: late writers cannot begin
         record.events.append(
             f"replayed {len(lost)} lost transaction(s) {[c.label for c in lost]} as {[c.label for c in fresh]}"
         )

@@ -3,7 +3,9 @@
 The writer runs in a Spark task (network targets) or in the driver (embedded targets). It holds at
 most `flush_bytes` of Arrow data per table before sending it, so its memory does not grow with the
 batch. It records an intent in the state store before any transaction begins (through the
-target's `record_intent` callback), and returns committables carrying the partition's checksum.
+target's `record_intent` callback), confirms it after the begin (a writer that began after the
+driver's final abort aborts its own transaction), and returns committables carrying the partition's
+checksum.
 """
 from __future__ import annotations
 
@@ -120,6 +122,7 @@ class PartitionWriter:
         self.peak_buffered_bytes = 0  # the most this writer ever held unsent: the memory bound, measured
         self._flushes: dict[str, int] = {}  # flushes so far per table, skipped ones included
         self._written: dict[str, list[tuple[int, int]]] = {}  # per table: (flush number, rows) of each write
+        self._unconfirmed: list[TxnRef] = []  # intents recorded whose begin has not been confirmed yet
 
     def add(self, batch: pa.RecordBatch) -> None:
         self._checksum.update(batch)
@@ -183,6 +186,7 @@ class PartitionWriter:
         if table not in self._transactions:
             self._transactions[table] = self._target.begin(table, self._new_ref_for(table), self._record_intent)
         self._transactions[table].write(pa.Table.from_batches(batches))
+        self._confirm_intents()
 
     def _new_ref_for(self, table: str):
         context = self._context
@@ -198,3 +202,12 @@ class PartitionWriter:
     def _record_intent(self, ref: TxnRef) -> None:
         c = self._context
         self._store.add_intent(c.job_id, c.epoch, c.query_id, c.batch_id, ref)
+        self._unconfirmed.append(ref)
+
+    def _confirm_intents(self) -> None:
+        """After a begin, the intent must still stand (R6): if the driver aborted it or closed the batch in
+        between, this raises and `add_all` (or the driver-side runner) aborts what this writer began."""
+        c = self._context
+        while self._unconfirmed:
+            self._store.confirm_intent(c.job_id, c.epoch, c.query_id, c.batch_id, self._unconfirmed[0])
+            self._unconfirmed.pop(0)

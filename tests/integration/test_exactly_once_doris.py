@@ -275,10 +275,10 @@ def test_replay_finds_renumbered_partitions(tmp_path, emulator, spark_session, m
 
     monkeypatch.setattr(sink_module, "crash_point", stop_at_commit_point)
     with pytest.raises(_Stop):
-        sink().process(frame([0, 1, 2]), 7, "query-renumbered")
+        sink().process(frame([0, 1, 2]), 0, "query-renumbered")
     monkeypatch.undo()
     emulator.clock.advance(3601)  # every precommitted txn of the batch expires while "the driver is down"
-    report = sink().process(frame([2, 1, 0]), 7, "query-renumbered")
+    report = sink().process(frame([2, 1, 0]), 0, "query-renumbered")
     assert report.action == "recovered-prepared" and report.replayed > 0
     for table in TABLES:
         expected = sorted(r[:5] for p in parts for r in p if r[5] == table)

@@ -509,7 +509,8 @@ def test_expired_batch_outside_its_rerun_fails_loudly(emu: DorisEmulator, tmp_pa
 def test_speculative_duplicates_are_aborted_by_the_coordinator(emu: DorisEmulator, tmp_path: Any, monkeypatch) -> None:
     """Two successful attempts of every partition both pre-commit (a speculative copy: Spark does not launch
     those on one host, so the attempts are run here); the coordinator commits one, aborts the other's txns."""
-    from streaming_sink import sink as sink_module
+    from types import SimpleNamespace
+
     from streaming_sink.execution import _one_per_partition
     from streaming_sink.sink import ExactlyOnceSink
 
@@ -522,13 +523,13 @@ def test_speculative_duplicates_are_aborted_by_the_coordinator(emu: DorisEmulato
         ]
         return _one_per_partition(results)
 
-    monkeypatch.setattr(sink_module, "run_writers", both_attempts)
     store = FileStateStore(tmp_path / "state")
-    sink = ExactlyOnceSink(make_target(emu), store, JOB, table_column="__table", flush_bytes=256)
-    assert sink.process(None, 1, QUERY).action == "written"
+    sink = ExactlyOnceSink(make_target(emu), store, JOB, table_column="__table", flush_bytes=256,
+                           runner=SimpleNamespace(run=both_attempts))
+    assert sink.process(None, 0, QUERY).action == "written"
     assert sorted(emu.visible_rows(DB, "orders")) == expected("orders")
     assert sorted(emu.visible_rows(DB, "payments")) == expected("payments")
     by_attempt = {(t["label"].split("_")[-3], t["state"]) for t in emu.transactions()}
     assert by_attempt == {("e1w0t1", "VISIBLE"), ("e1w0t0", "ABORTED")}, by_attempt
-    assert store.intents(JOB, QUERY, 1) == []
-    assert sink.process(None, 1, QUERY).action == "already-committed"  # a re-run changes nothing
+    assert store.intents(JOB, QUERY, 0) == []
+    assert sink.process(None, 0, QUERY).action == "already-committed"  # a re-run changes nothing

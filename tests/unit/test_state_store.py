@@ -11,15 +11,18 @@ import time
 
 import pytest
 
-from state import BatchRecord, BatchSealedError, FencedError, FileStateStore, RedisStateStore, open_store
+from state import (
+    BatchRecord, BatchSealedError, FencedError, FileStateStore, MemoryStateStore, RedisStateStore, StateStoreLostError,
+    open_store,
+)
 from streaming_sink.committable import BatchState, Committable, TxnRef
 
 JOB = "job-1"
 Q = "query-a"
 
 
-def ref(label: str, partition: int = 0) -> TxnRef:
-    return TxnRef("clickhouse", "db", "t", label, partition, "e1w0t0")
+def ref(label: str, partition: int = 0, attempt: str = "e1w0t0") -> TxnRef:
+    return TxnRef("clickhouse", "db", "t", label, partition, attempt)
 
 
 def record(batch: int, state: BatchState = BatchState.PREPARED, epoch: int = 1, n: int = 2) -> BatchRecord:
@@ -27,9 +30,11 @@ def record(batch: int, state: BatchState = BatchState.PREPARED, epoch: int = 1, 
     return BatchRecord(Q, batch, state, epoch, committables, checksums={i: f"{i}:x" for i in range(n)})
 
 
-@pytest.fixture(params=["file", "redis"])
+@pytest.fixture(params=["file", "redis", "memory"])
 def store(request, tmp_path):
-    if request.param == "file":
+    if request.param == "memory":
+        yield MemoryStateStore()
+    elif request.param == "file":
         yield FileStateStore(tmp_path / "state")
     else:
         server = request.getfixturevalue("redis_server")
@@ -66,12 +71,53 @@ def test_intents_and_sealing(store):
     assert store.batch_keys(JOB) == [(Q, 3)]
     store.remove_intents(JOB, epoch, Q, 3, ["a"])
     assert [r.label for r in store.intents(JOB, Q, 3)] == ["b"]
-    store.put_batch(JOB, epoch, record(3, BatchState.PREPARED, epoch))
-    store.add_intent(JOB, epoch, Q, 3, ref("replay"))  # a PREPARED batch may still be replayed
+    prepared = record(3, BatchState.PREPARED, epoch)
+    store.put_batch(JOB, epoch, prepared)
+    with pytest.raises(BatchSealedError):  # the PREPARED record closes the batch to every writer...
+        store.add_intent(JOB, epoch, Q, 3, ref("late-twin", attempt="e1w0t7"))
+    prepared.open_attempt = "e1w1"
+    store.put_batch(JOB, epoch, prepared)
+    store.add_intent(JOB, epoch, Q, 3, ref("replay", attempt="e1w1t3"))  # ...but the replay pass it opens
+    with pytest.raises(BatchSealedError):
+        store.add_intent(JOB, epoch, Q, 3, ref("other-pass", attempt="e1w12t3"))
     store.put_batch(JOB, epoch, record(3, BatchState.COMMITTED, epoch))
     with pytest.raises(BatchSealedError):
-        store.add_intent(JOB, epoch, Q, 3, ref("zombie"))
-    assert "zombie" not in {r.label for r in store.intents(JOB, Q, 3)}
+        store.add_intent(JOB, epoch, Q, 3, ref("zombie", attempt="e1w1t3"))
+    assert {r.label for r in store.intents(JOB, Q, 3)} == {"b", "replay"}
+
+
+def test_a_writer_confirms_its_intent_after_begin(store):
+    """R6: the re-check after begin fails once the driver aborted the intent or closed the batch."""
+    epoch = store.take_epoch(JOB, "test")
+    store.add_intent(JOB, epoch, Q, 4, ref("a"))
+    store.confirm_intent(JOB, epoch, Q, 4, ref("a"))
+    store.remove_intents(JOB, epoch, Q, 4, ["a"])  # the driver's abort came between add and begin
+    with pytest.raises(BatchSealedError, match="aborted before it began"):
+        store.confirm_intent(JOB, epoch, Q, 4, ref("a"))
+    store.add_intent(JOB, epoch, Q, 4, ref("b"))
+    store.put_batch(JOB, epoch, record(4, BatchState.PREPARED, epoch))  # the decision came before the begin
+    with pytest.raises(BatchSealedError):
+        store.confirm_intent(JOB, epoch, Q, 4, ref("b"))
+    newer = store.take_epoch(JOB, "newer")
+    with pytest.raises(FencedError, match=f"but epoch {newer}"):
+        store.confirm_intent(JOB, epoch, Q, 4, ref("b"))
+
+
+def test_epochs_never_go_back_below_the_floor(store):
+    """R2: a wiped store restarts its counter; the checkpoint's high-water mark keeps epochs rising."""
+    assert store.take_epoch(JOB, "a") == 1
+    assert store.take_epoch(JOB, "b", at_least=7) == 7
+    assert store.take_epoch(JOB, "c", at_least=3) == 8
+    assert store.epoch_owner(JOB)["epoch"] == 8 and store.epoch_owner(JOB)["owner"] == "c"
+
+
+def test_an_epoch_the_store_no_longer_has_is_a_lost_store_not_a_newer_driver(store):
+    epoch = store.take_epoch(JOB, "a")
+    other = "job-never-seen"  # a wiped store, or a file store on another host: epoch 0
+    with pytest.raises(StateStoreLostError, match="the state store's newest epoch is 0: the store has lost state"):
+        store.put_batch(other, epoch, record(1, epoch=epoch))
+    with pytest.raises(StateStoreLostError):
+        store.add_intent(other, epoch, Q, 1, ref("x"))
 
 
 def test_fencing_refuses_every_write_of_an_older_epoch(store):
