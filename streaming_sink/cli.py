@@ -15,8 +15,8 @@ from typing import Any
 
 from state import open_store
 
-from .committable import BatchState
-from .recovery import Recovery, apply_recovery, plan_recovery
+
+from .recovery import AbortRefusedError, Recovery, abort_batch, apply_recovery, plan_recovery
 from .status import job_status, render_status
 from .targets import ConfigurationError, target_from_url
 
@@ -83,14 +83,14 @@ def _take_over(args: argparse.Namespace) -> Recovery:
 
 
 def cmd_recover(args: argparse.Namespace) -> int:
-    actions = plan_recovery(open_store(args.state), args.job)
+    actions = plan_recovery(open_store(args.state), args.job, target_from_url(args.target, args.database))
     if not args.apply:
         lines = [f"dry run: {len(actions)} action(s); re-run with --apply to carry them out"]
         lines += [f"  batch {a.batch_id} ({a.query_id}): {a.action} {a.transactions} transaction(s) {a.detail}" for a in actions]
         _emit(args, {"applied": False, "actions": [a.__dict__ for a in actions]}, "\n".join(lines))
         return 0
     recovery = _take_over(args)
-    done = apply_recovery(recovery, plan_recovery(recovery.store, args.job), _progress(args))
+    done = apply_recovery(recovery, plan_recovery(recovery.store, args.job, recovery.target), _progress(args))
     kept = [a for a in done if a.action == "keep-for-replay"]
     lines = [f"applied {len(done)} action(s) with fencing epoch {recovery.epoch}"]
     lines += [f"  batch {a.batch_id}: {a.action} {a.transactions} {a.detail}" for a in done]
@@ -109,11 +109,9 @@ def cmd_abort(args: argparse.Namespace) -> int:
         return 2
     query_id, batch_id = candidates[-1]
     record = store.get_batch(args.job, query_id, batch_id)
-    if record is not None and record.state in (BatchState.PREPARED, BatchState.COMMITTED):
-        print(
-            f"refusing: batch {batch_id} is {record.state.value}; a PREPARED batch must be committed (run `recover`), "
-            "aborting it would lose rows that the source will not send again", file=sys.stderr,
-        )
+    if record is not None:
+        print(f"refusing: batch {batch_id} is {record.state.value}; a PREPARED batch must be committed (run `recover`), "
+              "aborting it would lose rows that the source will not send again", file=sys.stderr)
         return 2
     intents = store.intents(args.job, query_id, batch_id)
     if not args.apply:
@@ -121,7 +119,11 @@ def cmd_abort(args: argparse.Namespace) -> int:
               f"dry run: would abort {len(intents)} transaction(s) of batch {batch_id}: " + ", ".join(r.label for r in intents))
         return 0
     recovery = _take_over(args)
-    aborted = recovery.abort_intents(query_id, batch_id)
+    try:
+        aborted = abort_batch(recovery, query_id, batch_id)  # re-reads the record under the new epoch (R5)
+    except AbortRefusedError as error:
+        print(f"refusing: {error}", file=sys.stderr)
+        return 2
     _emit(args, {"applied": True, "batch": batch_id, "aborted": aborted}, f"aborted {aborted} transaction(s) of batch {batch_id}")
     return 0
 

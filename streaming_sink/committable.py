@@ -104,5 +104,10 @@ def make_label(
     return f"{readable[:room]}_{digest}"
 
 
+def label_prefix(job_id: str, query_id: str) -> str:
+    """What every label of one job and query starts with: how leftovers on a server are recognised."""
+    return "_".join(["ss", _sanitise(job_id, 24), _sanitise(query_id.replace("-", ""), 8), ""])
+
+
 def _sanitise(text: str, limit: int) -> str:
     return _LABEL_UNSAFE.sub("_", text)[:limit] or "x"

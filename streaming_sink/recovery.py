@@ -15,6 +15,7 @@ Rules (DESIGN.md section 2):
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 from dataclasses import dataclass, replace
@@ -23,7 +24,7 @@ from typing import Callable
 from state import BatchRecord, StateStore
 from state.base import attempt_epoch, fencing_error
 
-from .committable import BatchState, Committable
+from .committable import BatchState, Committable, TxnRef, label_prefix
 from .crash import crash_point
 from .targets.base import CommitOutcome, Target
 
@@ -61,20 +62,29 @@ class Recovery:
         self.check_epoch()
         done = self.store.done_labels(self.job_id, record.query_id, record.batch_id)
         pending = [c for c in record.live_committables() if c.label not in done]
-        unsent = [c.label for c in pending if c.label not in set(record.sent)]
+        sent_before = set(record.sent)  # by an earlier commit phase: a LOST answer for these is ambiguous
+        unsent = [c.label for c in pending if c.label not in sent_before]
         if unsent:
             record.sent = record.sent + unsent
             self.store.put_batch(self.job_id, self.epoch, record)
 
-        def commit_one(committable: Committable) -> CommitOutcome:
-            self.check_epoch()  # a fenced driver sends no further commit (I5)
-            outcome = self.target.commit(committable)
-            if outcome is CommitOutcome.COMMITTED:
-                self.store.mark_done(self.job_id, self.epoch, record.query_id, record.batch_id, committable.label)
-                crash_point("after-first-commit", record.batch_id)
-                if on_commit:
-                    on_commit()
-            return outcome
+        stopped = threading.Event()  # set by the first failure: queued commits are not sent any more
+
+        def commit_one(committable: Committable) -> CommitOutcome | None:
+            if stopped.is_set():
+                return None
+            try:
+                self.check_epoch()  # a fenced driver sends no further commit (I5)
+                outcome = self.target.commit(committable)
+                if outcome is CommitOutcome.COMMITTED:
+                    self.store.mark_done(self.job_id, self.epoch, record.query_id, record.batch_id, committable.label)
+                    crash_point("after-first-commit", record.batch_id)
+                    if on_commit:
+                        on_commit()
+                return outcome
+            except BaseException:
+                stopped.set()
+                raise
 
         pool = ThreadPoolExecutor(max_workers=max(1, self.target.commit_parallelism))
         try:
@@ -87,7 +97,9 @@ class Recovery:
             outcomes = [f.result() for f in futures]
         finally:
             pool.shutdown(wait=True)
-        ambiguous = [c for c, o in zip(pending, outcomes) if o is CommitOutcome.LOST]
+        # LOST for a label first sent in this phase is safe: a commit of a label the server does not know
+        # commits nothing, so it was unknown before it. LOST for a label sent before may be a forgotten commit.
+        ambiguous = [c for c, o in zip(pending, outcomes) if o is CommitOutcome.LOST and c.label in sent_before]
         if ambiguous:
             raise ReplayAmbiguousError(
                 f"job {self.job_id} batch {record.batch_id} of query {record.query_id}: the target no longer knows "
@@ -97,10 +109,11 @@ class Recovery:
                 "skipping could lose them. Nothing was replayed. See docs/runbook.md, section 'Replay ambiguous: "
                 "a committed label was forgotten', to settle it with a query on the target and resume."
             )
-        lost = [c for c, o in zip(pending, outcomes) if o is CommitOutcome.ABORTED]
+        lost = [c for c, o in zip(pending, outcomes) if o is not CommitOutcome.COMMITTED and c not in ambiguous]
         if lost:
             log.warning(
-                "job %s batch %s: the target aborted %d prepared transaction(s) before they were committed: %s",
+                "job %s batch %s: %d prepared transaction(s) can no longer be committed (aborted or unknown to the "
+                "target, and no commit had been sent for them): %s",
                 self.job_id, record.batch_id, len(lost), [c.label for c in lost],
             )
         return lost
@@ -196,9 +209,47 @@ class RecoveryAction:
     detail: str = ""
 
 
-def plan_recovery(store: StateStore, job_id: str) -> list[RecoveryAction]:
-    """What a crashed job left: PREPARED batches to roll forward, intents to abort. Reads only."""
+class AbortRefusedError(RuntimeError):
+    """An operator's abort of a batch that has a PREPARED or COMMITTED record: it must be committed, not aborted."""
+
+
+def abort_batch(recovery: "Recovery", query_id: str, batch_id: int) -> int:
+    """The operator's `abort --apply`: abort a batch's leftover transactions, never what a record names (R5).
+
+    Called after `recovery` took the fencing epoch, so no driver can write the record any more: the
+    record read here is final. A batch with a record is refused; its committables are kept regardless.
+    """
+    record = recovery.store.get_batch(recovery.job_id, query_id, batch_id)
+    if record is not None:
+        raise AbortRefusedError(
+            f"batch {batch_id} of query {query_id} is {record.state.value}: its transactions must be committed "
+            "(run `recover`); aborting them would lose rows the source will not send again"
+        )
+    return recovery.abort_intents(query_id, batch_id)
+
+
+def leftover_labels(store: StateStore, target: Target, job_id: str) -> list[str]:
+    """Server-side transactions of this job that no record or intent names (R6); [] where the target cannot list."""
+    keys = store.batch_keys(job_id)
+    named: set[str] = set()
+    for query_id, batch_id in keys:
+        record = store.get_batch(job_id, query_id, batch_id)
+        named |= {c.label for c in record.committables} if record else set()
+        named |= {r.label for r in store.intents(job_id, query_id, batch_id)}
+    found: set[str] = set()
+    for query_id in {q for q, _ in keys}:
+        listed = target.leftover_transactions(label_prefix(job_id, query_id))
+        found |= set(listed or [])
+    return sorted(found - named)
+
+
+def plan_recovery(store: StateStore, job_id: str, target: Target | None = None) -> list[RecoveryAction]:
+    """What a crashed job left: PREPARED batches to roll forward, intents and server leftovers to abort. Reads only."""
     actions = []
+    if target is not None:
+        leftovers = leftover_labels(store, target, job_id)
+        if leftovers:
+            actions.append(RecoveryAction("", -1, "abort-leftovers", len(leftovers), ", ".join(leftovers)))
     for query_id, batch_id in store.batch_keys(job_id):
         record = store.get_batch(job_id, query_id, batch_id)
         intents = store.intents(job_id, query_id, batch_id)
@@ -232,5 +283,11 @@ def apply_recovery(recovery: "Recovery", actions: list[RecoveryAction], progress
         elif action.action == "abort-intents":
             keep = {c.label for c in record.committables} if record else set()
             recovery.abort_intents(action.query_id, action.batch_id, keep=keep)
+        elif action.action == "abort-leftovers":
+            still = set(leftover_labels(recovery.store, recovery.target, recovery.job_id))  # re-read under our epoch
+            for label in action.detail.split(", "):
+                if label in still:
+                    recovery.check_epoch()
+                    recovery.target.abort(TxnRef(recovery.target.kind, recovery.target.database, "", label, -1, ""))
         results.append(action)
     return results

@@ -103,6 +103,10 @@ class Target(ABC):
         """How long (s) the server keeps what recovery depends on; None: forever. For `doctor`."""
         return {}
 
+    def leftover_transactions(self, label_prefix: str) -> list[str] | None:
+        """Labels of open server-side transactions starting with `label_prefix` (None: the server cannot list them)."""
+        return None
+
     @abstractmethod
     def begin(self, table: str, new_ref: NewRef, record_intent: RecordIntent) -> TableTransaction:
         """A transaction handle for `table`; nothing happens on the server before its first write."""

@@ -1,0 +1,271 @@
+"""The review's protocol findings (R1, R2, R4, R5, R6), each reproduced on the real coordinator.
+
+No Spark: the writers are the real `PartitionWriter`s run over in-memory Arrow batches, the target
+is the StarRocks emulator over real HTTP, and a crash is a `BaseException` raised at a chosen call.
+Each test failed on the code before its fix (see the notes of issue 9).
+"""
+from __future__ import annotations
+
+from typing import Any, Iterator
+
+import pyarrow as pa
+import pytest
+
+from state import BatchRecord, FencedError, MemoryStateStore, StateStoreLostError
+from streaming_sink.committable import BatchState, TxnRef
+from streaming_sink.recovery import AbortRefusedError, Recovery, ReplayAmbiguousError, abort_batch
+from streaming_sink.routing import Router
+from streaming_sink.sink import ExactlyOnceSink
+from streaming_sink.targets.base import CommitOutcome
+from streaming_sink.targets.starrocks import StarRocksTarget
+from streaming_sink.writer import PartitionResult, PartitionWriter, WriteContext
+from tests.emulators.starrocks import StarRocksEmulator
+
+DB, TABLE, JOB, QUERY = "db", "t", "job", "query-1"
+ROWS_PER_PARTITION = 100
+
+
+class Crash(BaseException):
+    """kill -9 of the driver, as seen by the code that was running."""
+
+
+@pytest.fixture
+def sr(tmp_path: Any) -> Iterator[StarRocksEmulator]:
+    with StarRocksEmulator(tmp_path / "sr", password="pw") as emu:
+        emu.create_table(DB, TABLE, [("id", "INT"), ("name", "VARCHAR(32)")])
+        yield emu
+
+
+def target_of(sr: StarRocksEmulator) -> StarRocksTarget:
+    """Commits one at a time, so a crash after the first commit leaves exactly one visible."""
+    return StarRocksTarget(sr.fe_url, DB, "root", "pw", backoff_s=0.0, backoff_max_s=0.0, read_timeout=5.0,
+                           commit_parallelism=1)
+
+
+def source(batch_id: int, partitions: int = 2) -> list[list[pa.RecordBatch]]:
+    """The rows Spark delivers for a batch: the same on every re-run."""
+    base = batch_id * 10_000
+    return [
+        [pa.record_batch({"id": [base + p * 1000 + i for i in range(ROWS_PER_PARTITION)],
+                          "name": [f"n{i}" for i in range(ROWS_PER_PARTITION)]})]
+        for p in range(partitions)
+    ]
+
+
+class InMemoryRunner:
+    """One real PartitionWriter per partition; task attempt ids unique per run, as Spark's are."""
+
+    def __init__(self) -> None:
+        self.next_attempt = 0
+
+    def run(self, data: Any, target: Any, router: Router, context: WriteContext, store: Any) -> list[PartitionResult]:
+        results = []
+        for partition, batches in enumerate(data):
+            self.next_attempt += 1
+            writer = PartitionWriter(context, target, router, store, partition, self.next_attempt)
+            results.append(writer.add_all(batches))
+        return results
+
+
+def sink_of(target: Any, store: Any, **options: Any) -> ExactlyOnceSink:
+    return ExactlyOnceSink(target, store, JOB, table=TABLE, runner=InMemoryRunner(), **options)
+
+
+class CrashingStore:
+    """Delegates to a store, and dies on the n-th call of one method (before or after it applies)."""
+
+    def __init__(self, store: Any, method: str, on_call: int = 1, after: bool = False) -> None:
+        self._store, self._method, self._left, self._after = store, method, on_call, after
+
+    def __getattr__(self, name: str) -> Any:
+        attribute = getattr(self._store, name)
+        if name != self._method:
+            return attribute
+
+        def call(*args: Any, **kwargs: Any) -> Any:
+            self._left -= 1
+            if self._left == 0 and not self._after:
+                raise Crash(f"before {name}")
+            result = attribute(*args, **kwargs)
+            if self._left == 0:
+                raise Crash(f"after {name}")
+            return result
+
+        return call
+
+
+def ids(sr: StarRocksEmulator) -> list[int]:
+    return sorted(row[0] for row in sr.visible_rows(DB, TABLE))
+
+
+def expected_ids(*batches: int) -> list[int]:
+    return sorted(row for b in batches for part in source(b) for batch in part for row in batch.column("id").to_pylist())
+
+
+# -- R1: a forgotten label whose commit was sent is never replayed ------------------------------
+
+
+def test_a_committed_label_forgotten_by_the_server_stops_the_job_instead_of_duplicating(sr) -> None:
+    store = MemoryStateStore()
+    # the commit of the first transaction lands, then the driver dies before it records that
+    crashing = CrashingStore(store, "mark_done")
+    with pytest.raises(Crash):
+        sink_of(target_of(sr), crashing).process(source(0), 0, QUERY)
+    assert len(ids(sr)) == ROWS_PER_PARTITION  # one of two transactions is visible
+    sr.clock.advance(3 * 86400 + 60)  # down longer than StarRocks remembers finished labels
+    with pytest.raises(ReplayAmbiguousError, match="runbook.md, section 'Replay ambiguous"):
+        sink_of(target_of(sr), store).process(source(0), 0, QUERY)
+    assert len(ids(sr)) == ROWS_PER_PARTITION and len(set(ids(sr))) == ROWS_PER_PARTITION  # nothing loaded twice
+    assert store.get_batch(JOB, QUERY, 0).state is BatchState.PREPARED  # left for the operator to settle
+
+
+def test_a_prepared_transaction_that_expired_before_any_commit_was_sent_is_replayed_exactly(sr) -> None:
+    store = MemoryStateStore()
+    with pytest.raises(Crash):  # killed right after the commit point: no commit was ever sent
+        sink_of(target_of(sr), CrashingStore(store, "put_batch", on_call=2)).process(source(0), 0, QUERY)
+    assert store.get_batch(JOB, QUERY, 0).sent == []
+    sr.clock.advance(3 * 86400 + 60)  # the prepared transactions expired (aborted by the server), then forgotten
+    report = sink_of(target_of(sr), store).process(source(0), 0, QUERY)
+    assert report.action == "recovered-prepared" and report.replayed == 2
+    assert ids(sr) == expected_ids(0)
+
+
+# -- R2: a state store that lost or rolled back its journal is detected -------------------------
+
+
+def test_a_wiped_store_stops_the_rerun_of_a_committed_batch(sr) -> None:
+    store = MemoryStateStore()
+    sink_of(target_of(sr), store).process(source(0), 0, QUERY)
+    sink_of(target_of(sr), store).process(source(1), 1, QUERY)  # COMMITTED; Spark's commits/1 not yet written
+    store.wipe()  # Redis restarted without AOF
+    with pytest.raises(StateStoreLostError, match="no record of batch 0"):
+        sink_of(target_of(sr), store).process(source(1), 1, QUERY)
+    assert ids(sr) == expected_ids(0, 1)  # not written again
+
+
+def test_a_store_rolled_back_to_an_older_backup_is_detected(sr) -> None:
+    store = MemoryStateStore()
+    sink_of(target_of(sr), store).process(source(0), 0, QUERY)
+    backup = store.snapshot()
+    sink_of(target_of(sr), store).process(source(1), 1, QUERY)
+    sink_of(target_of(sr), store).process(source(2), 2, QUERY)
+    store.restore(backup)  # batches 1 and 2 forgotten; Spark re-runs 2
+    with pytest.raises(StateStoreLostError, match="no record of batch 1"):
+        sink_of(target_of(sr), store).process(source(2), 2, QUERY)
+    assert ids(sr) == expected_ids(0, 1, 2)
+
+
+def test_epochs_never_go_back_after_a_wipe_when_the_checkpoint_keeps_the_mark(sr, tmp_path) -> None:
+    store = MemoryStateStore()
+    first = sink_of(target_of(sr), store, checkpoint_location=str(tmp_path / "ckpt"))
+    first.start()
+    store.wipe()
+    second = sink_of(target_of(sr), store, checkpoint_location=str(tmp_path / "ckpt"), accept_empty_state=True)
+    second.start()
+    assert second.epoch > first.epoch
+    with pytest.raises(FencedError):  # the zombie stays fenced
+        first.process(source(0), 0, QUERY)
+
+
+def test_accept_empty_state_starts_a_deliberately_fresh_store_but_not_a_partly_rolled_back_one(sr) -> None:
+    store = MemoryStateStore()
+    assert sink_of(target_of(sr), store, accept_empty_state=True).process(source(4), 4, QUERY).action == "written"
+    with pytest.raises(StateStoreLostError):  # the store is not empty any more: a gap is a loss
+        sink_of(target_of(sr), store, accept_empty_state=True).process(source(9), 9, QUERY)
+
+
+# -- R4: fencing covers target actions --------------------------------------------------------
+
+
+class RecordingTarget:
+    """Records commits and aborts; commits always succeed."""
+
+    kind, database, commit_parallelism = "recording", DB, 4
+
+    def __init__(self, on_commit: Any = None) -> None:
+        self.calls: list[tuple[str, str]] = []
+        self.on_commit = on_commit
+
+    def commit(self, committable: Any) -> CommitOutcome:
+        self.calls.append(("commit", committable.label))
+        if self.on_commit:
+            self.on_commit()
+        return CommitOutcome.COMMITTED
+
+    def abort(self, ref: TxnRef) -> None:
+        self.calls.append(("abort", ref.label))
+
+
+def test_a_fenced_driver_aborts_nothing_of_the_newer_driver() -> None:
+    store, target = MemoryStateStore(), RecordingTarget()
+    old = Recovery(target, store, JOB, store.take_epoch(JOB, "a"))
+    new = Recovery(target, store, JOB, store.take_epoch(JOB, "b"))
+    for i in range(3):
+        store.add_intent(JOB, new.epoch, QUERY, 0, TxnRef("recording", DB, TABLE, f"B-{i}", i, f"e{new.epoch}w0t{i}"))
+    with pytest.raises(FencedError):
+        old.abort_intents(QUERY, 0)
+    assert target.calls == []
+
+
+def test_a_driver_fenced_during_its_commits_stops_sending_them() -> None:
+    store = MemoryStateStore()
+    epoch = store.take_epoch(JOB, "a")
+    target = RecordingTarget(on_commit=lambda: store.take_epoch(JOB, "b") if len(target.calls) == 1 else None)
+    target.commit_parallelism = 1
+    from streaming_sink.committable import Committable
+
+    committables = [Committable("recording", DB, TABLE, f"L{i}", i, f"e{epoch}w0t{i}", rows=1) for i in range(6)]
+    record = BatchRecord(QUERY, 0, BatchState.PREPARED, epoch, committables)
+    store.put_batch(JOB, epoch, record)
+    with pytest.raises(FencedError):
+        Recovery(target, store, JOB, epoch).commit_pending(record)
+    assert target.calls == [("commit", "L0")]  # the newer driver took over during the first commit
+
+
+# -- R5: the operator's abort re-reads the record under its own epoch --------------------------
+
+
+def test_operator_abort_refuses_a_batch_that_became_prepared_meanwhile() -> None:
+    store, target = MemoryStateStore(), RecordingTarget()
+    driver = store.take_epoch(JOB, "driver")
+    ref = TxnRef("recording", DB, TABLE, "L0", 0, f"e{driver}w0t1")
+    store.add_intent(JOB, driver, QUERY, 3, ref)
+    assert store.get_batch(JOB, QUERY, 3) is None  # what the CLI saw before taking over...
+    from streaming_sink.committable import Committable
+
+    prepared = Committable("recording", DB, TABLE, "L0", 0, ref.attempt, rows=1)
+    store.put_batch(JOB, driver, BatchRecord(QUERY, 3, BatchState.PREPARED, driver, [prepared]))  # ...then this
+    operator = Recovery(target, store, JOB, store.take_epoch(JOB, "operator"))
+    with pytest.raises(AbortRefusedError, match="PREPARED"):
+        abort_batch(operator, QUERY, 3)
+    assert target.calls == []
+
+
+# -- R6: a writer that begins after the driver's final abort leaves nothing behind ---------------
+
+
+def test_a_late_twin_that_begins_after_the_final_abort_aborts_itself(sr) -> None:
+    store = MemoryStateStore()
+    target = target_of(sr)
+    twin: dict[str, Any] = {}
+
+    class TwinRunner(InMemoryRunner):
+        """Partition 0 also has a speculative twin: it records its intent now and begins only later."""
+
+        def run(self, data, target, router, context, store):
+            results = super().run(data, target, router, context, store)
+            twin["writer"] = PartitionWriter(context, target, router, store, 0, 999)
+            twin["rows"] = data[0]
+            twin["writer"]._record_intent(twin["writer"]._new_ref_for(TABLE)(0))  # intent recorded in time
+            return results
+
+    sink = ExactlyOnceSink(target, store, JOB, table=TABLE, runner=TwinRunner())
+    assert sink.process(source(0), 0, QUERY).action == "written"
+    # the driver committed and aborted the twin's intent (nothing had begun); now the twin goes on
+    writer = twin["writer"]
+    writer._unconfirmed.clear()
+    with pytest.raises(Exception, match="closed to attempt|aborted before it began"):
+        writer.add_all(twin["rows"])
+    open_txns = [t for t in sr.transactions(DB) if t["state"] not in ("VISIBLE", "ABORTED")]
+    assert open_txns == []
+    assert ids(sr) == expected_ids(0)
