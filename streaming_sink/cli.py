@@ -16,7 +16,7 @@ from typing import Any
 from state import open_store
 
 
-from .recovery import AbortRefusedError, Recovery, abort_batch, apply_recovery, plan_recovery
+from .recovery import AbortRefusedError, Recovery, abort_batch, apply_recovery, plan_recovery, settle_label
 from .status import job_status, render_status
 from .targets import ConfigurationError, target_from_url
 
@@ -53,6 +53,14 @@ def build_parser() -> argparse.ArgumentParser:
     abort.add_argument("--batch", type=int, required=True)
     abort.add_argument("--query-id", help="streaming query id (default: the only one, or the newest batch's)")
     abort.add_argument("--apply", action="store_true", help="act (default: only say what would be done)")
+    settle = commands.add_parser("settle", help="record the verdict on a label the target forgot (ReplayAmbiguousError)")
+    _add_job_arguments(settle, needs_target=True)
+    settle.add_argument("--batch", type=int, required=True)
+    settle.add_argument("--query-id", required=True, help="streaming query id (in the error message and `status`)")
+    settle.add_argument("--label", required=True)
+    verdict = settle.add_mutually_exclusive_group(required=True)
+    verdict.add_argument("--committed", action="store_true", help="its rows are in the target: do not load them again")
+    verdict.add_argument("--not-committed", action="store_true", help="its rows are not in the target: replay them")
     doctor = commands.add_parser("doctor", help="check Kafka, state store, target, tables and timeouts of a job")
     doctor.add_argument("--config", required=True, help="path of the TOML job configuration")
     doctor.add_argument("--outage-tolerance", default="1 hour",
@@ -128,6 +136,18 @@ def cmd_abort(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_settle(args: argparse.Namespace) -> int:
+    recovery = _take_over(args)
+    try:
+        settle_label(recovery, args.query_id, args.batch, args.label, committed=args.committed)
+    except AbortRefusedError as error:
+        print(f"refusing: {error}", file=sys.stderr)
+        return 2
+    verdict = "committed" if args.committed else "not committed (the job replays it)"
+    _emit(args, {"settled": args.label, "committed": args.committed}, f"settled {args.label}: {verdict}; restart the job")
+    return 0
+
+
 def cmd_doctor(args: argparse.Namespace) -> int:
     from pyspark.sql import SparkSession
 
@@ -153,7 +173,7 @@ def main(argv: list[str] | None = None) -> int:
 
         return job.main(["--config", args.config] if args.config else ["--spec", args.spec])
     try:
-        return {"status": cmd_status, "recover": cmd_recover, "abort": cmd_abort, "doctor": cmd_doctor}[args.command](args)
+        return {"status": cmd_status, "recover": cmd_recover, "abort": cmd_abort, "settle": cmd_settle, "doctor": cmd_doctor}[args.command](args)
     except ConfigurationError as error:
         print(f"streaming-sink: configuration error: {error}", file=sys.stderr)
         return 2

@@ -25,7 +25,7 @@ _KEYS: dict[str, set[str]] = {
     "target": {"url", "database", "options", "create_tables"},
     "state": {"url"},
     "trigger": {"interval"},
-    "sink": {"flush_bytes", "checkpoint", "metadata_columns", "metrics_port"},
+    "sink": {"flush_bytes", "checkpoint", "metadata_columns", "metrics_port", "accept_empty_state"},
     "spark": {"conf"},
 }
 _TABLE_KEYS = {"schema"}
@@ -89,6 +89,9 @@ def resolve_config(data: dict[str, Any], base_dir: Path) -> JobSpec:
     flush_bytes = sink.get("flush_bytes", 64 * 1024 * 1024)
     if not isinstance(flush_bytes, int) or flush_bytes < 1024:
         raise ConfigurationError(f"sink.flush_bytes: {flush_bytes!r} is not a byte count of at least 1024")
+    accept_empty_state = sink.get("accept_empty_state", False)
+    if not isinstance(accept_empty_state, bool):
+        raise ConfigurationError(f"sink.accept_empty_state: {accept_empty_state!r} must be true or false (unquoted)")
     max_offsets = kafka.get("max_offsets_per_trigger")
     if max_offsets is not None and (not isinstance(max_offsets, int) or max_offsets <= 0):
         raise ConfigurationError(f"kafka.max_offsets_per_trigger: {max_offsets!r} must be a positive integer")
@@ -111,6 +114,7 @@ def resolve_config(data: dict[str, Any], base_dir: Path) -> JobSpec:
         starting_offsets=kafka.get("starting_offsets", "earliest"),
         trigger=interval if interval_s is None else f"{interval_s} seconds",
         flush_bytes=flush_bytes,
+        accept_empty_state=accept_empty_state,
         target_options=options,
         create_tables=bool(target.get("create_tables", embedded)),
         metrics_port=_port(sink.get("metrics_port"), "sink.metrics_port"),

@@ -51,6 +51,7 @@ class JobSpec:
     starting_offsets: str = "earliest"
     trigger: str = "available-now"  # or a processing-time interval such as "5 seconds"
     flush_bytes: int = 64 * 1024 * 1024
+    accept_empty_state: bool = False  # start once on a deliberately emptied state store (see the runbook)
     create_tables: bool = False  # create missing tables from the schemas (embedded ClickHouse only)
     metrics_port: int | None = None  # serve per-batch figures as Prometheus text on this port
     target_options: dict[str, Any] = field(default_factory=dict)
@@ -92,6 +93,8 @@ def build_sink(spec: JobSpec) -> ExactlyOnceSink:
         struct_columns=True,
         dead_letter_table=spec.dead_letter_table,
         listeners=listeners,
+        checkpoint_location=spec.checkpoint,
+        accept_empty_state=spec.accept_empty_state,
     )
 
 

@@ -228,6 +228,23 @@ def abort_batch(recovery: "Recovery", query_id: str, batch_id: int) -> int:
     return recovery.abort_intents(query_id, batch_id)
 
 
+def settle_label(recovery: "Recovery", query_id: str, batch_id: int, label: str, committed: bool) -> None:
+    """The operator's verdict on an ambiguous label (runbook: 'Replay ambiguous'), under a taken epoch.
+
+    committed: record it as done, so the job goes on without loading it again; not committed: forget
+    that a commit was sent, so the job replays it once from the source.
+    """
+    record = recovery.store.get_batch(recovery.job_id, query_id, batch_id)
+    if record is None or record.state is not BatchState.PREPARED or label not in {c.label for c in record.live_committables()}:
+        raise AbortRefusedError(f"batch {batch_id} of query {query_id} has no PREPARED committable {label}")
+    if committed:
+        recovery.store.mark_done(recovery.job_id, recovery.epoch, query_id, batch_id, label)
+        return
+    record.sent = [s for s in record.sent if s != label]
+    record.events.append(f"operator settled {label} as not committed")
+    recovery.store.put_batch(recovery.job_id, recovery.epoch, record)
+
+
 def leftover_labels(store: StateStore, target: Target, job_id: str) -> list[str]:
     """Server-side transactions of this job that no record or intent names (R6); [] where the target cannot list."""
     keys = store.batch_keys(job_id)

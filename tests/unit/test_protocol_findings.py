@@ -269,3 +269,22 @@ def test_a_late_twin_that_begins_after_the_final_abort_aborts_itself(sr) -> None
     open_txns = [t for t in sr.transactions(DB) if t["state"] not in ("VISIBLE", "ABORTED")]
     assert open_txns == []
     assert ids(sr) == expected_ids(0)
+
+
+def test_the_operator_settles_an_ambiguous_label_and_the_job_resumes_exactly(sr) -> None:
+    """After ReplayAmbiguousError: the operator counted the rows, records the verdict, restarts."""
+    from streaming_sink.recovery import settle_label
+
+    store = MemoryStateStore()
+    with pytest.raises(Crash):
+        sink_of(target_of(sr), CrashingStore(store, "mark_done")).process(source(0), 0, QUERY)
+    sr.clock.advance(3 * 86400 + 60)
+    with pytest.raises(ReplayAmbiguousError) as stopped:
+        sink_of(target_of(sr), store).process(source(0), 0, QUERY)
+    record = store.get_batch(JOB, QUERY, 0)
+    forgotten = [c.label for c in record.committables if c.label in str(stopped.value)]
+    assert len(forgotten) == 1  # the one whose commit landed; its twin was never sent and expired
+    operator = Recovery(target_of(sr), store, JOB, store.take_epoch(JOB, "operator"))
+    settle_label(operator, QUERY, 0, forgotten[0], committed=True)  # its 100 rows are in the table
+    assert sink_of(target_of(sr), store).process(source(0), 0, QUERY).action == "recovered-prepared"
+    assert ids(sr) == expected_ids(0)
