@@ -13,7 +13,7 @@ with the same checksum (`_replay_identity`).
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Iterator
+from typing import TYPE_CHECKING, Callable, Iterator
 
 import pyarrow as pa
 
@@ -90,6 +90,15 @@ def _replay_identity(df: "DataFrame", context: WriteContext, store: StateStore) 
 def _write_in_tasks(
     df: "DataFrame", target: Target, router: Router, context: WriteContext, store_url: str, identity: Identity | None
 ) -> list[PartitionResult]:
+    rows = df.mapInArrow(task_writer(target, router, context, store_url, identity), "result string").collect()
+    return _one_per_partition(PartitionResult.from_json(row["result"]) for row in rows)
+
+
+def task_writer(
+    target: Target, router: Router, context: WriteContext, store_url: str, identity: Identity | None
+) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
+    """The function each Spark task runs: one PartitionWriter over the task's Arrow batches."""
+
     def write_partition(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         from pyspark import TaskContext
 
@@ -105,8 +114,7 @@ def _write_in_tasks(
             target.close()
         yield pa.RecordBatch.from_pylist([{"result": result.to_json()}])
 
-    rows = df.mapInArrow(write_partition, "result string").collect()
-    return _one_per_partition(PartitionResult.from_json(row["result"]) for row in rows)
+    return write_partition
 
 
 _BLOB_SCHEMA = pa.schema([("partition", pa.int32()), ("ipc", pa.binary())])
