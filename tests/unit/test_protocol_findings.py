@@ -245,28 +245,48 @@ def test_operator_abort_refuses_a_batch_that_became_prepared_meanwhile() -> None
 
 
 def test_a_late_twin_that_begins_after_the_final_abort_aborts_itself(sr) -> None:
+    """The twin records its intent before the decision, and its begin reaches the server after the
+    driver committed the batch and aborted the (not yet begun) intent."""
+    import threading
+
     store = MemoryStateStore()
-    target = target_of(sr)
-    twin: dict[str, Any] = {}
+    recorded, driver_done = threading.Event(), threading.Event()
+    outcome: dict[str, BaseException] = {}
+
+    class PausingStore:
+        """The twin's view of the store: it stops right after recording its intent."""
+
+        def __getattr__(self, name: str) -> Any:
+            return getattr(store, name)
+
+        def add_intent(self, *args: Any) -> None:
+            store.add_intent(*args)
+            recorded.set()
+            assert driver_done.wait(30)
 
     class TwinRunner(InMemoryRunner):
-        """Partition 0 also has a speculative twin: it records its intent now and begins only later."""
+        def run(self, data, target, router, context, store_):
+            results = super().run(data, target, router, context, store_)
+            twin = PartitionWriter(context, target, router, PausingStore(), 0, 999)
 
-        def run(self, data, target, router, context, store):
-            results = super().run(data, target, router, context, store)
-            twin["writer"] = PartitionWriter(context, target, router, store, 0, 999)
-            twin["rows"] = data[0]
-            twin["writer"]._record_intent(twin["writer"]._new_ref_for(TABLE)(0))  # intent recorded in time
+            def go() -> None:
+                try:
+                    twin.add_all(data[0])
+                except BaseException as error:  # what the twin task would die of
+                    outcome["error"] = error
+
+            self.thread = threading.Thread(target=go)
+            self.thread.start()
+            assert recorded.wait(30)
             return results
 
-    sink = ExactlyOnceSink(target, store, JOB, table=TABLE, runner=TwinRunner())
+    runner = TwinRunner()
+    sink = ExactlyOnceSink(target_of(sr), store, JOB, table=TABLE, runner=runner)
     assert sink.process(source(0), 0, QUERY).action == "written"
-    # the driver committed and aborted the twin's intent (nothing had begun); now the twin goes on
-    writer = twin["writer"]
-    writer._unconfirmed.clear()
-    with pytest.raises(Exception, match="closed to attempt|aborted before it began"):
-        writer.add_all(twin["rows"])
-    open_txns = [t for t in sr.transactions(DB) if t["state"] not in ("VISIBLE", "ABORTED")]
+    driver_done.set()
+    runner.thread.join(30)
+    assert "closed to attempt" in str(outcome.get("error")), outcome
+    open_txns = [t["label"] for t in sr.transactions(DB) if t["state"] not in ("VISIBLE", "ABORTED")]
     assert open_txns == []
     assert ids(sr) == expected_ids(0)
 
