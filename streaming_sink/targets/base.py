@@ -121,3 +121,7 @@ class Target(ABC):
 
     def close(self) -> None:
         """Release connections."""
+
+
+class CommitAmbiguousError(TargetError):
+    """A commit was interrupted where the target cannot tell whether it took effect: an operator must settle it."""

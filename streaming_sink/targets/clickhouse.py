@@ -3,12 +3,20 @@
 * begin   = `CREATE TABLE <staging> AS <target>` (same columns, engine, partition key, order);
 * write   = `insert_arrow` into the staging table (data stays Arrow all the way);
 * prepare = the staging table holds exactly the rows written (counted);
-* commit  = `ALTER TABLE <staging> MOVE PARTITION ID … TO TABLE <target>` for every partition it
-  still holds (atomic per partition, a no-op when repeated), then a ledger row, then drop it;
-* abort   = drop the staging table.
+* commit  = steps that a crash anywhere leaves resumable by repeating the commit:
+  1. list the staging table's partitions (an error if the table is gone);
+  2. a ledger row `moving` (label, table, rows), unless the label has one;
+  3. `ALTER TABLE <staging> MOVE PARTITION ID … TO TABLE <target>` for each partition: atomic per
+     partition, and a moved partition is no longer listed, so a repeat moves only the rest;
+  4. verify that the staging table still exists and holds 0 rows;
+  5. a ledger row `committed`; 6. drop the staging table;
+* abort   = drop the staging table; refused once the ledger names the label (its commit began).
 
-The ledger (`_streaming_sink_ledger` in the target database) is what tells "already committed"
-from "lost" when a staging table is gone: commit writes the ledger row before it drops staging.
+The ledger (`_streaming_sink_ledger` in the target database) decides when the staging table is gone:
+a `committed` row means COMMITTED; a `moving` row alone means some partitions may have moved, which
+no one can tell from here, so `CommitAmbiguousError` (runbook "ClickHouse commit interrupted");
+no row means nothing ever moved, so ABORTED. Ledgers made by older versions expire rows (a TTL),
+so there "no row" is LOST. Rows are kept for good: two of ~100 bytes per transaction.
 Never `ATTACH PARTITION FROM`: it copies, so a repeated commit would duplicate rows.
 
 The same code speaks HTTP (`http://host:8123`) and embedded chdb (`chdb:///path`); chdb allows
@@ -16,6 +24,7 @@ one process per path, so with chdb the writers run in the driver.
 """
 from __future__ import annotations
 
+import re
 import threading
 from typing import Any
 from urllib.parse import urlparse
@@ -23,9 +32,14 @@ from urllib.parse import urlparse
 import pyarrow as pa
 
 from ..committable import Committable, TxnRef
-from .base import CommitOutcome, ConfigurationError, NewRef, PreparedPart, RecordIntent, TableTransaction, Target, TargetError
+from .base import CommitAmbiguousError, CommitOutcome, ConfigurationError, NewRef, PreparedPart, RecordIntent, TableTransaction, Target, TargetError
 
 LEDGER_TABLE = "_streaming_sink_ledger"
+MOVING, COMMITTED = "moving", "committed"  # ledger phases of a label
+# Rows written before the ledger had `phase` were written after the moves: they read as committed.
+_PHASE_COLUMN = f"phase String DEFAULT '{COMMITTED}'"
+# make_label's shape: "ss_", sanitised parts joined by "_", then "_" and 12 hex digits of a hash.
+_LABEL_SHAPE = re.compile(r"ss_\w*_[0-9a-f]{12}", re.ASCII)
 _MOVABLE_ENGINE_SUFFIX = "MergeTree"
 _CHDB_CLIENTS: dict[str, Any] = {}  # one embedded engine per path per process
 _CHDB_LOCK = threading.Lock()
@@ -49,7 +63,6 @@ class ClickHouseTarget(Target):
         user: str | None = None,
         password: str | None = None,
         settings: dict[str, Any] | None = None,
-        ledger_ttl_days: int = 30,
     ) -> None:
         parsed = urlparse(url)
         if parsed.scheme not in ("chdb", "http", "https"):
@@ -59,8 +72,9 @@ class ClickHouseTarget(Target):
         self.url, self.database = url, database
         self.user, self.password = user, password
         self.settings = dict(settings or {})
-        self.ledger_ttl_days = ledger_ttl_days
         self._local = threading.local()
+        self._ledger_ready = False
+        self._ledger_ttl_s: float | None = None  # a legacy ledger's TTL, found when the ledger is checked
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
@@ -116,19 +130,16 @@ class ClickHouseTarget(Target):
             "SELECT count() FROM system.databases WHERE name = {db:String}", parameters={"db": self.database}
         ).result_rows[0][0]:
             raise ConfigurationError(f"ClickHouse database {self.database!r} does not exist at {self.url}")
-        client.command(
-            f"CREATE TABLE IF NOT EXISTS {self._table(LEDGER_TABLE)} "
-            "(label String, target_table String, rows UInt64, committed_at DateTime DEFAULT now()) "
-            f"ENGINE = MergeTree ORDER BY label TTL committed_at + INTERVAL {int(self.ledger_ttl_days)} DAY"
-        )
+        self._ensure_ledger()
         return {
             name
             for name, engine in rows
-            if engine.endswith(_MOVABLE_ENGINE_SUFFIX) and name != LEDGER_TABLE and not name.startswith("ss_")
+            if engine.endswith(_MOVABLE_ENGINE_SUFFIX) and name != LEDGER_TABLE and not _LABEL_SHAPE.fullmatch(name)
         }
 
     def expiry_limits(self) -> dict[str, float | None]:
-        return {"prepared staging tables": None, "commit ledger": self.ledger_ttl_days * 86400.0}
+        """Nothing expires, unless the ledger was made by an older version (as found by `routable_tables`)."""
+        return {"prepared staging tables": None, "commit ledger": self._ledger_ttl_s}
 
     def table_columns(self, table: str) -> list[str] | None:
         rows = self.client().query(
@@ -148,23 +159,45 @@ class ClickHouseTarget(Target):
         return _StagingTransaction(self, table, new_ref, record_intent)
 
     def commit(self, committable: Committable) -> CommitOutcome:
-        client = self.client()
-        staging = committable.label
+        self._ensure_ledger()
+        client, staging = self.client(), committable.label
         if not self._exists(staging):
-            return CommitOutcome.COMMITTED if self._in_ledger(committable.label) else CommitOutcome.LOST
-        for partition_id in self._partitions(staging):
-            client.command(
-                f"ALTER TABLE {self._table(staging)} MOVE PARTITION ID {literal(partition_id)} "
-                f"TO TABLE {self._table(committable.table)}"
-            )
-        client.command(
-            f"INSERT INTO {self._table(LEDGER_TABLE)} (label, target_table, rows) VALUES "
-            f"({literal(committable.label)}, {literal(committable.table)}, {int(committable.rows)})"
-        )
+            return self._outcome_without_staging(committable)
+        phase = self._ledger_phase(committable.label)
+        try:
+            partitions = self._partitions(staging)
+            if phase is None:
+                self._write_ledger(committable, MOVING)
+            for partition_id in partitions:
+                client.command(
+                    f"ALTER TABLE {self._table(staging)} MOVE PARTITION ID {literal(partition_id)} "
+                    f"TO TABLE {self._table(committable.table)}"
+                )
+            left = self.count_rows(staging)
+            if left:
+                raise TargetError(
+                    f"staging table {staging} still holds {left} rows after its partitions were moved: "
+                    "something wrote into it during the commit"
+                )
+        except Exception:
+            if self._exists(staging):
+                raise
+            return self._outcome_without_staging(committable)  # dropped under us: the ledger decides
+        if phase != COMMITTED:
+            self._write_ledger(committable, COMMITTED)
         client.command(f"DROP TABLE IF EXISTS {self._table(staging)} SYNC")
         return CommitOutcome.COMMITTED
 
     def abort(self, ref: TxnRef) -> None:
+        """Drop the staging table, unless a commit of the label began: then only committing it is right."""
+        self._ensure_ledger()
+        phase = self._ledger_phase(ref.label)
+        if phase is not None:
+            raise TargetError(
+                f"refusing to abort {ref.label}: the ledger {self.database}.{LEDGER_TABLE} says its commit "
+                f"{'finished (committed)' if phase == COMMITTED else 'began (moving)'}; a transaction whose "
+                "commit began can only be committed, so whoever aborts it holds a stale view of the batch"
+            )
         self.client().command(f"DROP TABLE IF EXISTS {self._table(ref.label)} SYNC")
 
     def staging_tables(self) -> list[str]:
@@ -173,24 +206,90 @@ class ClickHouseTarget(Target):
             "SELECT name FROM system.tables WHERE database = {db:String} AND startsWith(name, 'ss_')",
             parameters={"db": self.database},
         ).result_rows
-        return sorted(r[0] for r in rows)
+        return sorted(r[0] for r in rows if _LABEL_SHAPE.fullmatch(r[0]))
+
+    def leftover_transactions(self, label_prefix: str) -> list[str]:
+        """Staging tables whose label starts with `label_prefix` (e.g. one job's), for reconciling with the journal."""
+        return [name for name in self.staging_tables() if name.startswith(label_prefix)]
+
+    def _outcome_without_staging(self, committable: Committable) -> CommitOutcome:
+        phase = self._ledger_phase(committable.label)
+        if phase == COMMITTED:
+            return CommitOutcome.COMMITTED
+        if phase == MOVING:
+            raise CommitAmbiguousError(self._ambiguity(committable))
+        if self._read_ledger_ttl_s() is not None:
+            return CommitOutcome.LOST  # this ledger expires rows: the label's committed row may be gone
+        return CommitOutcome.ABORTED  # every commit writes its ledger row before it moves anything
+
+    def _ambiguity(self, c: Committable) -> str:
+        ledger = self._table(LEDGER_TABLE)
+        return (
+            f"ClickHouse commit of {c.label} into {self._table(c.table)} was interrupted and its staging table is "
+            f"gone: the ledger says its partition moves began but not that they finished, so between 0 and "
+            f"{c.rows} rows of it are visible, and the sink cannot tell how many. It stops rather than lose or "
+            "duplicate them. See docs/runbook.md, 'ClickHouse commit interrupted': count this transaction's rows "
+            f"in the target (writer partition {c.partition} of the batch its label names, e.g. "
+            f"SELECT count() FROM {self._table(c.table)} WHERE kafka_partition = … AND kafka_offset >= … AND "
+            f"kafka_offset < …, with the batch's offsets from the checkpoint) and compare with {c.rows}. "
+            f"All there: INSERT INTO {ledger} (label, target_table, rows, phase) VALUES ({literal(c.label)}, "
+            f"{literal(c.table)}, {int(c.rows)}, {literal(COMMITTED)}). None there (delete any that are): "
+            f"ALTER TABLE {ledger} DELETE WHERE label = {literal(c.label)}, and the batch is replayed when "
+            "Spark re-runs it. Then restart."
+        )
+
+    def _ensure_ledger(self) -> None:
+        """Create the ledger, or give one made by an older version the `phase` column (once per target)."""
+        if self._ledger_ready:
+            return
+        client = self.client()
+        client.command(
+            f"CREATE TABLE IF NOT EXISTS {self._table(LEDGER_TABLE)} (label String, target_table String, "
+            f"rows UInt64, {_PHASE_COLUMN}, committed_at DateTime DEFAULT now()) ENGINE = MergeTree ORDER BY label"
+        )
+        client.command(f"ALTER TABLE {self._table(LEDGER_TABLE)} ADD COLUMN IF NOT EXISTS {_PHASE_COLUMN}")
+        self._ledger_ttl_s = self._read_ledger_ttl_s()
+        self._ledger_ready = True
+
+    def _read_ledger_ttl_s(self) -> float | None:
+        """The ledger's TTL (legacy ledgers had `TTL committed_at + INTERVAL n DAY`); None: rows are kept."""
+        engine = self.client().query(
+            "SELECT engine_full FROM system.tables WHERE database = {db:String} AND name = {t:String}",
+            parameters={"db": self.database, "t": LEDGER_TABLE},
+        ).result_rows[0][0]
+        if not re.search(r"\bTTL\b", engine):
+            return None
+        days = re.search(r"toIntervalDay\((\d+)\)", engine)
+        return float(days.group(1)) * 86400.0 if days else 0.0  # a TTL of another shape: assume the worst
+
+    def _write_ledger(self, committable: Committable, phase: str) -> None:
+        self.client().command(
+            f"INSERT INTO {self._table(LEDGER_TABLE)} (label, target_table, rows, phase) VALUES "
+            f"({literal(committable.label)}, {literal(committable.table)}, {int(committable.rows)}, {literal(phase)})"
+        )
+
+    def _ledger_phase(self, label: str) -> str | None:
+        """How far the label's commit got: COMMITTED, MOVING, or None (never begun)."""
+        phases = {
+            r[0]
+            for r in self.client().query(
+                f"SELECT DISTINCT phase FROM {self._table(LEDGER_TABLE)} WHERE label = {{label:String}}",
+                parameters={"label": label},
+            ).result_rows
+        }
+        return COMMITTED if COMMITTED in phases else MOVING if MOVING in phases else None
 
     def _exists(self, table: str) -> bool:
         return bool(self.client().command(f"EXISTS TABLE {self._table(table)}"))
 
-    def _in_ledger(self, label: str) -> bool:
-        return bool(
-            self.client().query(
-                f"SELECT count() FROM {self._table(LEDGER_TABLE)} WHERE label = {{label:String}}",
-                parameters={"label": label},
-            ).result_rows[0][0]
-        )
-
     def _partitions(self, table: str) -> list[str]:
+        """The table's partitions; checked after the listing, so an empty one means empty, not gone."""
         rows = self.client().query(
             "SELECT DISTINCT partition_id FROM system.parts WHERE database = {db:String} AND table = {t:String} AND active",
             parameters={"db": self.database, "t": table},
         ).result_rows
+        if not self._exists(table):
+            raise TargetError(f"staging table {self._table(table)} does not exist")
         return sorted(r[0] for r in rows)
 
     def count_rows(self, table: str) -> int:
@@ -243,8 +342,8 @@ class _StagingTransaction(TableTransaction):
         if self._ref is None:
             ref = self._new_ref(0)
             self._record_intent(ref)
-            self._ref = ref
             target.client().command(f"CREATE TABLE {target._table(ref.label)} AS {target._table(self._table)}")
+            self._ref = ref  # only now: a writer whose CREATE failed (the label's table exists) must not drop it
         target.client().insert_arrow(quote(self._ref.label), chunk, database=target.database)
         self._rows += chunk.num_rows
         self._bytes += chunk.nbytes

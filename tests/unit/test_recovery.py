@@ -95,13 +95,13 @@ def test_commit_interrupted_between_move_and_drop_resumes(env):
     assert len(table_rows(target, first.table)) == first.rows
 
 
-def test_staging_gone_without_ledger_is_lost_and_fails_loudly_outside_replay(env):
+def test_staging_gone_without_ledger_is_aborted_and_fails_loudly_outside_replay(env):
     target, store, epoch, router = env
     record = write_batch(target, store, epoch, router, 1)
     store.put_batch(JOB, epoch, record)
     victim = record.committables[1]
     target.client().command(f"DROP TABLE {DB}.`{victim.label}`")  # what an operator or a wipe would do
-    assert target.commit(victim) is CommitOutcome.LOST
+    assert target.commit(victim) is CommitOutcome.ABORTED  # no commit ever began: never visible
     with pytest.raises(ReplayImpossibleError, match="runbook"):
         Recovery(target, store, JOB, epoch).finish_prepared(record)
     assert store.get_batch(JOB, Q, 1).state is BatchState.PREPARED  # never rolled back, never marked done
