@@ -5,11 +5,11 @@
 * prepare = the staging table holds exactly the rows written (counted);
 * commit  = steps that a crash anywhere leaves resumable by repeating the commit:
   1. list the staging table's partitions (an error if the table is gone);
-  2. a ledger row `moving` (label, table, rows), unless the label has one;
+  2. a ledger row (label, table, rows, state `moving`), unless the label has one;
   3. `ALTER TABLE <staging> MOVE PARTITION ID … TO TABLE <target>` for each partition: atomic per
      partition, and a moved partition is no longer listed, so a repeat moves only the rest;
   4. verify that the staging table still exists and holds 0 rows;
-  5. a ledger row `committed`; 6. drop the staging table;
+  5. a ledger row with state `committed`; 6. drop the staging table;
 * abort   = drop the staging table; refused once the ledger names the label (its commit began).
 
 The ledger (`_streaming_sink_ledger` in the target database) decides when the staging table is gone:
@@ -35,9 +35,9 @@ from ..committable import Committable, TxnRef
 from .base import CommitAmbiguousError, CommitOutcome, ConfigurationError, NewRef, PreparedPart, RecordIntent, TableTransaction, Target, TargetError
 
 LEDGER_TABLE = "_streaming_sink_ledger"
-MOVING, COMMITTED = "moving", "committed"  # ledger phases of a label
-# Rows written before the ledger had `phase` were written after the moves: they read as committed.
-_PHASE_COLUMN = f"phase String DEFAULT '{COMMITTED}'"
+MOVING, COMMITTED = "moving", "committed"  # ledger states of a label
+# Rows written before the ledger had `state` were written after the moves: they read as committed.
+_STATE_COLUMN = f"state String DEFAULT '{COMMITTED}'"
 # make_label's shape: "ss_", sanitised parts joined by "_", then "_" and 12 hex digits of a hash.
 _LABEL_SHAPE = re.compile(r"ss_\w*_[0-9a-f]{12}", re.ASCII)
 _MOVABLE_ENGINE_SUFFIX = "MergeTree"
@@ -163,10 +163,10 @@ class ClickHouseTarget(Target):
         client, staging = self.client(), committable.label
         if not self._exists(staging):
             return self._outcome_without_staging(committable)
-        phase = self._ledger_phase(committable.label)
+        state = self._ledger_state(committable.label)
         try:
             partitions = self._partitions(staging)
-            if phase is None:
+            if state is None:
                 self._write_ledger(committable, MOVING)
             for partition_id in partitions:
                 client.command(
@@ -183,7 +183,7 @@ class ClickHouseTarget(Target):
             if self._exists(staging):
                 raise
             return self._outcome_without_staging(committable)  # dropped under us: the ledger decides
-        if phase != COMMITTED:
+        if state != COMMITTED:
             self._write_ledger(committable, COMMITTED)
         client.command(f"DROP TABLE IF EXISTS {self._table(staging)} SYNC")
         return CommitOutcome.COMMITTED
@@ -191,11 +191,11 @@ class ClickHouseTarget(Target):
     def abort(self, ref: TxnRef) -> None:
         """Drop the staging table, unless a commit of the label began: then only committing it is right."""
         self._ensure_ledger()
-        phase = self._ledger_phase(ref.label)
-        if phase is not None:
+        state = self._ledger_state(ref.label)
+        if state is not None:
             raise TargetError(
                 f"refusing to abort {ref.label}: the ledger {self.database}.{LEDGER_TABLE} says its commit "
-                f"{'finished (committed)' if phase == COMMITTED else 'began (moving)'}; a transaction whose "
+                f"{'finished (committed)' if state == COMMITTED else 'began (moving)'}; a transaction whose "
                 "commit began can only be committed, so whoever aborts it holds a stale view of the batch"
             )
         self.client().command(f"DROP TABLE IF EXISTS {self._table(ref.label)} SYNC")
@@ -213,10 +213,10 @@ class ClickHouseTarget(Target):
         return [name for name in self.staging_tables() if name.startswith(label_prefix)]
 
     def _outcome_without_staging(self, committable: Committable) -> CommitOutcome:
-        phase = self._ledger_phase(committable.label)
-        if phase == COMMITTED:
+        state = self._ledger_state(committable.label)
+        if state == COMMITTED:
             return CommitOutcome.COMMITTED
-        if phase == MOVING:
+        if state == MOVING:
             raise CommitAmbiguousError(self._ambiguity(committable))
         if self._read_ledger_ttl_s() is not None:
             return CommitOutcome.LOST  # this ledger expires rows: the label's committed row may be gone
@@ -228,26 +228,26 @@ class ClickHouseTarget(Target):
             f"ClickHouse commit of {c.label} into {self._table(c.table)} was interrupted and its staging table is "
             f"gone: the ledger says its partition moves began but not that they finished, so between 0 and "
             f"{c.rows} rows of it are visible, and the sink cannot tell how many. It stops rather than lose or "
-            "duplicate them. See docs/runbook.md, 'ClickHouse commit interrupted': count this transaction's rows "
+            "duplicate them. See docs/runbook.md, section 11 'ClickHouse commit interrupted': count this transaction's rows "
             f"in the target (writer partition {c.partition} of the batch its label names, e.g. "
             f"SELECT count() FROM {self._table(c.table)} WHERE kafka_partition = … AND kafka_offset >= … AND "
             f"kafka_offset < …, with the batch's offsets from the checkpoint) and compare with {c.rows}. "
-            f"All there: INSERT INTO {ledger} (label, target_table, rows, phase) VALUES ({literal(c.label)}, "
+            f"All there: INSERT INTO {ledger} (label, target_table, rows, state) VALUES ({literal(c.label)}, "
             f"{literal(c.table)}, {int(c.rows)}, {literal(COMMITTED)}). None there (delete any that are): "
             f"ALTER TABLE {ledger} DELETE WHERE label = {literal(c.label)}, and the batch is replayed when "
             "Spark re-runs it. Then restart."
         )
 
     def _ensure_ledger(self) -> None:
-        """Create the ledger, or give one made by an older version the `phase` column (once per target)."""
+        """Create the ledger, or give one made by an older version the `state` column (once per target)."""
         if self._ledger_ready:
             return
         client = self.client()
         client.command(
             f"CREATE TABLE IF NOT EXISTS {self._table(LEDGER_TABLE)} (label String, target_table String, "
-            f"rows UInt64, {_PHASE_COLUMN}, committed_at DateTime DEFAULT now()) ENGINE = MergeTree ORDER BY label"
+            f"rows UInt64, {_STATE_COLUMN}, committed_at DateTime DEFAULT now()) ENGINE = MergeTree ORDER BY label"
         )
-        client.command(f"ALTER TABLE {self._table(LEDGER_TABLE)} ADD COLUMN IF NOT EXISTS {_PHASE_COLUMN}")
+        client.command(f"ALTER TABLE {self._table(LEDGER_TABLE)} ADD COLUMN IF NOT EXISTS {_STATE_COLUMN}")
         self._ledger_ttl_s = self._read_ledger_ttl_s()
         self._ledger_ready = True
 
@@ -262,22 +262,22 @@ class ClickHouseTarget(Target):
         days = re.search(r"toIntervalDay\((\d+)\)", engine)
         return float(days.group(1)) * 86400.0 if days else 0.0  # a TTL of another shape: assume the worst
 
-    def _write_ledger(self, committable: Committable, phase: str) -> None:
+    def _write_ledger(self, committable: Committable, state: str) -> None:
         self.client().command(
-            f"INSERT INTO {self._table(LEDGER_TABLE)} (label, target_table, rows, phase) VALUES "
-            f"({literal(committable.label)}, {literal(committable.table)}, {int(committable.rows)}, {literal(phase)})"
+            f"INSERT INTO {self._table(LEDGER_TABLE)} (label, target_table, rows, state) VALUES "
+            f"({literal(committable.label)}, {literal(committable.table)}, {int(committable.rows)}, {literal(state)})"
         )
 
-    def _ledger_phase(self, label: str) -> str | None:
+    def _ledger_state(self, label: str) -> str | None:
         """How far the label's commit got: COMMITTED, MOVING, or None (never begun)."""
-        phases = {
+        states = {
             r[0]
             for r in self.client().query(
-                f"SELECT DISTINCT phase FROM {self._table(LEDGER_TABLE)} WHERE label = {{label:String}}",
+                f"SELECT DISTINCT state FROM {self._table(LEDGER_TABLE)} WHERE label = {{label:String}}",
                 parameters={"label": label},
             ).result_rows
         }
-        return COMMITTED if COMMITTED in phases else MOVING if MOVING in phases else None
+        return COMMITTED if COMMITTED in states else MOVING if MOVING in states else None
 
     def _exists(self, table: str) -> bool:
         return bool(self.client().command(f"EXISTS TABLE {self._table(table)}"))

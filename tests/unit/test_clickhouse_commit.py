@@ -186,7 +186,7 @@ def test_a_legacy_ledger_with_a_ttl_is_upgraded_and_says_lost(tmp_path):
     target = make_target(tmp_path)  # the upgrade happens here
     try:
         columns = target.table_columns(LEDGER_TABLE)
-        assert "phase" in columns
+        assert "state" in columns
         committable = prepare(target, ref())
         drop(target, committable.label)
         assert target.commit(committable) is CommitOutcome.LOST  # its row may have expired: cannot say ABORTED
