@@ -1185,7 +1185,28 @@ class BaseEmulator:
         self._tick_extra(now)
 
     def _tick_extra(self, now: float) -> None:
-        """Product-specific lazy expiry (e.g. BE idle timeouts)."""
+        """Product-specific lazy expiry (e.g. BE idle timeouts, label eviction by count)."""
+
+    def _evict_beyond_count(self, limit: int, count_running: bool) -> None:
+        """Label eviction by count: while a database holds more than ``limit`` transactions, forget
+        its oldest finished (VISIBLE/ABORTED) ones, whatever their age. ``count_running`` says
+        whether running transactions count towards the limit (StarRocks) or only finished ones do
+        (Doris). The label then reads UNKNOWN and its txn id "not found", as after A.4 retention."""
+        finished: dict[str, list[Txn]] = {}
+        running: dict[str, int] = {}
+        for txn in self.store.live():
+            if txn.state in FINAL_STATES:
+                finished.setdefault(txn.db, []).append(txn)
+            elif count_running:
+                running[txn.db] = running.get(txn.db, 0) + 1
+        for db, txns in finished.items():
+            excess = len(txns) + running.get(db, 0) - limit
+            if excess <= 0:
+                continue
+            txns.sort(key=lambda t: (t.finish_time or 0.0, t.txn_id))  # the FE's deque: finish order
+            for txn in txns[:excess]:
+                txn.evicted = True
+                self.store.save(txn)
 
     def _abort(self, txn: Txn, reason: str) -> None:
         txn.state = ABORTED
