@@ -7,7 +7,10 @@ holds one server transaction per flush, each under its own deterministic label:
 * write   = ask the writer for the chunk's label, record the intent, then one 2PC stream load;
 * prepare = nothing left to do: every chunk is already PRECOMMITTED; one PreparedPart per chunk;
 * commit  = `_stream_load_2pc` `commit` by txn id; "already committed/visible" is success, "already
-  aborted" (the precommit timeout, 3600 s by default, passed) or "not found" is LOST (replay);
+  aborted" (the precommit timeout, 3600 s by default, passed, or an abort) is ABORTED: never visible,
+  safe to load again. "Not found" means the FE forgot the txn (label history: 12 h, or 2000 newer
+  finished txns in the database): the label state decides, and without a committed one it is LOST,
+  which only the coordinator can judge;
 * abort   = `_stream_load_2pc` `abort` by txn id when known, else by label (2.1+), else by the
   empty-body probe that older servers need (it reveals the txn id that holds a label).
 
@@ -348,8 +351,9 @@ class DorisTarget(Target):
             if answer.ok or _ALREADY_COMMITTED.search(answer.msg):
                 return CommitOutcome.COMMITTED
             if _ALREADY_ABORTED.search(answer.msg):
-                log.warning("Doris txn %s (label %s) can no longer be committed: %s", txn_id, committable.label, answer.msg)
-                return CommitOutcome.LOST
+                log.warning("Doris txn %s (label %s) was rolled back by the server, so it was never visible: %s",
+                            txn_id, committable.label, answer.msg)
+                return CommitOutcome.ABORTED
             if _TXN_NOT_FOUND.search(answer.msg):
                 return self._resolve_not_found(committable, answer)
             if _RETRYABLE_2PC.search(answer.msg) and attempt < self.options.retries:
@@ -362,15 +366,20 @@ class DorisTarget(Target):
             )
 
     def _resolve_not_found(self, committable: Committable, answer: _Answer) -> CommitOutcome:
-        """The FE forgot the txn (label retention passed): the label's state is the last witness."""
+        """The FE forgot the txn (label history passed): the label's state is the last witness.
+
+        An ABORTED label does not make the forgotten txn ABORTED: a forgotten label may be used again
+        (the empty-load abort probe does so), and then the state speaks of that newer txn.
+        """
         state = self.load_state(committable.database, committable.label)
         if state in ("COMMITTED", "VISIBLE"):
             return CommitOutcome.COMMITTED
         if state in ("ABORTED", "UNKNOWN"):
             log.warning(
-                "Doris txn %s (label %s) is gone (%s; label state %s): treating it as lost. Doris keeps finished "
-                "stream-load labels for streaming_label_keep_max_second (12 h by default); past that it cannot tell "
-                "a committed txn from an expired one.",
+                "Doris txn %s (label %s) is unknown to the server (%s; label state %s): it never committed, or it "
+                "finished and was forgotten (streaming_label_keep_max_second, 12 h by default, or more than "
+                "label_num_threshold, 2000 by default, newer finished txns in the database). Whether it was "
+                "committed cannot be told here: the coordinator decides.",
                 committable.txn_id, committable.label, answer.msg, state,
             )
             return CommitOutcome.LOST

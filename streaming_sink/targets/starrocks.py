@@ -6,8 +6,9 @@
   so a writer holds at most its flush plus one piece;
 * prepare  = `POST /api/transaction/prepare` (with `prepared_timeout` when configured);
 * commit   = `POST /api/transaction/commit` on the driver; every answer but OK is resolved through
-  `GET /api/{db}/get_load_state` (COMMITTED/VISIBLE: done; PREPARE(D): retry; ABORTED/UNKNOWN: LOST,
-  so the sink replays that part);
+  `GET /api/{db}/get_load_state`: COMMITTED/VISIBLE is done, PREPARE(D) is retried, ABORTED is
+  ABORTED (never visible: loading it again is safe), UNKNOWN is LOST (the label never began, or
+  finished and was forgotten after label retention; the coordinator decides);
 * abort    = `POST /api/transaction/rollback`, falling back to `_cancel` when the BE forgot the
   transaction (e.g. after a BE restart).
 
@@ -35,6 +36,9 @@ log = logging.getLogger(__name__)
 UNKNOWN, PREPARE, PREPARED, COMMITTED, VISIBLE, ABORTED = "UNKNOWN", "PREPARE", "PREPARED", "COMMITTED", "VISIBLE", "ABORTED"
 _DONE = (COMMITTED, VISIBLE)
 _GONE = (ABORTED, UNKNOWN)
+# The newest FE answers a commit of an evicted label from a terminal-state cache (protocol.md A.3,
+# SR-TWCH): "Can not commit ABORTED transaction, label is L" says it was rolled back.
+_CACHED_ABORTED = "Can not commit ABORTED transaction"
 
 # Headers the target owns; `properties` may not override them.
 _MANAGED_HEADERS = frozenset(
@@ -194,9 +198,16 @@ class StarRocksTarget(Target):
             if state in _DONE:
                 log.info("commit of %s answered %s, but the label is %s: committed", label, answer.brief, state)
                 return CommitOutcome.COMMITTED
-            if state in _GONE:
-                log.warning("commit of %s answered %s; the label is %s (%s): the prepared data is lost, replaying",
-                            label, answer.brief, state, reason or "no reason given")
+            if state == ABORTED or (state == UNKNOWN and _CACHED_ABORTED in answer.message):
+                log.warning("commit of %s answered %s; the server rolled it back (%s): it was never visible",
+                            label, answer.brief, reason or "no reason given")
+                return CommitOutcome.ABORTED
+            if state == UNKNOWN:
+                log.warning(
+                    "commit of %s answered %s; the label is unknown to the server: it never began, or it finished "
+                    "and was forgotten after label retention (label_keep_max_second, 3 days by default). Whether "
+                    "it was committed cannot be told here: the coordinator decides", label, answer.brief,
+                )
                 return CommitOutcome.LOST
             attempts += 1  # PREPARED (write-lock timeout, routing miss) or PREPARE: commit again
             if attempts > self.options.busy_retries:
