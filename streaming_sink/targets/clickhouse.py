@@ -23,7 +23,7 @@ from urllib.parse import urlparse
 import pyarrow as pa
 
 from ..committable import Committable, TxnRef
-from .base import CommitOutcome, ConfigurationError, NewRef, PreparedPart, RecordIntent, TableTransaction, Target, TargetError
+from .base import CommitOutcome, ConfigurationError, ExpiryLimit, NewRef, PreparedPart, RecordIntent, TableTransaction, Target, TargetError
 
 LEDGER_TABLE = "_streaming_sink_ledger"
 _MOVABLE_ENGINE_SUFFIX = "MergeTree"
@@ -127,8 +127,8 @@ class ClickHouseTarget(Target):
             if engine.endswith(_MOVABLE_ENGINE_SUFFIX) and name != LEDGER_TABLE and not name.startswith("ss_")
         }
 
-    def expiry_limits(self) -> dict[str, float | None]:
-        return {"prepared staging tables": None, "commit ledger": self.ledger_ttl_days * 86400.0}
+    def expiry_limits(self) -> list[ExpiryLimit]:
+        return [ExpiryLimit("prepared staging tables", None), ExpiryLimit("commit ledger", self.ledger_ttl_days * 86400.0)]
 
     def table_columns(self, table: str) -> list[str] | None:
         rows = self.client().query(

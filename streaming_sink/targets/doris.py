@@ -34,7 +34,7 @@ import pyarrow as pa
 from ..committable import Committable, TxnRef
 from ..encoding import CsvFormat, JsonFormat, WireFormat, columns_header, encode_chunks
 from ..http import AuthenticationError, HttpClient, HttpError, HttpResponse, excerpt
-from .base import CommitOutcome, ConfigurationError, NewRef, PreparedPart, RecordIntent, TableTransaction, Target, TargetError
+from .base import CommitOutcome, ConfigurationError, ExpiryLimit, NewRef, PreparedPart, RecordIntent, TableTransaction, Target, TargetError
 
 log = logging.getLogger(__name__)
 
@@ -218,11 +218,35 @@ class DorisTarget(Target):
 
     # -- writing ---------------------------------------------------------------------------------
 
-    def expiry_limits(self) -> dict[str, float | None]:
-        """Server defaults (protocol.md part B/C.8-9): a pre-committed transaction is aborted after
-        `stream_load_default_precommit_timeout_second` (3600 s), and a finished stream-load label is
-        forgotten after `streaming_label_keep_max_second` (12 h). Raise them on the FE for longer outages."""
-        return {"pre-committed transactions (FE default)": 3600.0, "label history (FE default)": 43200.0}
+    def expiry_limits(self) -> list[ExpiryLimit]:
+        """Server defaults (protocol.md B.1, C.8-9): a pre-committed transaction is aborted after
+        `stream_load_default_precommit_timeout_second` (3600 s); a finished stream-load label is
+        forgotten after `streaming_label_keep_max_second` (12 h) or, from 2.0/2.1, as soon as more than
+        `label_num_threshold` (2000) newer finished transactions exist in its database, whichever
+        comes first (apache/doris DatabaseTransactionMgr.removeUselessTxns)."""
+        return [
+            ExpiryLimit(
+                "pre-committed transactions (FE default)", 3600.0,
+                note="pre-committed data of a job that is down longer is rolled back by the server and loaded "
+                     "again from Kafka (retention permitting); raise stream_load_default_precommit_timeout_second "
+                     "on the FE",
+            ),
+            ExpiryLimit(
+                "label history (FE default)", 43200.0, 2000,
+                note="a batch whose commit was cut off (driver killed between commit and its record) can no longer be told committed from lost, and the job stops for an operator instead of risking duplicates; a busy shared database finishes 2000 stream "
+                     "loads within minutes. Raise streaming_label_keep_max_second and label_num_threshold "
+                     "(-1 disables the count) on the FE, or keep outages short",
+            ),
+        ]
+
+    def leftover_transactions(self, label_prefix: str) -> list[str] | None:
+        """None: Doris does not list open transactions to the sink's user over HTTP.
+
+        Stream load and `_stream_load_2pc` address one label or txn id at a time (protocol.md B.1);
+        `GET /api/show_proc` (`/transactions/<db id>/running`) lists them but requires the ADMIN
+        privilege (ShowAction.show_proc); SHOW TRANSACTION and SHOW PROC need the MySQL protocol.
+        """
+        return None
 
     def begin(self, table: str, new_ref: NewRef, record_intent: RecordIntent) -> TableTransaction:
         return _DorisTransaction(self, table, new_ref, record_intent)

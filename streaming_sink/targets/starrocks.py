@@ -28,7 +28,7 @@ import pyarrow as pa
 from ..committable import Committable, TxnRef
 from ..encoding import DEFAULT_CHUNK_BYTES, CsvFormat, JsonFormat, WireFormat, columns_header, encode_chunks
 from ..http import AuthenticationError, HttpClient, HttpConnectionError, HttpError, HttpResponse
-from .base import CommitOutcome, ConfigurationError, NewRef, PreparedPart, RecordIntent, TableTransaction, Target, TargetError
+from .base import CommitOutcome, ConfigurationError, ExpiryLimit, NewRef, PreparedPart, RecordIntent, TableTransaction, Target, TargetError
 
 log = logging.getLogger(__name__)
 
@@ -49,6 +49,10 @@ _MANAGED_HEADERS = frozenset(
 _PROBE_LABEL = "streaming_sink_connectivity_probe"
 DEFAULT_PREPARED_TIMEOUT_S = 86400.0  # FE prepared_transaction_default_timeout_second (protocol.md A.5)
 DEFAULT_LABEL_KEEP_S = 259200.0  # FE label_keep_max_second (A.4)
+# Newer FEs also forget the oldest finished labels of a database once it holds more transactions
+# than this (A.4 marks the setting UNCONFIRMED; the source read counts running + finished ones
+# against label_keep_max_num, default 1000, in DatabaseTransactionMgr.removeExpiredTxns).
+DEFAULT_LABEL_KEEP_NUM = 1000
 
 
 @dataclass(frozen=True)
@@ -174,11 +178,37 @@ class StarRocksTarget(Target):
         self.load_state(_PROBE_LABEL)
         return set(self.options.tables) if self.options.tables is not None else None
 
-    def expiry_limits(self) -> dict[str, float | None]:
-        """Server defaults unless configured: PREPARED lives `prepared_timeout` (FE default 86400 s), and
-        a finished label is remembered `label_keep_max_second` (FE default 3 days)."""
+    def expiry_limits(self) -> list[ExpiryLimit]:
+        """Server defaults unless configured: PREPARED lives `prepared_timeout` (FE default 86400 s); a
+        finished label is remembered `label_keep_max_second` (FE default 3 days), and on newer FEs only
+        while the database holds at most DEFAULT_LABEL_KEEP_NUM transactions."""
         prepared = self.options.prepared_timeout or DEFAULT_PREPARED_TIMEOUT_S
-        return {"prepared transactions": float(prepared), "label history (FE default)": DEFAULT_LABEL_KEEP_S}
+        return [
+            ExpiryLimit(
+                "prepared transactions", float(prepared),
+                note="prepared data of a job that is down longer is rolled back by the server and loaded again "
+                     "from Kafka (retention permitting); raise the prepared_timeout option (StarRocks 3.5.4+) or "
+                     "prepared_transaction_default_timeout_second on the FE",
+            ),
+            ExpiryLimit(
+                "label history (FE default)", DEFAULT_LABEL_KEEP_S, DEFAULT_LABEL_KEEP_NUM,
+                note="a batch whose commit was cut off (driver killed between commit and its record) can no longer be told committed from lost, and the job stops for an operator instead of risking duplicates; raise label_keep_max_second on the FE, or keep "
+                     "outages short. Newer FEs also forget the oldest labels once running + finished transactions "
+                     "in the database exceed label_keep_max_num (1000 by default in the source read; which "
+                     "releases do this is unconfirmed): raise it too",
+            ),
+        ]
+
+    def leftover_transactions(self, label_prefix: str) -> list[str] | None:
+        """None: StarRocks does not list open transactions to the sink's user over HTTP.
+
+        The transaction API addresses one label at a time (protocol.md A.1). `GET /api/show_proc`
+        (`/transactions/<db id>/running`) lists them but requires the admin role (ShowProcAction);
+        the BE's `/api/transaction/list` shows only the data-phase contexts of that one BE, and a
+        prepared transaction has none (A.3, SR-BE-TM). SHOW PROC and information_schema.loads
+        need the MySQL protocol.
+        """
+        return None
 
     def begin(self, table: str, new_ref: NewRef, record_intent: RecordIntent) -> TableTransaction:
         return _StarRocksTransaction(self, table, new_ref, record_intent)

@@ -475,6 +475,22 @@ def test_a_server_that_ignores_two_phase_commit_is_refused(emu: DorisEmulator, m
 # -- start-up and configuration ---------------------------------------------------------------------
 
 
+def test_expiry_limits_include_the_label_count_threshold() -> None:
+    limits = {limit.what: limit for limit in DorisTarget().expiry_limits()}
+    precommitted = limits["pre-committed transactions (FE default)"]
+    assert (precommitted.seconds, precommitted.count) == (3600.0, None)
+    label = limits["label history (FE default)"]
+    assert (label.seconds, label.count) == (43200.0, 2000)  # 12 h or 2000 newer finished txns, whichever first
+    assert "label_num_threshold" in label.note and "streaming_label_keep_max_second" in label.note
+
+
+def test_open_transactions_cannot_be_listed_over_http(emu: DorisEmulator) -> None:
+    """Only SHOW PROC (ADMIN privilege) or the MySQL protocol list them: the sweep must rely on intents."""
+    target = make_target(emu)
+    prepared(emu, target)  # one open, pre-committed transaction
+    assert target.leftover_transactions("L") is None
+
+
 def test_routable_tables_checks_the_server(emu: DorisEmulator) -> None:
     assert make_target(emu).routable_tables() is None
     assert make_target(emu, tables=["orders"]).routable_tables() == {"orders"}

@@ -420,5 +420,17 @@ def test_target_from_url_builds_it_with_credentials_from_the_environment(sr, mon
 
 
 def test_expiry_limits_report_what_recovery_depends_on() -> None:
-    assert StarRocksTarget().expiry_limits()["prepared transactions"] == 86400.0
-    assert StarRocksTarget(prepared_timeout=600).expiry_limits()["prepared transactions"] == 600.0
+    limits = {limit.what: limit for limit in StarRocksTarget().expiry_limits()}
+    assert (limits["prepared transactions"].seconds, limits["prepared transactions"].count) == (86400.0, None)
+    label = limits["label history (FE default)"]
+    assert (label.seconds, label.count) == (259200.0, 1000)  # 3 days, and newer FEs' count limit
+    assert "label_keep_max_num" in label.note and "unconfirmed" in label.note
+    configured = {limit.what: limit.seconds for limit in StarRocksTarget(prepared_timeout=600).expiry_limits()}
+    assert configured["prepared transactions"] == 600.0
+
+
+def test_open_transactions_cannot_be_listed_over_http(sr) -> None:
+    """Only SHOW PROC (admin role) or the MySQL protocol list them: the sweep must rely on intents."""
+    target = make_target(sr)
+    Writer(target).write(*ROWS)  # one open transaction, in PREPARE
+    assert target.leftover_transactions("L") is None
