@@ -233,9 +233,11 @@ class DorisTarget(Target):
             ),
             ExpiryLimit(
                 "label history (FE default)", 43200.0, 2000,
-                note="a batch whose commit was cut off (driver killed between commit and its record) can no longer be told committed from lost, and the job stops for an operator instead of risking duplicates; a busy shared database finishes 2000 stream "
-                     "loads within minutes. Raise streaming_label_keep_max_second and label_num_threshold "
-                     "(-1 disables the count) on the FE, or keep outages short",
+                note="a batch whose commit was cut off (driver killed between commit and its record) can no longer "
+                     "be told committed from lost, and the job stops for an operator instead of risking duplicates; "
+                     "a busy shared database finishes 2000 stream loads within minutes. Raise "
+                     "streaming_label_keep_max_second and label_num_threshold (-1 disables the count) on the FE, "
+                     "or keep outages short",
             ),
         ]
 

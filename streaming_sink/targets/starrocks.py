@@ -192,10 +192,11 @@ class StarRocksTarget(Target):
             ),
             ExpiryLimit(
                 "label history (FE default)", DEFAULT_LABEL_KEEP_S, DEFAULT_LABEL_KEEP_NUM,
-                note="a batch whose commit was cut off (driver killed between commit and its record) can no longer be told committed from lost, and the job stops for an operator instead of risking duplicates; raise label_keep_max_second on the FE, or keep "
-                     "outages short. Newer FEs also forget the oldest labels once running + finished transactions "
-                     "in the database exceed label_keep_max_num (1000 by default in the source read; which "
-                     "releases do this is unconfirmed): raise it too",
+                note="a batch whose commit was cut off (driver killed between commit and its record) can no longer "
+                     "be told committed from lost, and the job stops for an operator instead of risking duplicates; "
+                     "raise label_keep_max_second on the FE, or keep outages short. Newer FEs also forget the "
+                     "oldest labels once running + finished transactions in the database exceed label_keep_max_num "
+                     "(1000 by default in the source read; which releases do this is unconfirmed): raise it too",
             ),
         ]
 
@@ -204,9 +205,9 @@ class StarRocksTarget(Target):
 
         The transaction API addresses one label at a time (protocol.md A.1). `GET /api/show_proc`
         (`/transactions/<db id>/running`) lists them but requires the admin role (ShowProcAction);
-        the BE's `/api/transaction/list` shows only the data-phase contexts of that one BE, and a
-        prepared transaction has none (A.3, SR-BE-TM). SHOW PROC and information_schema.loads
-        need the MySQL protocol.
+        the BE's `/api/transaction/list` (A.7) shows only the data-phase contexts of that one BE, and
+        a prepared transaction has none (A.2: the BE drops it at prepare). SHOW PROC and
+        information_schema.loads need the MySQL protocol.
         """
         return None
 
@@ -234,9 +235,9 @@ class StarRocksTarget(Target):
                 return CommitOutcome.ABORTED
             if state == UNKNOWN:
                 log.warning(
-                    "commit of %s answered %s; the label is unknown to the server: it never began, or it finished "
-                    "and was forgotten after label retention (label_keep_max_second, 3 days by default). Whether "
-                    "it was committed cannot be told here: the coordinator decides", label, answer.brief,
+                    "commit of %s answered %s; the label is unknown to the server: it never began, or it finished and "
+                    "was forgotten (label_keep_max_second, 3 days by default, or a count limit on newer FEs). "
+                    "Whether it was committed cannot be told here: the coordinator decides", label, answer.brief,
                 )
                 return CommitOutcome.LOST
             attempts += 1  # PREPARED (write-lock timeout, routing miss) or PREPARE: commit again
