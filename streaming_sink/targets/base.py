@@ -119,11 +119,6 @@ class Target(ABC):
         return []
 
     def leftover_transactions(self, label_prefix: str) -> list[str] | None:
-        """Labels starting with `label_prefix` of transactions the server still holds open (begun or
-        prepared), so a sweep can end those no intent names (R6). None: this target cannot list them."""
-        return None
-
-    def leftover_transactions(self, label_prefix: str) -> list[str] | None:
         """Labels of open server-side transactions starting with `label_prefix` (None: the server cannot list them)."""
         return None
 
