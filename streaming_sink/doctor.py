@@ -13,6 +13,7 @@ from state import open_store
 
 from .job import JobSpec, check_columns, resolve_tables, table_schemas
 from .targets import target_from_url
+from .targets.base import ExpiryLimit
 
 
 @dataclass
@@ -68,18 +69,36 @@ def diagnose(spec: JobSpec, outage_tolerance_s: float) -> list[Check]:
         return f"tables {sorted(resolved)} exist with every column the job writes"
 
     checks += [_run("kafka", kafka), _run("state store", state), _run("target", connect), _run("tables", tables)]
-    for name, limit in sorted(target.expiry_limits().items()):
-        if limit is None:
-            checks.append(Check(f"timeout {name}", "OK", "never expires"))
-        elif limit < outage_tolerance_s:
-            checks.append(Check(
-                f"timeout {name}", "FAIL",
-                f"{limit:g} s is shorter than the planned outage tolerance {outage_tolerance_s:g} s: prepared data of a job "
-                "that is down longer is lost on the server and must be replayed from Kafka (retention permitting); "
-                "raise it on the server (and in target.options where the sink sends it)",
-            ))
+    return checks + expiry_checks(target.expiry_limits(), outage_tolerance_s)
+
+
+_DEFAULT_CONSEQUENCE = (
+    "prepared data of a job that is down longer is lost on the server and must be replayed from Kafka (retention "
+    "permitting); raise it on the server (and in target.options where the sink sends it)"
+)
+
+
+def expiry_checks(limits: list[ExpiryLimit], outage_tolerance_s: float) -> list[Check]:
+    """Judge each limit by age against the planned outage; a limit by count only warns, since how soon
+    it is reached depends on the database's traffic, not on the outage."""
+    checks = []
+    for limit in sorted(limits, key=lambda l: l.what):
+        name, note = f"timeout {limit.what}", limit.note or _DEFAULT_CONSEQUENCE
+        tolerance = f"the planned outage tolerance {outage_tolerance_s:g} s"
+        by_count = (
+            None if limit.count is None
+            else f"it is also forgotten once {limit.count} newer transactions have finished in its database, however soon"
+        )
+        if limit.seconds is not None and limit.seconds < outage_tolerance_s:
+            detail = f"{limit.seconds:g} s is shorter than {tolerance}" + (f"; {by_count}" if by_count else "")
+            checks.append(Check(name, "FAIL", f"{detail}: {note}"))
+        elif by_count:
+            by_age = "no limit by age" if limit.seconds is None else f"{limit.seconds:g} s >= {tolerance}"
+            checks.append(Check(name, "WARN", f"{by_age}, but {by_count}: {note}"))
+        elif limit.seconds is None:
+            checks.append(Check(name, "OK", "never expires"))
         else:
-            checks.append(Check(f"timeout {name}", "OK", f"{limit:g} s >= outage tolerance {outage_tolerance_s:g} s"))
+            checks.append(Check(name, "OK", f"{limit.seconds:g} s >= outage tolerance {outage_tolerance_s:g} s"))
     return checks
 
 

@@ -29,6 +29,21 @@ class CommitOutcome(str, Enum):
     LOST = "LOST"  # the server no longer knows the transaction at all: committed and forgotten, or never committed
 
 
+@dataclass(frozen=True)
+class ExpiryLimit:
+    """Something recovery depends on that the server forgets, as `doctor` reports it.
+
+    `seconds`: forgotten after this long (None: never by age). `count`: also forgotten once the
+    database holds more than this many newer transactions (None: no such limit). A count depends on
+    the traffic, not on time, so it cannot be judged against an outage: `doctor` warns about it.
+    """
+
+    what: str
+    seconds: float | None
+    count: int | None = None
+    note: str = ""  # what is lost past the limit and which server setting raises it
+
+
 class TargetError(RuntimeError):
     """The target refused an operation in a way retrying will not fix."""
 
@@ -99,9 +114,9 @@ class Target(ABC):
         """The table's column names, where the load protocol can tell (None: it cannot)."""
         return None
 
-    def expiry_limits(self) -> dict[str, float | None]:
-        """How long (s) the server keeps what recovery depends on; None: forever. For `doctor`."""
-        return {}
+    def expiry_limits(self) -> list[ExpiryLimit]:
+        """What the server forgets that recovery depends on, and when. For `doctor`."""
+        return []
 
     def leftover_transactions(self, label_prefix: str) -> list[str] | None:
         """Labels of open server-side transactions starting with `label_prefix` (None: the server cannot list them)."""

@@ -32,7 +32,10 @@ from urllib.parse import urlparse
 import pyarrow as pa
 
 from ..committable import Committable, TxnRef
-from .base import CommitAmbiguousError, CommitOutcome, ConfigurationError, NewRef, PreparedPart, RecordIntent, TableTransaction, Target, TargetError
+from .base import (
+    CommitAmbiguousError, CommitOutcome, ConfigurationError, ExpiryLimit, NewRef, PreparedPart, RecordIntent,
+    TableTransaction, Target, TargetError,
+)
 
 LEDGER_TABLE = "_streaming_sink_ledger"
 MOVING, COMMITTED = "moving", "committed"  # ledger states of a label
@@ -137,9 +140,9 @@ class ClickHouseTarget(Target):
             if engine.endswith(_MOVABLE_ENGINE_SUFFIX) and name != LEDGER_TABLE and not _LABEL_SHAPE.fullmatch(name)
         }
 
-    def expiry_limits(self) -> dict[str, float | None]:
+    def expiry_limits(self) -> list[ExpiryLimit]:
         """Nothing expires, unless the ledger was made by an older version (as found by `routable_tables`)."""
-        return {"prepared staging tables": None, "commit ledger": self._ledger_ttl_s}
+        return [ExpiryLimit("prepared staging tables", None), ExpiryLimit("commit ledger", self._ledger_ttl_s)]
 
     def table_columns(self, table: str) -> list[str] | None:
         rows = self.client().query(

@@ -7,7 +7,10 @@ holds one server transaction per flush, each under its own deterministic label:
 * write   = ask the writer for the chunk's label, record the intent, then one 2PC stream load;
 * prepare = nothing left to do: every chunk is already PRECOMMITTED; one PreparedPart per chunk;
 * commit  = `_stream_load_2pc` `commit` by txn id; "already committed/visible" is success, "already
-  aborted" (the precommit timeout, 3600 s by default, passed) or "not found" is LOST (replay);
+  aborted" (the precommit timeout, 3600 s by default, passed, or an abort) is ABORTED: never visible,
+  safe to load again. "Not found" means the FE forgot the txn (label history: 12 h, or 2000 newer
+  finished txns in the database): the label state decides, and without a committed one it is LOST,
+  which only the coordinator can judge;
 * abort   = `_stream_load_2pc` `abort` by txn id when known, else by label (2.1+), else by the
   empty-body probe that older servers need (it reveals the txn id that holds a label).
 
@@ -31,7 +34,7 @@ import pyarrow as pa
 from ..committable import Committable, TxnRef
 from ..encoding import CsvFormat, JsonFormat, WireFormat, columns_header, encode_chunks
 from ..http import AuthenticationError, HttpClient, HttpError, HttpResponse, excerpt
-from .base import CommitOutcome, ConfigurationError, NewRef, PreparedPart, RecordIntent, TableTransaction, Target, TargetError
+from .base import CommitOutcome, ConfigurationError, ExpiryLimit, NewRef, PreparedPart, RecordIntent, TableTransaction, Target, TargetError
 
 log = logging.getLogger(__name__)
 
@@ -215,11 +218,37 @@ class DorisTarget(Target):
 
     # -- writing ---------------------------------------------------------------------------------
 
-    def expiry_limits(self) -> dict[str, float | None]:
-        """Server defaults (protocol.md part B/C.8-9): a pre-committed transaction is aborted after
-        `stream_load_default_precommit_timeout_second` (3600 s), and a finished stream-load label is
-        forgotten after `streaming_label_keep_max_second` (12 h). Raise them on the FE for longer outages."""
-        return {"pre-committed transactions (FE default)": 3600.0, "label history (FE default)": 43200.0}
+    def expiry_limits(self) -> list[ExpiryLimit]:
+        """Server defaults (protocol.md B.1, C.8-9): a pre-committed transaction is aborted after
+        `stream_load_default_precommit_timeout_second` (3600 s); a finished stream-load label is
+        forgotten after `streaming_label_keep_max_second` (12 h) or, from 2.0/2.1, as soon as more than
+        `label_num_threshold` (2000) newer finished transactions exist in its database, whichever
+        comes first (apache/doris DatabaseTransactionMgr.removeUselessTxns)."""
+        return [
+            ExpiryLimit(
+                "pre-committed transactions (FE default)", 3600.0,
+                note="pre-committed data of a job that is down longer is rolled back by the server and loaded "
+                     "again from Kafka (retention permitting); raise stream_load_default_precommit_timeout_second "
+                     "on the FE",
+            ),
+            ExpiryLimit(
+                "label history (FE default)", 43200.0, 2000,
+                note="a batch whose commit was cut off (driver killed between commit and its record) can no longer "
+                     "be told committed from lost, and the job stops for an operator instead of risking duplicates; "
+                     "a busy shared database finishes 2000 stream loads within minutes. Raise "
+                     "streaming_label_keep_max_second and label_num_threshold (-1 disables the count) on the FE, "
+                     "or keep outages short",
+            ),
+        ]
+
+    def leftover_transactions(self, label_prefix: str) -> list[str] | None:
+        """None: Doris does not list open transactions to the sink's user over HTTP.
+
+        Stream load and `_stream_load_2pc` address one label or txn id at a time (protocol.md B.1);
+        `GET /api/show_proc` (`/transactions/<db id>/running`) lists them but requires the ADMIN
+        privilege (ShowAction.show_proc); SHOW TRANSACTION and SHOW PROC need the MySQL protocol.
+        """
+        return None
 
     def begin(self, table: str, new_ref: NewRef, record_intent: RecordIntent) -> TableTransaction:
         return _DorisTransaction(self, table, new_ref, record_intent)
@@ -348,8 +377,9 @@ class DorisTarget(Target):
             if answer.ok or _ALREADY_COMMITTED.search(answer.msg):
                 return CommitOutcome.COMMITTED
             if _ALREADY_ABORTED.search(answer.msg):
-                log.warning("Doris txn %s (label %s) can no longer be committed: %s", txn_id, committable.label, answer.msg)
-                return CommitOutcome.LOST
+                log.warning("Doris txn %s (label %s) was rolled back by the server, so it was never visible: %s",
+                            txn_id, committable.label, answer.msg)
+                return CommitOutcome.ABORTED
             if _TXN_NOT_FOUND.search(answer.msg):
                 return self._resolve_not_found(committable, answer)
             if _RETRYABLE_2PC.search(answer.msg) and attempt < self.options.retries:
@@ -362,15 +392,20 @@ class DorisTarget(Target):
             )
 
     def _resolve_not_found(self, committable: Committable, answer: _Answer) -> CommitOutcome:
-        """The FE forgot the txn (label retention passed): the label's state is the last witness."""
+        """The FE forgot the txn (label history passed): the label's state is the last witness.
+
+        An ABORTED label does not make the forgotten txn ABORTED: a forgotten label may be used again
+        (the empty-load abort probe does so), and then the state speaks of that newer txn.
+        """
         state = self.load_state(committable.database, committable.label)
         if state in ("COMMITTED", "VISIBLE"):
             return CommitOutcome.COMMITTED
         if state in ("ABORTED", "UNKNOWN"):
             log.warning(
-                "Doris txn %s (label %s) is gone (%s; label state %s): treating it as lost. Doris keeps finished "
-                "stream-load labels for streaming_label_keep_max_second (12 h by default); past that it cannot tell "
-                "a committed txn from an expired one.",
+                "Doris txn %s (label %s) is unknown to the server (%s; label state %s): it never committed, or it "
+                "finished and was forgotten (streaming_label_keep_max_second, 12 h by default, or more than "
+                "label_num_threshold, 2000 by default, newer finished txns in the database). Whether it was "
+                "committed cannot be told here: the coordinator decides.",
                 committable.txn_id, committable.label, answer.msg, state,
             )
             return CommitOutcome.LOST

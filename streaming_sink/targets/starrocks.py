@@ -6,8 +6,9 @@
   so a writer holds at most its flush plus one piece;
 * prepare  = `POST /api/transaction/prepare` (with `prepared_timeout` when configured);
 * commit   = `POST /api/transaction/commit` on the driver; every answer but OK is resolved through
-  `GET /api/{db}/get_load_state` (COMMITTED/VISIBLE: done; PREPARE(D): retry; ABORTED/UNKNOWN: LOST,
-  so the sink replays that part);
+  `GET /api/{db}/get_load_state`: COMMITTED/VISIBLE is done, PREPARE(D) is retried, ABORTED is
+  ABORTED (never visible: loading it again is safe), UNKNOWN is LOST (the label never began, or
+  finished and was forgotten after label retention; the coordinator decides);
 * abort    = `POST /api/transaction/rollback`, falling back to `_cancel` when the BE forgot the
   transaction (e.g. after a BE restart).
 
@@ -27,7 +28,7 @@ import pyarrow as pa
 from ..committable import Committable, TxnRef
 from ..encoding import DEFAULT_CHUNK_BYTES, CsvFormat, JsonFormat, WireFormat, columns_header, encode_chunks
 from ..http import AuthenticationError, HttpClient, HttpConnectionError, HttpError, HttpResponse
-from .base import CommitOutcome, ConfigurationError, NewRef, PreparedPart, RecordIntent, TableTransaction, Target, TargetError
+from .base import CommitOutcome, ConfigurationError, ExpiryLimit, NewRef, PreparedPart, RecordIntent, TableTransaction, Target, TargetError
 
 log = logging.getLogger(__name__)
 
@@ -35,6 +36,9 @@ log = logging.getLogger(__name__)
 UNKNOWN, PREPARE, PREPARED, COMMITTED, VISIBLE, ABORTED = "UNKNOWN", "PREPARE", "PREPARED", "COMMITTED", "VISIBLE", "ABORTED"
 _DONE = (COMMITTED, VISIBLE)
 _GONE = (ABORTED, UNKNOWN)
+# The newest FE answers a commit of an evicted label from a terminal-state cache (protocol.md A.3,
+# SR-TWCH): "Can not commit ABORTED transaction, label is L" says it was rolled back.
+_CACHED_ABORTED = "Can not commit ABORTED transaction"
 
 # Headers the target owns; `properties` may not override them.
 _MANAGED_HEADERS = frozenset(
@@ -45,6 +49,10 @@ _MANAGED_HEADERS = frozenset(
 _PROBE_LABEL = "streaming_sink_connectivity_probe"
 DEFAULT_PREPARED_TIMEOUT_S = 86400.0  # FE prepared_transaction_default_timeout_second (protocol.md A.5)
 DEFAULT_LABEL_KEEP_S = 259200.0  # FE label_keep_max_second (A.4)
+# Newer FEs also forget the oldest finished labels of a database once it holds more transactions
+# than this (A.4 marks the setting UNCONFIRMED; the source read counts running + finished ones
+# against label_keep_max_num, default 1000, in DatabaseTransactionMgr.removeExpiredTxns).
+DEFAULT_LABEL_KEEP_NUM = 1000
 
 
 @dataclass(frozen=True)
@@ -170,11 +178,38 @@ class StarRocksTarget(Target):
         self.load_state(_PROBE_LABEL)
         return set(self.options.tables) if self.options.tables is not None else None
 
-    def expiry_limits(self) -> dict[str, float | None]:
-        """Server defaults unless configured: PREPARED lives `prepared_timeout` (FE default 86400 s), and
-        a finished label is remembered `label_keep_max_second` (FE default 3 days)."""
+    def expiry_limits(self) -> list[ExpiryLimit]:
+        """Server defaults unless configured: PREPARED lives `prepared_timeout` (FE default 86400 s); a
+        finished label is remembered `label_keep_max_second` (FE default 3 days), and on newer FEs only
+        while the database holds at most DEFAULT_LABEL_KEEP_NUM transactions."""
         prepared = self.options.prepared_timeout or DEFAULT_PREPARED_TIMEOUT_S
-        return {"prepared transactions": float(prepared), "label history (FE default)": DEFAULT_LABEL_KEEP_S}
+        return [
+            ExpiryLimit(
+                "prepared transactions", float(prepared),
+                note="prepared data of a job that is down longer is rolled back by the server and loaded again "
+                     "from Kafka (retention permitting); raise the prepared_timeout option (StarRocks 3.5.4+) or "
+                     "prepared_transaction_default_timeout_second on the FE",
+            ),
+            ExpiryLimit(
+                "label history (FE default)", DEFAULT_LABEL_KEEP_S, DEFAULT_LABEL_KEEP_NUM,
+                note="a batch whose commit was cut off (driver killed between commit and its record) can no longer "
+                     "be told committed from lost, and the job stops for an operator instead of risking duplicates; "
+                     "raise label_keep_max_second on the FE, or keep outages short. Newer FEs also forget the "
+                     "oldest labels once running + finished transactions in the database exceed label_keep_max_num "
+                     "(1000 by default in the source read; which releases do this is unconfirmed): raise it too",
+            ),
+        ]
+
+    def leftover_transactions(self, label_prefix: str) -> list[str] | None:
+        """None: StarRocks does not list open transactions to the sink's user over HTTP.
+
+        The transaction API addresses one label at a time (protocol.md A.1). `GET /api/show_proc`
+        (`/transactions/<db id>/running`) lists them but requires the admin role (ShowProcAction);
+        the BE's `/api/transaction/list` (A.7) shows only the data-phase contexts of that one BE, and
+        a prepared transaction has none (A.2: the BE drops it at prepare). SHOW PROC and
+        information_schema.loads need the MySQL protocol.
+        """
+        return None
 
     def begin(self, table: str, new_ref: NewRef, record_intent: RecordIntent) -> TableTransaction:
         return _StarRocksTransaction(self, table, new_ref, record_intent)
@@ -194,9 +229,16 @@ class StarRocksTarget(Target):
             if state in _DONE:
                 log.info("commit of %s answered %s, but the label is %s: committed", label, answer.brief, state)
                 return CommitOutcome.COMMITTED
-            if state in _GONE:
-                log.warning("commit of %s answered %s; the label is %s (%s): the prepared data is lost, replaying",
-                            label, answer.brief, state, reason or "no reason given")
+            if state == ABORTED or (state == UNKNOWN and _CACHED_ABORTED in answer.message):
+                log.warning("commit of %s answered %s; the server rolled it back (%s): it was never visible",
+                            label, answer.brief, reason or "no reason given")
+                return CommitOutcome.ABORTED
+            if state == UNKNOWN:
+                log.warning(
+                    "commit of %s answered %s; the label is unknown to the server: it never began, or it finished and "
+                    "was forgotten (label_keep_max_second, 3 days by default, or a count limit on newer FEs). "
+                    "Whether it was committed cannot be told here: the coordinator decides", label, answer.brief,
+                )
                 return CommitOutcome.LOST
             attempts += 1  # PREPARED (write-lock timeout, routing miss) or PREPARE: commit again
             if attempts > self.options.busy_retries:

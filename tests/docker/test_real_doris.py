@@ -156,7 +156,7 @@ def test_precommit_commit_abort_against_the_real_server(doris: RealDoris, target
     assert target.commit(committable) is CommitOutcome.COMMITTED  # "is already visible/committed"
     target.abort(refs[1])  # by label on 2.1+
     assert target.load_state(DB, refs[1].label) == "ABORTED"
-    assert target.commit(parts[1].committable("sum")) is CommitOutcome.LOST  # "is already aborted"
+    assert target.commit(parts[1].committable("sum")) is CommitOutcome.ABORTED  # "is already aborted"
     with pytest.raises(TargetError, match="already committed"):
         target.abort(refs[0])
     expected = [(i, f"n,\"{i}\"", i / 4, 0, i) for i in range(5)]

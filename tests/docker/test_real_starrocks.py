@@ -145,7 +145,7 @@ def test_begin_load_prepare_commit_rollback_against_the_real_server(starrocks: R
     assert target.commit(parts[0]) is CommitOutcome.COMMITTED  # "has already committed"
     target.abort(parts[1].ref())
     assert target.load_state(labels[1])[0] == "ABORTED"
-    assert target.commit(parts[1]) is CommitOutcome.LOST
+    assert target.commit(parts[1]) is CommitOutcome.ABORTED
     with pytest.raises(TargetError, match="but the sink was aborting it"):
         target.abort(parts[0].ref())
     assert starrocks.rows("probe") == sorted((i, f"n,\"{i}\"\\", i / 4, 0, i) for i in range(5))

@@ -17,6 +17,7 @@ from __future__ import annotations
 import base64
 import datetime as dt
 import decimal
+import itertools
 import json
 import os
 import re
@@ -712,6 +713,11 @@ class Store:
         self.tables: dict[tuple[str, str], TableSchema] = {}
         self.txns: dict[int, Txn] = {}
         self._live: set[int] = set()  # not evicted
+        # Live txns by database, so expiry and eviction never scan the whole history: the running
+        # ones (not VISIBLE/ABORTED), and the finished ones in the order they finished (the FE's
+        # finished-txn deque, D-DTM / SR-TS).
+        self._running: dict[str, set[int]] = {}
+        self._finished: dict[str, dict[int, None]] = {}
         self._by_label: dict[tuple[str, str], list[int]] = {}
         self.next_txn_id = 1000
         self.next_db_id = 10001
@@ -738,16 +744,28 @@ class Store:
                 txn.rows = [[decode_cell(v, ctype) for v, (_, ctype) in zip(row, schema.columns)]
                             for row in json.loads(rows[txn_id])]
             self._index(txn)
+        for db, ids in self._finished.items():  # finish order, not txn-id order
+            self._finished[db] = dict.fromkeys(
+                sorted(ids, key=lambda i: (self.txns[i].finish_time or 0.0, i)))
 
     def _index(self, txn: Txn) -> None:
         self.txns[txn.txn_id] = txn
         ids = self._by_label.setdefault((txn.db, txn.label), [])
         if txn.txn_id not in ids:
             ids.append(txn.txn_id)
+        running = self._running.setdefault(txn.db, set())
+        finished = self._finished.setdefault(txn.db, {})
         if txn.evicted:
             self._live.discard(txn.txn_id)
+            running.discard(txn.txn_id)
+            finished.pop(txn.txn_id, None)
+        elif txn.state in FINAL_STATES:
+            self._live.add(txn.txn_id)
+            running.discard(txn.txn_id)
+            finished.setdefault(txn.txn_id, None)
         else:
             self._live.add(txn.txn_id)
+            running.add(txn.txn_id)
 
     def _meta(self) -> list[tuple[str, str]]:
         return [("clock", repr(self.clock.now())), ("next_txn_id", str(self.next_txn_id)),
@@ -829,8 +847,22 @@ class Store:
         ids = [i for i in self._by_label.get((db, label), []) if i not in self._live]
         return self.txns[ids[-1]] if ids else None
 
+    def running(self) -> list[Txn]:
+        """Live txns that are not VISIBLE/ABORTED yet, every database."""
+        return [self.txns[i] for ids in self._running.values() for i in sorted(ids)]
+
+    def finished(self, db: str) -> Iterator[Txn]:
+        """Live VISIBLE/ABORTED txns of ``db``, the first finished first (lazily: it may be long)."""
+        return (self.txns[i] for i in self._finished.get(db, {}))
+
+    def finished_count(self, db: str) -> int:
+        return len(self._finished.get(db, ()))
+
+    def finished_databases(self) -> list[str]:
+        return [db for db, ids in self._finished.items() if ids]
+
     def running_count(self, db: str) -> int:
-        return sum(1 for t in self.live() if t.db == db and t.state not in FINAL_STATES)
+        return len(self._running.get(db, ()))
 
     def visible_rows(self, db: str, table: str) -> list[tuple[Any, ...]]:
         txns = [t for t in self.txns.values()
@@ -1172,20 +1204,36 @@ class BaseEmulator:
 
     def _tick_locked(self) -> None:
         now = self.clock.now()
-        for txn in self.store.live():
+        for txn in self.store.running():
             expired = txn.deadline is not None and now > txn.deadline
             if txn.state in self.EXPIRING_STATES and expired:
                 self._abort(txn, TIMEOUT_REASON)
             elif txn.state == COMMITTED and txn.visible_at is not None and now >= txn.visible_at:
                 self._publish(txn)
-            elif (txn.state in FINAL_STATES and txn.finish_time is not None
-                  and now - txn.finish_time > txn.keep_s):
-                txn.evicted = True  # A.4 label retention / D-DTM isExpired
+        for db in self.store.finished_databases():
+            # A.4 label retention / D-DTM isExpired: like the FE, walk the finished txns oldest
+            # first and stop at the first one still kept.
+            for txn in list(itertools.takewhile(
+                    lambda t: t.finish_time is not None and now - t.finish_time > t.keep_s,
+                    self.store.finished(db))):
+                txn.evicted = True
                 self.store.save(txn)
         self._tick_extra(now)
 
     def _tick_extra(self, now: float) -> None:
-        """Product-specific lazy expiry (e.g. BE idle timeouts)."""
+        """Product-specific lazy expiry (e.g. BE idle timeouts, label eviction by count)."""
+
+    def _evict_beyond_count(self, limit: int, count_running: bool) -> None:
+        """Label eviction by count: while a database holds more than ``limit`` transactions, forget
+        its oldest finished (VISIBLE/ABORTED) ones, whatever their age. ``count_running`` says
+        whether running transactions count towards the limit (StarRocks) or only finished ones do
+        (Doris). The label then reads UNKNOWN and its txn id "not found", as after A.4 retention."""
+        for db in self.store.finished_databases():
+            excess = (self.store.finished_count(db) - limit
+                      + (self.store.running_count(db) if count_running else 0))
+            for txn in list(itertools.islice(self.store.finished(db), max(excess, 0))):
+                txn.evicted = True
+                self.store.save(txn)
 
     def _abort(self, txn: Txn, reason: str) -> None:
         txn.state = ABORTED

@@ -55,6 +55,15 @@ class DorisProfile:
 
     version: str = "2.1.8"
     streaming_label_keep_max_second: float = 43200           # D-DTM: 12 h for stream loads
+    # Label eviction by count (protocol.md B.1 'Timeouts and retention', C.9): once a database holds
+    # more than this many finished (VISIBLE/ABORTED) stream-load txns, the oldest are forgotten at
+    # once, whatever their age (`DatabaseTransactionMgr.removeUselessTxns` in apache/doris: it pops
+    # the finished-txn deque while its size exceeds Config.label_num_threshold, and only when the
+    # threshold is > 0, so -1 (documented) and 0 both disable it; it keeps one deque for stream
+    # loads and one for other loads, and every emulated txn is a stream load). Default 2000. When None it
+    # is derived from the version: its first release is UNCONFIRMED (2.0 or 2.1, B.1), so 2.0 is
+    # assumed and older FEs get no limit.
+    label_num_threshold: Optional[int] = None
     stream_load_default_precommit_timeout_second: int = 3600  # B.1, doris-flink #510
     stream_load_default_timeout_second: Optional[int] = None  # 600 in 1.1, 259200 from 1.2
     max_running_txn_num_per_db: int = 1000                    # D-DTM Config (100/1000/10000)
@@ -65,6 +74,8 @@ class DorisProfile:
         v = version_tuple(self.version)
         if self.stream_load_default_timeout_second is None:
             self.stream_load_default_timeout_second = 259200 if v >= (1, 2) else 600
+        if self.label_num_threshold is None:
+            self.label_num_threshold = 2000 if v >= (2, 0) else -1
         if self.two_pc_error_status is None:
             # B.1: "Fail" (docs/1.x and the 2.0-era PR #20647 example), ANALYSIS_ERROR in 2.x
             # BE Status::to_json. Which 2.x minor switched is UNCONFIRMED; 2.1 is assumed.
@@ -103,6 +114,12 @@ class DorisEmulator(BaseEmulator):
                  **profile: Any) -> None:
         self.profile: DorisProfile = profile_fields(DorisProfile, profile)
         super().__init__(str(data_dir), user, password)
+
+    def _tick_extra(self, now: float) -> None:
+        """Label eviction by count, per database (``label_num_threshold``, see the profile)."""
+        threshold = self.profile.label_num_threshold or 0
+        if threshold > 0:
+            self._evict_beyond_count(threshold, count_running=False)
 
     def _reset_be_memory(self) -> None:
         """A BE restart kills in-flight loads; the FE aborts their txns (coordinator down).

@@ -72,6 +72,14 @@ class StarRocksProfile:
 
     version: str = "3.5.4"
     label_keep_max_second: float = 259200            # SR-CFG, 3 days
+    # Label eviction by count: protocol.md A.4 says newer FEs also evict finished txns by count
+    # and marks the setting's name UNCONFIRMED. This knob is the emulator's own name for it. In
+    # one StarRocks source read (fe/.../transaction/DatabaseTransactionMgr.java, a
+    # StarRocksException-era version), `removeExpiredTxns` forgets the oldest finished txns of a
+    # database while its running + finished txns exceed Config.label_keep_max_num (default 1000,
+    # documented "for load jobs managed by LoadManager"); the release that added it is UNCONFIRMED,
+    # so it is off (None) unless a test sets it.
+    finished_label_limit: Optional[int] = None
     stream_load_default_timeout_second: int = 600    # SR-CFG / A.5
     max_stream_load_timeout_second: int = 259200     # A.5 (which max applies is UNCONFIRMED)
     prepared_transaction_default_timeout_second: int = 86400  # A.5, SR-T-prepared_timeout
@@ -153,7 +161,10 @@ class StarRocksEmulator(BaseEmulator):
             del self._contexts[txn.label]
 
     def _tick_extra(self, now: float) -> None:
-        """BE cleaner: idle timeout (SR-BE-TM ``_clean_stream_context``; only if set on begin)."""
+        """BE cleaner: idle timeout (SR-BE-TM ``_clean_stream_context``; only if set on begin);
+        FE: label eviction by count (``finished_label_limit``, see the profile)."""
+        if self.profile.finished_label_limit is not None:
+            self._evict_beyond_count(self.profile.finished_label_limit, count_running=True)
         for ctx in list(self._contexts.values()):
             if ctx.idle_timeout_s > 0 and now - ctx.last_active > ctx.idle_timeout_s:
                 if ctx.lock.acquire(blocking=False):

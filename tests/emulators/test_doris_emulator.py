@@ -16,7 +16,7 @@ import pytest
 import requests
 
 from tests.emulators.common import Exchange, send
-from tests.emulators.doris import DorisEmulator
+from tests.emulators.doris import DorisEmulator, DorisProfile
 
 DB, TABLE = "db", "t"
 
@@ -311,6 +311,47 @@ def test_label_retention_12h_then_not_found(dr: DorisEmulator) -> None:
     gone = two_pc(dr, "commit", txn_id).json  # doris #13341
     assert gone["msg"] == fe_msg(f"transaction [{txn_id}] not found")
     assert load(dr, "L").json["Status"] == "Success"  # label reusable after eviction
+
+
+def test_label_num_threshold_forgets_the_oldest_finished_txns(tmp_path: Any) -> None:
+    """B.1 / C.9: past label_num_threshold finished (VISIBLE/ABORTED) stream loads in a database,
+    the oldest are forgotten whatever their age (apache/doris
+    `DatabaseTransactionMgr.removeUselessTxns`); running and pre-committed ones never count."""
+    with DorisEmulator(tmp_path, label_num_threshold=3) as emu:
+        emu.create_table(DB, TABLE, [("id", "INT"), ("name", "VARCHAR(20)")])
+        emu.create_table("other", TABLE, [("id", "INT"), ("name", "VARCHAR(20)")])
+        other = send("PUT", f"{emu.fe_url}/api/other/{TABLE}/_stream_load", data=b"9,z\n", headers={
+            "Expect": "100-continue", "label": "O", "column_separator": ","}).json
+        assert other["Status"] == "Success"
+        txn_id = precommitted(emu, "L")
+        assert two_pc(emu, "commit", txn_id).json["status"] == "Success"
+        pending = precommitted(emu, "P")  # PRECOMMITTED: not finished, not counted
+        assert load(emu, "V", two_pc=False).json["Status"] == "Success"  # VISIBLE at once
+        assert two_pc(emu, "abort", precommitted(emu, "A")).json["status"] == "Success"
+        assert state(emu, "L") == "VISIBLE"  # 3 finished: at the threshold, nothing forgotten
+        assert load(emu, "W", two_pc=False).json["Status"] == "Success"  # the 4th: the oldest goes
+        assert state(emu, "L") == "UNKNOWN"
+        assert [state(emu, label) for label in ("V", "A", "W", "P")] == [
+            "VISIBLE", "ABORTED", "VISIBLE", "PRECOMMITTED"]
+        gone = two_pc(emu, "commit", txn_id).json
+        assert gone["msg"] == fe_msg(f"transaction [{txn_id}] not found")  # doris #13341
+        assert two_pc(emu, "commit", pending).json["status"] == "Success"
+        other_state = send("GET", f"{emu.fe_url}/api/other/get_load_state?label=O").json["data"]
+        assert other_state == "VISIBLE"  # counted per database
+        assert len(emu.visible_rows(DB, TABLE)) == 4  # the label is forgotten, not the data
+
+
+def test_label_num_threshold_defaults_and_can_be_disabled(tmp_path: Any) -> None:
+    """2000 by default (B.1); -1 disables it; FEs before 2.0 have none (first release UNCONFIRMED)."""
+    assert DorisProfile().label_num_threshold == 2000
+    assert DorisProfile(version="1.2.7").label_num_threshold == -1
+    with DorisEmulator(tmp_path, label_num_threshold=-1, streaming_label_keep_max_second=10) as emu:
+        emu.create_table(DB, TABLE, [("id", "INT"), ("name", "VARCHAR(20)")])
+        for i in range(5):
+            assert load(emu, f"V{i}", two_pc=False).json["Status"] == "Success"
+        assert {state(emu, f"V{i}") for i in range(5)} == {"VISIBLE"}
+        emu.clock.advance(11)
+        assert {state(emu, f"V{i}") for i in range(5)} == {"UNKNOWN"}  # time still evicts
 
 
 # --------------------------------------------------------------------------------------------

@@ -410,6 +410,30 @@ def test_label_retention_then_unknown_and_reusable(sr: StarRocksEmulator) -> Non
     assert sr.visible_rows(DB, TABLE) == [(1, "a")]  # eviction forgets the label, not the data
 
 
+def test_finished_label_limit_forgets_the_oldest_finished_labels(tmp_path: Any) -> None:
+    """A.4: newer FEs also evict finished txns by count (setting name UNCONFIRMED; the source read
+    uses label_keep_max_num over running + finished txns of the database, see the profile)."""
+    with StarRocksEmulator(tmp_path, finished_label_limit=3) as emu:
+        emu.create_table(DB, TABLE, [("id", "INT"), ("name", "VARCHAR(20)")])
+        emu.create_table("other", TABLE, [("id", "INT"), ("name", "VARCHAR(20)")])
+        for op, body in (("begin", b""), ("load", b"9,z\n"), ("commit", b"")):
+            assert txn(emu, op, "O", body, db="other").json["Status"] == "OK"
+        prepared(emu, "L")
+        assert txn(emu, "commit", "L").json["Status"] == "OK"
+        prepared(emu, "A")
+        assert txn(emu, "rollback", "A").json["Status"] == "OK"  # ABORTED is finished too
+        prepared(emu, "P")  # PREPARED: never evicted, but it counts (running + finished)
+        assert load_state(emu, "L")["state"] == "VISIBLE"  # 3 txns: at the limit, nothing forgotten
+        assert txn(emu, "begin", "R").json["Status"] == "OK"  # a 4th, running: the oldest finished goes
+        assert load_state(emu, "L")["state"] == "UNKNOWN"
+        assert load_state(emu, "A")["state"] == "ABORTED"
+        commit = txn(emu, "commit", "L").json
+        assert commit["Status"] == "FAILED" and "No transaction found" in commit["Message"]
+        assert load_state(emu, "P")["state"] == "PREPARED"
+        assert load_state(emu, "O", db="other")["state"] == "VISIBLE"  # counted per database
+        assert emu.visible_rows(DB, TABLE) == [(1, "a")]  # the label is forgotten, not the data
+
+
 def test_terminal_state_cache_profile(tmp_path: Any) -> None:
     with StarRocksEmulator(tmp_path, terminal_state_cache=True, label_keep_max_second=10) as emu:
         emu.create_table(DB, TABLE, [("id", "INT"), ("name", "VARCHAR(20)")])

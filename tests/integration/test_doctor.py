@@ -6,6 +6,9 @@ import subprocess
 import sys
 
 from devstack.pipeline import open_target
+from streaming_sink.doctor import expiry_checks, render
+from streaming_sink.targets.doris import DorisTarget
+from streaming_sink.targets.starrocks import StarRocksTarget
 
 DB = "analytics"
 
@@ -35,6 +38,26 @@ def doctor(config: str, tolerance: str) -> tuple[int, dict[str, dict]]:
     proc = subprocess.run([sys.executable, "-m", "streaming_sink.cli", "doctor", "--config", config,
                            "--outage-tolerance", tolerance, "--json"], capture_output=True, text=True, timeout=180)
     return proc.returncode, {c["name"]: c for c in json.loads(proc.stdout)}
+
+
+def test_a_label_count_limit_is_a_warning_and_age_limits_are_judged_against_the_outage():
+    """Doris forgets a label after 12 h or 2000 newer finished loads: the count cannot be compared with an
+    outage, so doctor warns about it (with the setting to raise) and judges only the age."""
+    six_hours = {c.name: c for c in expiry_checks(DorisTarget().expiry_limits(), 6 * 3600)}
+    precommit = six_hours["timeout pre-committed transactions (FE default)"]
+    assert precommit.verdict == "FAIL" and "3600 s is shorter than the planned outage tolerance 21600 s" in precommit.detail
+    label = six_hours["timeout label history (FE default)"]
+    assert label.verdict == "WARN" and label.detail.startswith("43200 s >= the planned outage tolerance 21600 s, but")
+    assert "2000 newer transactions" in label.detail and "label_num_threshold" in label.detail
+    assert "verdict: FAIL (1 of 2 checks failed)" in render(list(six_hours.values()))  # a warning does not fail
+
+    one_day = {c.name: c for c in expiry_checks(DorisTarget().expiry_limits(), 86400)}["timeout label history (FE default)"]
+    assert one_day.verdict == "FAIL" and "2000 newer transactions" in one_day.detail
+
+    starrocks = {c.name: c for c in expiry_checks(StarRocksTarget().expiry_limits(), 6 * 3600)}
+    assert starrocks["timeout prepared transactions"].verdict == "OK"
+    label = starrocks["timeout label history (FE default)"]
+    assert label.verdict == "WARN" and "1000 newer transactions" in label.detail and "label_keep_max_num" in label.detail
 
 
 def test_doctor_verdicts(tmp_path, kafka_broker, new_topic):

@@ -5,7 +5,11 @@ own client; no Spark. Rows are compared to what was written, value by value.
 """
 from __future__ import annotations
 
+import base64
 import datetime as dt
+import http.client
+import json
+import logging
 import pickle
 from typing import Any, Iterator
 
@@ -164,19 +168,23 @@ def prepared(emu: DorisEmulator, target: DorisTarget, start: int = 0, prefix: st
     return txn.prepare()[0].committable("sum")
 
 
-def test_precommit_expiry_during_an_outage_is_lost(emu: DorisEmulator) -> None:
+def test_precommit_expiry_during_an_outage_is_aborted_while_its_label_is_remembered(emu: DorisEmulator, caplog) -> None:
+    """C.8: past stream_load_default_precommit_timeout_second (3600 s) the FE aborts it: safe to load again."""
     target = make_target(emu)
     committable = prepared(emu, target)
-    emu.clock.advance(3601)  # stream_load_default_precommit_timeout_second = 3600
-    assert target.commit(committable) is CommitOutcome.LOST
+    emu.clock.advance(3601)
+    with caplog.at_level(logging.WARNING):
+        assert target.commit(committable) is CommitOutcome.ABORTED  # "is already aborted"
+    assert target.load_state(DB, committable.label) == "ABORTED"
+    assert "timeout by txn manager" in caplog.text and "never visible" in caplog.text
     assert emu.visible_rows(DB, "orders") == []
 
 
-def test_expire_prepared_knob_is_lost(emu: DorisEmulator) -> None:
+def test_expire_prepared_knob_is_aborted(emu: DorisEmulator) -> None:
     target = make_target(emu)
     committable = prepared(emu, target)
     emu.faults.expire_prepared.arm(label=committable.label, op="commit")
-    assert target.commit(committable) is CommitOutcome.LOST
+    assert target.commit(committable) is CommitOutcome.ABORTED
 
 
 def test_not_found_is_resolved_through_the_label_state(emu: DorisEmulator) -> None:
@@ -187,9 +195,68 @@ def test_not_found_is_resolved_through_the_label_state(emu: DorisEmulator) -> No
 
     wrong_id = replace(committable, txn_id="987654")  # "transaction [987654] not found", label VISIBLE
     assert target.commit(wrong_id) is CommitOutcome.COMMITTED
-    emu.clock.advance(43201)  # streaming_label_keep_max_second: txn and label are forgotten
+
+
+# -- R1: a committed txn the server forgot ---------------------------------------------------------
+
+
+def other_jobs_finish_loads(emu: DorisEmulator, count: int, first: int = 0) -> None:
+    """Other writers of the shared database: plain (non-2PC) stream loads straight to the BE, each one
+    finished (VISIBLE) transaction, over one kept-alive connection so that thousands stay quick."""
+    connection = http.client.HTTPConnection("127.0.0.1", emu.be_port, timeout=10)
+    auth = "Basic " + base64.b64encode(b"root:").decode()
+    try:
+        for n in range(first, first + count):
+            connection.request("PUT", f"/api/{DB}/payments/_stream_load", body=f"{n},other,0.5\n".encode(),
+                               headers={"label": f"other_job_{n}", "column_separator": ",", "Authorization": auth})
+            answer = json.loads(connection.getresponse().read())
+            assert answer["Status"] == "Success", answer
+    finally:
+        connection.close()
+
+
+def test_a_committed_txn_forgotten_after_the_label_retention_is_lost(emu: DorisEmulator, caplog) -> None:
+    """B.1/C.9: after streaming_label_keep_max_second (12 h) commit says "not found" and the label
+    UNKNOWN: committed-and-forgotten cannot be told from never committed, so LOST (not COMMITTED)."""
+    target = make_target(emu)
+    committable = prepared(emu, target)
+    assert target.commit(committable) is CommitOutcome.COMMITTED
+    emu.clock.advance(43200)
+    assert target.commit(committable) is CommitOutcome.COMMITTED  # still remembered
+    emu.clock.advance(1)
+    with caplog.at_level(logging.WARNING):
+        assert target.commit(committable) is CommitOutcome.LOST
     assert target.load_state(DB, committable.label) == "UNKNOWN"
-    assert target.commit(committable) is CommitOutcome.LOST  # Doris can no longer tell; see the target's doc
+    assert "unknown to the server" in caplog.text and "coordinator decides" in caplog.text
+    assert "treating it as lost" not in caplog.text
+    assert len(emu.visible_rows(DB, "orders")) == 3  # the rows stay; only the label is forgotten
+
+
+def test_a_committed_txn_evicted_by_2000_newer_finished_loads_is_lost(emu: DorisEmulator) -> None:
+    """label_num_threshold (2000 by default, apache/doris DatabaseTransactionMgr.removeUselessTxns):
+    a busy shared database forgets a committed label within minutes, long before 12 h."""
+    target = make_target(emu)
+    committable = prepared(emu, target)
+    assert target.commit(committable) is CommitOutcome.COMMITTED
+    other_jobs_finish_loads(emu, 1999)
+    assert target.load_state(DB, committable.label) == "VISIBLE"  # 2000 finished: at the threshold
+    other_jobs_finish_loads(emu, 1, first=1999)
+    assert target.load_state(DB, committable.label) == "UNKNOWN"
+    assert target.commit(committable) is CommitOutcome.LOST
+    assert len(emu.visible_rows(DB, "orders")) == 3
+
+
+def test_not_found_with_a_newer_aborted_txn_under_the_label_is_lost_not_aborted(emu: DorisEmulator) -> None:
+    """Once a committed txn is forgotten its label can be used again: the empty-load probe that aborts
+    labels on servers before 2.1 does exactly that. The label then says ABORTED about another txn,
+    so the committed one stays ambiguous."""
+    target = make_target(emu, abort_by_label=False)
+    committable = prepared(emu, target)
+    assert target.commit(committable) is CommitOutcome.COMMITTED
+    emu.clock.advance(43201)
+    target.abort(committable.ref())  # the probe begins a txn under the label, then aborts it
+    assert target.load_state(DB, committable.label) == "ABORTED"
+    assert target.commit(committable) is CommitOutcome.LOST
 
 
 def test_write_lock_timeout_is_retried_then_committed(emu: DorisEmulator) -> None:
@@ -326,7 +393,7 @@ def test_abort_by_label(emu: DorisEmulator) -> None:
     committable = prepared(emu, target)
     target.abort(committable.ref())
     assert states(emu) == {committable.label: "ABORTED"}
-    assert target.commit(committable) is CommitOutcome.LOST  # "is already aborted"
+    assert target.commit(committable) is CommitOutcome.ABORTED  # "is already aborted"
     target.abort(committable.ref())  # already aborted
     target.abort(TxnRef("doris", DB, "orders", "never_used", 0, "a"))  # no such label
     assert states(emu) == {committable.label: "ABORTED"}
@@ -406,6 +473,22 @@ def test_a_server_that_ignores_two_phase_commit_is_refused(emu: DorisEmulator, m
 
 
 # -- start-up and configuration ---------------------------------------------------------------------
+
+
+def test_expiry_limits_include_the_label_count_threshold() -> None:
+    limits = {limit.what: limit for limit in DorisTarget().expiry_limits()}
+    precommitted = limits["pre-committed transactions (FE default)"]
+    assert (precommitted.seconds, precommitted.count) == (3600.0, None)
+    label = limits["label history (FE default)"]
+    assert (label.seconds, label.count) == (43200.0, 2000)  # 12 h or 2000 newer finished txns, whichever first
+    assert "label_num_threshold" in label.note and "streaming_label_keep_max_second" in label.note
+
+
+def test_open_transactions_cannot_be_listed_over_http(emu: DorisEmulator) -> None:
+    """Only SHOW PROC (ADMIN privilege) or the MySQL protocol list them: the sweep must rely on intents."""
+    target = make_target(emu)
+    prepared(emu, target)  # one open, pre-committed transaction
+    assert target.leftover_transactions("L") is None
 
 
 def test_routable_tables_checks_the_server(emu: DorisEmulator) -> None:

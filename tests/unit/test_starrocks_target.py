@@ -175,21 +175,72 @@ def test_5xx_and_routing_misses_on_commit_are_retried(sr) -> None:
     assert len(sr.visible_rows(DB, TABLE)) == 4
 
 
-def test_an_expired_prepared_transaction_is_lost_so_the_sink_replays_it(sr, caplog) -> None:
+def test_an_expired_prepared_transaction_is_aborted_while_its_label_is_remembered(sr, caplog) -> None:
+    """C.8: past prepared_timeout the FE aborts it; the label says ABORTED, so loading it again is safe."""
     target = make_target(sr, prepared_timeout=300)
     committable = Writer(target).write(*ROWS).prepare()
     sr.clock.advance(301)
     with caplog.at_level(logging.WARNING):
-        assert target.commit(committable) is CommitOutcome.LOST
-    assert "timeout by txn manager" in caplog.text and sr.visible_rows(DB, TABLE) == []
+        assert target.commit(committable) is CommitOutcome.ABORTED
+    assert target.load_state("L1") == ("ABORTED", "timeout by txn manager")
+    assert "rolled it back" in caplog.text and "timeout by txn manager" in caplog.text
+    assert sr.visible_rows(DB, TABLE) == []
     other = Writer(target, label="L2").write(*ROWS).prepare()
     sr.faults.expire_prepared.arm(op="commit", label="L2")  # the knob does the same without moving the clock
-    assert target.commit(other) is CommitOutcome.LOST
+    assert target.commit(other) is CommitOutcome.ABORTED
 
 
-def test_an_unknown_label_is_lost(sr) -> None:
+def test_an_unknown_label_is_lost_and_the_coordinator_decides(sr, caplog) -> None:
     committable = Committable("starrocks", DB, TABLE, "never_began", 0, "a", rows=1)
-    assert make_target(sr).commit(committable) is CommitOutcome.LOST
+    with caplog.at_level(logging.WARNING):
+        assert make_target(sr).commit(committable) is CommitOutcome.LOST
+    assert "unknown to the server" in caplog.text and "coordinator decides" in caplog.text
+    assert "replaying" not in caplog.text
+
+
+# -- R1: a committed label the server forgot -----------------------------------------------------
+
+
+def test_a_committed_label_forgotten_after_label_keep_max_second_is_lost_not_committed(sr) -> None:
+    """A.4/C.9: after label_keep_max_second (3 days) the label reads UNKNOWN and commit finds no
+    transaction: the target cannot tell committed-and-forgotten from never committed, so LOST."""
+    target = make_target(sr)
+    committable = Writer(target).write(*ROWS).prepare()
+    assert target.commit(committable) is CommitOutcome.COMMITTED
+    sr.clock.advance(259200)
+    assert target.commit(committable) is CommitOutcome.COMMITTED  # still remembered
+    sr.clock.advance(1)
+    assert target.commit(committable) is CommitOutcome.LOST
+    assert sorted(sr.visible_rows(DB, TABLE)) == ROWS  # the rows are there, the label is not
+
+
+def test_a_committed_label_evicted_by_count_is_lost_not_committed(tmp_path) -> None:
+    """A.4: newer FEs also forget finished labels by count (see the emulator's finished_label_limit)."""
+    with StarRocksEmulator(tmp_path / "sr", password=PASSWORD, finished_label_limit=3) as emu:
+        emu.create_table(DB, TABLE, [("id", "INT"), ("name", "VARCHAR(32)")])
+        target = make_target(emu)
+        committable = Writer(target).write(*ROWS).prepare()
+        assert target.commit(committable) is CommitOutcome.COMMITTED
+        for n in range(3):  # other loads into the same database finish after it
+            other = Writer(target, label=f"other{n}").write((10 + n, "x")).prepare()
+            assert target.commit(other) is CommitOutcome.COMMITTED
+        assert target.load_state("L1")[0] == "UNKNOWN"
+        assert target.commit(committable) is CommitOutcome.LOST
+
+
+def test_an_evicted_label_the_terminal_state_cache_calls_aborted_is_aborted(tmp_path) -> None:
+    """SR-TWCH newest: after eviction the FE still answers commit from its terminal-state cache."""
+    with StarRocksEmulator(tmp_path / "sr", password=PASSWORD, terminal_state_cache=True) as emu:
+        emu.create_table(DB, TABLE, [("id", "INT"), ("name", "VARCHAR(32)")])
+        target = make_target(emu)
+        committed = Writer(target).write(*ROWS).prepare()
+        assert target.commit(committed) is CommitOutcome.COMMITTED
+        aborted = Writer(target, label="L2").write(*ROWS).prepare()
+        target.abort(aborted.ref())
+        emu.clock.advance(259201)
+        assert target.load_state("L1")[0] == target.load_state("L2")[0] == "UNKNOWN"
+        assert target.commit(committed) is CommitOutcome.COMMITTED  # "Transaction has already committed"
+        assert target.commit(aborted) is CommitOutcome.ABORTED  # "Can not commit ABORTED transaction"
 
 
 # -- the data phase -----------------------------------------------------------------------------
@@ -307,7 +358,7 @@ def test_abort_is_harmless_for_labels_that_never_began_or_are_already_aborted(sr
     target.abort(committable.ref())
     target.abort(committable.ref())
     assert state(sr, "L1") == "ABORTED"
-    assert target.commit(committable) is CommitOutcome.LOST
+    assert target.commit(committable) is CommitOutcome.ABORTED
 
 
 def test_aborting_a_committed_transaction_is_a_loud_error(sr) -> None:
@@ -369,5 +420,17 @@ def test_target_from_url_builds_it_with_credentials_from_the_environment(sr, mon
 
 
 def test_expiry_limits_report_what_recovery_depends_on() -> None:
-    assert StarRocksTarget().expiry_limits()["prepared transactions"] == 86400.0
-    assert StarRocksTarget(prepared_timeout=600).expiry_limits()["prepared transactions"] == 600.0
+    limits = {limit.what: limit for limit in StarRocksTarget().expiry_limits()}
+    assert (limits["prepared transactions"].seconds, limits["prepared transactions"].count) == (86400.0, None)
+    label = limits["label history (FE default)"]
+    assert (label.seconds, label.count) == (259200.0, 1000)  # 3 days, and newer FEs' count limit
+    assert "label_keep_max_num" in label.note and "unconfirmed" in label.note
+    configured = {limit.what: limit.seconds for limit in StarRocksTarget(prepared_timeout=600).expiry_limits()}
+    assert configured["prepared transactions"] == 600.0
+
+
+def test_open_transactions_cannot_be_listed_over_http(sr) -> None:
+    """Only SHOW PROC (admin role) or the MySQL protocol list them: the sweep must rely on intents."""
+    target = make_target(sr)
+    Writer(target).write(*ROWS)  # one open transaction, in PREPARE
+    assert target.leftover_transactions("L") is None
