@@ -77,7 +77,7 @@ def test_doctor_verdicts(tmp_path, kafka_broker, new_topic):
     code, checks = doctor(write_config(tmp_path, kafka_broker.bootstrap, "no-such-topic"), "60 days")
     assert code == 1
     assert checks["kafka"]["verdict"] == "FAIL" and "['no-such-topic'] do not exist" in checks["kafka"]["detail"]
-    assert checks["timeout commit ledger"]["verdict"] == "FAIL" and "shorter than the planned outage" in checks["timeout commit ledger"]["detail"]
+    assert checks["timeout commit ledger"]["verdict"] == "OK"  # the ledger keeps its rows: no outage is too long
 
     with open_target(tmp_path / "ch", DB) as target:
         target.client().command(f"ALTER TABLE {DB}.orders DROP COLUMN name")
