@@ -43,6 +43,8 @@ def build_parser() -> argparse.ArgumentParser:
     status.add_argument("--last", type=int, default=20, help="how many recent batches to show")
     status.add_argument("--prepared-timeout", type=float, default=None,
                         help="the server's prepared-transaction timeout in seconds, to show time left")
+    status.add_argument("--target", help="also list the job's transactions on this target that the journal does not name")
+    status.add_argument("--database", default="default", help="target database (with --target)")
 
     recover = commands.add_parser("recover", help="commit PREPARED batches and abort leftover intents, without Spark")
     _add_job_arguments(recover, needs_target=True)
@@ -78,7 +80,8 @@ def _progress(args: argparse.Namespace):
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    status = job_status(open_store(args.state), args.job, args.last, args.prepared_timeout)
+    target = target_from_url(args.target, args.database) if args.target else None
+    status = job_status(open_store(args.state), args.job, args.last, args.prepared_timeout, target)
     _emit(args, status, render_status(status))
     return 0
 

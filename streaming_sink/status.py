@@ -11,6 +11,8 @@ from typing import Any
 from state import StateStore
 
 from .committable import BatchState
+from .recovery import leftover_labels
+from .targets.base import Target
 
 
 @dataclass
@@ -41,7 +43,9 @@ class PendingTransaction:
     expires_in_s: float | None
 
 
-def job_status(store: StateStore, job_id: str, last: int = 20, prepared_timeout_s: float | None = None) -> dict[str, Any]:
+def job_status(
+    store: StateStore, job_id: str, last: int = 20, prepared_timeout_s: float | None = None, target: Target | None = None
+) -> dict[str, Any]:
     now = time.time()
     batches: list[BatchStatus] = []
     pending: list[PendingTransaction] = []
@@ -73,6 +77,8 @@ def job_status(store: StateStore, job_id: str, last: int = 20, prepared_timeout_
         "batches": [asdict(b) for b in batches],
         "pending_transactions": [asdict(p) for p in pending],
         "leftover_intents": sum(b.intents for b in batches if b.state != "PREPARED"),
+        # transactions on the server that no record or intent names (None: no target given, or it cannot list)
+        "server_leftovers": leftover_labels(store, target, job_id) if target is not None else None,
     }
 
 
@@ -99,4 +105,7 @@ def render_status(status: dict[str, Any]) -> str:
             expiry = f", server drops it in {p['expires_in_s']:.0f}s" if p["expires_in_s"] is not None else ""
             lines.append(f"    batch {p['batch_id']} {p['table']} {p['label']} age {p['age_s']:.0f}s{expiry}")
     lines.append(f"  leftover intents (begun, never prepared or not chosen): {status['leftover_intents']}")
+    if status["server_leftovers"]:
+        lines.append(f"  on the server, named by no record or intent ({len(status['server_leftovers'])}; `recover --apply` drops them):")
+        lines += [f"    {label}" for label in status["server_leftovers"]]
     return "\n".join(lines)
