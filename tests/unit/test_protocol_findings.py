@@ -130,6 +130,32 @@ def test_a_prepared_transaction_that_expired_before_any_commit_was_sent_is_repla
     assert ids(sr) == expected_ids(0)
 
 
+def test_a_doris_label_evicted_by_newer_loads_stops_the_job_instead_of_duplicating(tmp_path) -> None:
+    """Doris forgets finished labels past label_num_threshold (2000 per database) within minutes on a
+    busy database, long before its 12 h: the same loud stop, no clock needed."""
+    from streaming_sink.targets.doris import DorisTarget
+    from tests.emulators.doris import DorisEmulator
+    from tests.unit.test_doris_target import COLUMNS, other_jobs_finish_loads
+
+    with DorisEmulator(tmp_path / "doris") as doris:
+        doris.create_table(DB, TABLE, [("id", "INT"), ("name", "VARCHAR(32)")])
+        doris.create_table(DB, "payments", COLUMNS)
+
+        def target() -> DorisTarget:
+            return DorisTarget(doris.fe_url, DB, "root", "", backoff_s=0.01, commit_parallelism=1)
+
+        store = MemoryStateStore()
+        with pytest.raises(Crash):
+            sink_of(target(), CrashingStore(store, "mark_done")).process(source(0), 0, QUERY)
+        visible = sorted(r[0] for r in doris.visible_rows(DB, TABLE))
+        assert len(visible) == ROWS_PER_PARTITION
+        other_jobs_finish_loads(doris, 2000)  # other writers of the shared database
+        with pytest.raises(ReplayAmbiguousError):
+            sink_of(target(), store).process(source(0), 0, QUERY)
+        # the other partition's transaction was still alive and is now committed; nothing was loaded twice
+        assert sorted(r[0] for r in doris.visible_rows(DB, TABLE)) == expected_ids(0)
+
+
 # -- R2: a state store that lost or rolled back its journal is detected -------------------------
 
 
