@@ -227,5 +227,9 @@ class StateStore(ABC):
     def delete_batch(self, job_id: str, epoch: int, query_id: str, batch_id: int) -> None:
         """Forget a batch entirely (retention of COMMITTED records)."""
 
+    def durability_warning(self) -> str | None:
+        """Why this store could lose acknowledged writes on a restart (None: no known reason). For `doctor`."""
+        return None
+
     def close(self) -> None:
         """Release connections; the default has none."""

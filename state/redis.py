@@ -188,6 +188,18 @@ class RedisStateStore(StateStore):
             ],
         )
 
+    def durability_warning(self) -> str | None:
+        try:
+            config = self._client.config_get("append*")
+        except redis.ResponseError as error:  # managed services often disable CONFIG
+            return f"cannot read the persistence settings ({error}); make sure AOF is on (appendonly yes)"
+        if config.get("appendonly") != "yes":
+            return ("appendonly is off: a restart loses the journal. The job then stops (StateStoreLostError) "
+                    "instead of duplicating, but needs an operator; set appendonly yes and appendfsync everysec or always")
+        if config.get("appendfsync") == "no":
+            return "appendfsync is 'no': the last writes may be lost on a crash of the host; use everysec or always"
+        return None
+
     def close(self) -> None:
         self._client.close()
 

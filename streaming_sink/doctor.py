@@ -68,8 +68,19 @@ def diagnose(spec: JobSpec, outage_tolerance_s: float) -> list[Check]:
             return f"tables {sorted(resolved)}: this target cannot list tables over its load protocol; not checked"
         return f"tables {sorted(resolved)} exist with every column the job writes"
 
-    checks += [_run("kafka", kafka), _run("state store", state), _run("target", connect), _run("tables", tables)]
+    checks += [_run("kafka", kafka), _run("state store", state), _durability(spec.state_url),
+               _run("target", connect), _run("tables", tables)]
     return checks + expiry_checks(target.expiry_limits(), outage_tolerance_s)
+
+
+def _durability(state_url: str) -> Check:
+    """A store that forgets on restart is detected by the job (it stops), but an operator must step in."""
+    try:
+        warning = open_store(state_url).durability_warning()
+    except Exception as error:
+        return Check("state store durability", "FAIL", f"{type(error).__name__}: {error}")
+    return Check("state store durability", "WARN", warning) if warning else Check(
+        "state store durability", "OK", "no known way to lose acknowledged writes on a restart")
 
 
 _DEFAULT_CONSEQUENCE = (

@@ -70,7 +70,7 @@ def test_doctor_verdicts(tmp_path, kafka_broker, new_topic):
     code, checks = doctor(write_config(tmp_path, kafka_broker.bootstrap, topic), "6 hours")
     assert code == 0, checks
     assert {name: c["verdict"] for name, c in checks.items()} == {
-        "kafka": "OK", "state store": "OK", "target": "OK", "tables": "OK",
+        "kafka": "OK", "state store": "OK", "state store durability": "OK", "target": "OK", "tables": "OK",
         "timeout commit ledger": "OK", "timeout prepared staging tables": "OK",
     }
 

@@ -226,3 +226,12 @@ def test_file_store_records_survive_kill_minus_9_mid_write(tmp_path):
         assert all(c.rows == seq and c.label.startswith(f"label-{seq}-") for c in rec.committables)
         leftovers = [p for p in (root / "job" / "batches" / "q").iterdir() if p.name.startswith(".")]
         assert len(leftovers) <= 1  # at most the temp file of the write that was cut short
+
+
+def test_doctor_warns_about_a_redis_without_append_only_file(redis_server) -> None:
+    store = RedisStateStore(redis_server.url)
+    store._client.config_set("appendonly", "no")
+    assert "appendonly is off" in store.durability_warning()
+    store._client.config_set("appendonly", "yes")
+    assert store.durability_warning() is None
+    store.close()
