@@ -203,3 +203,20 @@ def test_expired_batch_that_the_source_will_not_replay_fails_loudly(tmp_path, ka
         assert emulator.visible_rows(DB, table) == visible_before[table]
         assert len(set(visible_before[table])) == len(visible_before[table])
     assert _open_labels(emulator) == []
+
+
+def test_a_state_store_wiped_mid_commit_stops_the_job_loudly_and_loads_nothing_twice(
+    tmp_path, kafka_broker, redis_server, emulator
+):
+    """R2: batch 2 is PREPARED and one transaction committed when Redis loses everything (a restart
+    without AOF). Spark re-runs batch 2; rewriting it would load the committed part twice."""
+    scenario = _scenario(tmp_path, kafka_broker, redis_server, emulator, options={"commit_parallelism": 1}, per_trigger=30)
+    code = scenario.run_driver(crash_at="after-first-commit@2", run=0)
+    assert code == -signal.SIGKILL, scenario.log_tail(0)
+    visible = {table: scenario.adapter.rows(DB, table) for table in ("orders", "payments")}
+    redis_server.client().flushall()  # the store restarted empty
+    code = scenario.run_driver(run=1)
+    assert code != 0, f"the driver should have refused to write on a wiped store:\n{scenario.log_tail(1)}"
+    assert "StateStoreLostError" in scenario.log_tail(1, lines=200) and "no record of batch 1" in scenario.log_tail(1, lines=200)
+    for table, rows in visible.items():
+        assert scenario.adapter.rows(DB, table) == rows, f"{table} changed after the store was wiped"

@@ -334,3 +334,16 @@ def test_the_operator_settles_an_ambiguous_label_and_the_job_resumes_exactly(sr)
     settle_label(operator, QUERY, 0, forgotten[0], committed=True)  # its 100 rows are in the table
     assert sink_of(target_of(sr), store).process(source(0), 0, QUERY).action == "recovered-prepared"
     assert ids(sr) == expected_ids(0)
+
+
+# -- O3: a file store the executors cannot share ------------------------------------------------
+
+
+def test_a_file_store_with_writers_on_a_cluster_is_refused_before_any_data_moves(sr, tmp_path) -> None:
+    from state import FileStateStore
+    from streaming_sink.targets.base import ConfigurationError
+
+    sink = ExactlyOnceSink(target_of(sr), FileStateStore(tmp_path / "state"), JOB, table=TABLE, runner=InMemoryRunner())
+    sink._check_store_reaches_writers("local[2]")  # one machine: the tasks see the same directory
+    with pytest.raises(ConfigurationError, match="local to this machine.*use a Redis state store"):
+        sink._check_store_reaches_writers("spark://10.0.0.5:7077")
