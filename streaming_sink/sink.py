@@ -127,11 +127,12 @@ class ExactlyOnceSink:
         )
         marker = EpochMarker(self.checkpoint_location, self.job_id, self._spark) if self.checkpoint_location else None
         floor = marker.read() if marker else 0
+        if self.state.current_epoch(self.job_id) < floor:
+            log.warning("job %s: the state store's epoch is below the %d this checkpoint saw: it lost state; "
+                        "taking a higher one (the first batch checks the journal)", self.job_id, floor)
         epoch = self.state.take_epoch(self.job_id, owner=f"{socket.gethostname()}:{os.getpid()}", at_least=floor + 1)
         if marker:
             marker.advance(epoch)
-        if epoch == floor + 1 and floor > 0 and self.state.current_epoch(self.job_id) == epoch and not self.state.batch_keys(self.job_id):
-            log.warning("job %s: the state store had no epoch above the checkpoint's mark %d: was it wiped?", self.job_id, floor)
         self._recovery = Recovery(self.target, self.state, self.job_id, epoch)
         log.info("job %s: driver took fencing epoch %d", self.job_id, epoch)
 
@@ -213,9 +214,8 @@ class ExactlyOnceSink:
         self, df: Any, query_id: str, batch_id: int, replay: frozenset | None = None,
         committed_flushes: frozenset = frozenset(),
     ) -> list[PartitionResult]:
-        key = (query_id, batch_id)
-        write_pass = self._write_passes[1] if self._write_passes[0] == key else 0
-        self._write_passes = (key, write_pass + 1)
+        write_pass = self._write_pass(query_id, batch_id)
+        self._write_passes = ((query_id, batch_id), write_pass + 1)
         context = WriteContext(
             self.job_id, query_id, batch_id, self.epoch, write_pass, self.flush_bytes, replay, committed_flushes
         )
@@ -226,10 +226,9 @@ class ExactlyOnceSink:
             self._abort_unprepared(query_id, batch_id)
             raise
 
-    def _next_attempt_prefix(self, query_id: str, batch_id: int) -> str:
-        key = (query_id, batch_id)
-        write_pass = self._write_passes[1] if self._write_passes[0] == key else 0
-        return f"e{self.epoch}w{write_pass}"
+    def _write_pass(self, query_id: str, batch_id: int) -> int:
+        """How many times this driver has written the batch: the next pass's number (labels differ per pass)."""
+        return self._write_passes[1] if self._write_passes[0] == (query_id, batch_id) else 0
 
     def _abort_unprepared(self, query_id: str, batch_id: int) -> None:
         """A failed write leaves no transaction behind, unless the state store itself is unreachable."""
@@ -320,7 +319,7 @@ class ExactlyOnceSink:
                 "would duplicate them. See docs/runbook.md, section 8 'Replay mismatch'."
             )
         committed = frozenset((c.table, c.partition, int(c.extra["flush"]), int(c.extra["flush_rows"])) for c in survivors)
-        record.open_attempt = self._next_attempt_prefix(record.query_id, record.batch_id)
+        record.open_attempt = f"e{self.epoch}w{self._write_pass(record.query_id, record.batch_id)}"
         self.state.put_batch(self.job_id, self.epoch, record)  # the replay's writers, and only they, may begin
         results = self._write(df, record.query_id, record.batch_id, replay=plan, committed_flushes=committed)
         by_partition = {r.partition: r for r in results}
