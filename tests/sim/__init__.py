@@ -1,0 +1,1 @@
+"""Deterministic simulation of the sink's protocol (no Spark): see harness.py."""
