@@ -1,0 +1,91 @@
+"""Deliberately broken variants of the protocol, each a context manager that patches the product.
+
+The simulation must catch every one of them (tests/sim/test_teeth.py); each undoes a rule that
+DESIGN.md states as an invariant.
+"""
+from __future__ import annotations
+
+import contextlib
+from typing import Iterator
+
+from streaming_sink.recovery import Recovery
+from streaming_sink.sink import ExactlyOnceSink
+from streaming_sink.targets.base import CommitOutcome
+from streaming_sink.writer import PartitionWriter, WriteContext
+
+
+@contextlib.contextmanager
+def _patched(owner: type, name: str, replacement: object) -> Iterator[None]:
+    original = owner.__dict__[name]
+    setattr(owner, name, replacement)
+    try:
+        yield
+    finally:
+        setattr(owner, name, original)
+
+
+def commit_before_prepared_record() -> contextlib.AbstractContextManager:
+    """I1 broken: the writers' transactions are committed as soon as they are prepared."""
+    write = ExactlyOnceSink._write
+
+    def eager_write(self, df, query_id, batch_id, *args, **kwargs):
+        results = write(self, df, query_id, batch_id, *args, **kwargs)
+        for result in results:
+            for committable in result.committables:
+                self.target.commit(committable)
+        return results
+
+    return _patched(ExactlyOnceSink, "_write", eager_write)
+
+
+def abort_without_epoch_check() -> contextlib.AbstractContextManager:
+    """I5 broken: leftover intents are aborted without checking the epoch, whoever's they are."""
+
+    def abort_intents(self, query_id, batch_id, keep=frozenset()):
+        intents = self.store.intents(self.job_id, query_id, batch_id)
+        for ref in intents:
+            if ref.label not in keep:
+                self.target.abort(ref)
+        self.store.remove_intents(self.job_id, self.epoch, query_id, batch_id, [r.label for r in intents])
+        return len(intents)
+
+    return _patched(Recovery, "abort_intents", abort_intents)
+
+
+class _LostIsAborted:
+    """A view of the target that reports a forgotten label as a known rollback."""
+
+    def __init__(self, target) -> None:
+        self._target = target
+
+    def __getattr__(self, name):
+        return getattr(self._target, name)
+
+    def commit(self, committable):
+        outcome = self._target.commit(committable)
+        return CommitOutcome.ABORTED if outcome is CommitOutcome.LOST else outcome
+
+
+def replay_lost_after_commit_sent() -> contextlib.AbstractContextManager:
+    """I8 broken: a label the server forgot is replayed even though its commit was sent."""
+    commit_pending = Recovery.commit_pending
+
+    def replaying_commit_pending(self, record, on_commit=None):
+        target = self.target
+        self.target = _LostIsAborted(target)
+        try:
+            return commit_pending(self, record, on_commit)
+        finally:
+            self.target = target
+
+    return _patched(Recovery, "commit_pending", replaying_commit_pending)
+
+
+def labels_without_attempt() -> contextlib.AbstractContextManager:
+    """I4/R7 broken: every task attempt of a partition gets the same label."""
+    return _patched(WriteContext, "attempt", lambda self, task_attempt: f"e{self.epoch}w{self.write_pass}")
+
+
+def no_recheck_after_begin() -> contextlib.AbstractContextManager:
+    """R6 broken: a writer does not confirm its intent after begin, so a late begin leaks."""
+    return _patched(PartitionWriter, "_confirm_intents", lambda self: None)

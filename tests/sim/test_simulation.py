@@ -1,0 +1,62 @@
+"""The sink's protocol under seeded schedules of crashes, lost answers, zombies, operators and store loss.
+
+Fast loop: a few hundred seeds, one test each. Slow suite: >= 10,000 seeds (`SIM_SEEDS=<n>` to
+change the count). `SIM_SEED=<n>` runs one seed in both. A failure prints the seed, the broken
+invariant, the trace and the replay command (`python -m tests.sim <seed> ...`).
+"""
+from __future__ import annotations
+
+import logging
+import os
+import time
+
+import pytest
+
+from .harness import Config, run_schedule
+
+FAST_SEEDS = 300
+SLOW_SEEDS = 10_000
+SLOW_FIRST = 100_000  # the slow run explores seeds the fast loop does not
+
+
+def _seeds(first: int, count: int) -> list[int]:
+    if os.environ.get("SIM_SEED"):
+        return [int(os.environ["SIM_SEED"])]
+    return list(range(first, first + count))
+
+
+@pytest.fixture(autouse=True)
+def _quiet_logs():
+    """The protocol logs every recovery at WARNING; thousands of schedules would drown the report."""
+    logging.disable(logging.CRITICAL)
+    yield
+    logging.disable(logging.NOTSET)
+
+
+@pytest.mark.parametrize("seed", _seeds(0, FAST_SEEDS))
+def test_schedule_keeps_exactly_once(seed: int) -> None:
+    outcome = run_schedule(seed)
+    assert not outcome.violations, outcome.describe()
+
+
+@pytest.mark.slow
+def test_ten_thousand_schedules_keep_exactly_once() -> None:
+    seeds = _seeds(SLOW_FIRST, int(os.environ.get("SIM_SEEDS", SLOW_SEEDS)))
+    started = time.monotonic()
+    failures = [o for o in map(run_schedule, seeds) if o.violations]
+    elapsed = time.monotonic() - started
+    print(f"{len(seeds)} schedules in {elapsed:.0f}s ({1000 * elapsed / len(seeds):.1f} ms each)")
+    assert not failures, f"{len(failures)} failing seed(s): {[o.seed for o in failures]}\n" + failures[0].describe()
+
+
+ROLLBACK = Config(store_rollback=True, store_wipe=False, zombie_driver=False, operator=False)
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "product gap: a state store rolled back to a snapshot taken inside batch N (records up to N-1 kept) is not "
+    "detected; lost intents leak prepared transactions (909), and restored intents of committed labels make "
+    "every restart fail aborting a committed label (771)"))
+@pytest.mark.parametrize("seed", [771, 909])
+def test_store_rolled_back_mid_batch(seed: int) -> None:
+    outcome = run_schedule(seed, ROLLBACK)
+    assert not outcome.violations, outcome.describe()
