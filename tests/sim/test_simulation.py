@@ -39,9 +39,15 @@ def test_schedule_keeps_exactly_once(seed: int) -> None:
     assert not outcome.violations, outcome.describe()
 
 
+# Seeds that hit a product gap found by this simulation; each is pinned by a strict xfail below,
+# so the loop skips it and the gap's fix turns that xfail into a failure to remove from here.
+KNOWN_GAPS = {109225}
+
+
 @pytest.mark.slow
 def test_ten_thousand_schedules_keep_exactly_once() -> None:
-    seeds = _seeds(SLOW_FIRST, int(os.environ.get("SIM_SEEDS", SLOW_SEEDS)))
+    seeds = [s for s in _seeds(SLOW_FIRST, int(os.environ.get("SIM_SEEDS", SLOW_SEEDS))) 
+             if s not in KNOWN_GAPS or os.environ.get("SIM_SEED")]
     started = time.monotonic()
     failures = [o for o in map(run_schedule, seeds) if o.violations]
     elapsed = time.monotonic() - started
@@ -59,4 +65,13 @@ ROLLBACK = Config(store_rollback=True, store_wipe=False, zombie_driver=False, op
 @pytest.mark.parametrize("seed", [771, 909])
 def test_store_rolled_back_mid_batch(seed: int) -> None:
     outcome = run_schedule(seed, ROLLBACK)
+    assert not outcome.violations, outcome.describe()
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "product gap: the store wiped during batch 0 (no N-1 to miss) loses the intents of prepared attempts; "
+    "the restarted job goes on and leaves their transactions PREPARED, named by nothing (server expiry or "
+    "`recover`'s leftover listing are the only cleanup)"))
+def test_store_wiped_during_the_first_batch() -> None:
+    outcome = run_schedule(109225)
     assert not outcome.violations, outcome.describe()
