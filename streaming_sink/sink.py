@@ -24,7 +24,7 @@ from state import BatchRecord, FileStateStore, StateStore, StateStoreLostError
 
 from .committable import BatchState, Committable
 from .crash import crash_point
-from .epoch_marker import EpochMarker
+from .checkpoint_marker import CheckpointMarker, Position
 from .recovery import Recovery
 from .routing import Router
 from .targets.base import ConfigurationError, Target
@@ -110,6 +110,7 @@ class ExactlyOnceSink:
         # Start on a store that holds nothing for this job although Spark is past batch 0 (deliberate fresh store).
         self.accept_empty_state = accept_empty_state
         self._spark: Any = None
+        self._marker: CheckpointMarker | None = None
         self._router: Router | None = None
         self._recovery: Recovery | None = None
         self._write_passes: tuple[tuple[str, int] | None, int] = (None, 0)  # (batch, passes written by this driver)
@@ -125,14 +126,15 @@ class ExactlyOnceSink:
         self._router = Router(
             frozenset(tables) if tables is not None else None, self.table, self.table_column, self.struct_columns
         )
-        marker = EpochMarker(self.checkpoint_location, self.job_id, self._spark) if self.checkpoint_location else None
-        floor = marker.read() if marker else 0
+        marker = CheckpointMarker(self.checkpoint_location, self.job_id, self._spark) if self.checkpoint_location else None
+        floor = marker.epoch() if marker else 0
         if self.state.current_epoch(self.job_id) < floor:
             log.warning("job %s: the state store's epoch is below the %d this checkpoint saw: it lost state; "
                         "taking a higher one (the first batch checks the journal)", self.job_id, floor)
         epoch = self.state.take_epoch(self.job_id, owner=f"{socket.gethostname()}:{os.getpid()}", at_least=floor + 1)
         if marker:
-            marker.advance(epoch)
+            marker.advance_epoch(epoch)
+        self._marker = marker
         self._recovery = Recovery(self.target, self.state, self.job_id, epoch)
         log.info("job %s: driver took fencing epoch %d", self.job_id, epoch)
 
@@ -195,6 +197,13 @@ class ExactlyOnceSink:
     def _check_journal_continues(self, query_id: str, batch_id: int) -> None:
         """Spark calls batch N only after batch N-1 returned, and every batch leaves a record: no record
         of N-1 means the store lost or rolled back state, and writing N could duplicate what it forgot (R2)."""
+        prepared = self._marker.prepared() if self._marker else None
+        if prepared is not None and prepared.query_id == query_id and prepared.batch_id >= batch_id:
+            raise StateStoreLostError(
+                self.job_id, self.epoch, self.state.current_epoch(self.job_id),
+                f"the checkpoint says batch {prepared.batch_id} of query {query_id} was PREPARED (commits may have "
+                f"been sent), but the state store has no record of batch {batch_id}",
+            )
         if batch_id == 0 or self.state.get_batch(self.job_id, query_id, batch_id - 1) is not None:
             return
         # a crashed first attempt at this very batch may have left intents: the store is still empty of history
@@ -272,6 +281,8 @@ class ExactlyOnceSink:
             records_in=records_in,
         )
         self.state.put_batch(self.job_id, self.epoch, record)
+        if self._marker and committables:  # before any commit is sent: a store that forgets this batch is caught
+            self._marker.record_prepared(Position(query_id, batch_id))
         recorded = time.time()
         record.timings["record_s"] = recorded - written
         if not committables:

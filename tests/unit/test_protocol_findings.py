@@ -185,12 +185,40 @@ def test_epochs_never_go_back_after_a_wipe_when_the_checkpoint_keeps_the_mark(sr
     store = MemoryStateStore()
     first = sink_of(target_of(sr), store, checkpoint_location=str(tmp_path / "ckpt"))
     first.start()
+    assert (tmp_path / "ckpt" / "streaming-sink" / f"{JOB}.json").exists()
     store.wipe()
     second = sink_of(target_of(sr), store, checkpoint_location=str(tmp_path / "ckpt"), accept_empty_state=True)
     second.start()
     assert second.epoch > first.epoch
     with pytest.raises(FencedError):  # the zombie stays fenced
         first.process(source(0), 0, QUERY)
+
+
+def test_a_failover_that_lost_the_prepared_record_of_the_batch_in_flight_is_detected(sr, tmp_path) -> None:
+    """A replica that missed the last writes: batch 1's PREPARED record and progress are gone, batch 0's kept.
+    There is no gap before batch 1, but the checkpoint knows batch 1 reached its commit point."""
+    store = MemoryStateStore()
+    ckpt = str(tmp_path / "ckpt")
+    sink_of(target_of(sr), store, checkpoint_location=ckpt).process(source(0), 0, QUERY)
+    replica = store.snapshot()  # the replica is in sync up to here
+    with pytest.raises(Crash):  # one of batch 1's commits lands, then the primary dies
+        sink_of(target_of(sr), CrashingStore(store, "mark_done"), checkpoint_location=ckpt).process(source(1), 1, QUERY)
+    store.restore(replica)  # failover
+    with pytest.raises(StateStoreLostError, match="batch 1 of query query-1 was PREPARED"):
+        sink_of(target_of(sr), store, checkpoint_location=ckpt).process(source(1), 1, QUERY)
+    assert len(ids(sr)) == len(set(ids(sr)))  # nothing loaded twice
+
+
+def test_a_store_that_lost_a_batch_before_its_commit_point_writes_it_again_safely(sr, tmp_path) -> None:
+    store = MemoryStateStore()
+    ckpt = str(tmp_path / "ckpt")
+    sink_of(target_of(sr), store, checkpoint_location=ckpt).process(source(0), 0, QUERY)
+    replica = store.snapshot()
+    with pytest.raises(Crash):  # dies before batch 1's PREPARED record: no commit was ever sent
+        sink_of(target_of(sr), CrashingStore(store, "put_batch"), checkpoint_location=ckpt).process(source(1), 1, QUERY)
+    store.restore(replica)
+    sink_of(target_of(sr), store, checkpoint_location=ckpt).process(source(1), 1, QUERY)
+    assert ids(sr) == expected_ids(0, 1)
 
 
 def test_accept_empty_state_starts_a_deliberately_fresh_store_but_not_a_partly_rolled_back_one(sr) -> None:
