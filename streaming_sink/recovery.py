@@ -146,6 +146,22 @@ class Recovery:
             log.info("job %s batch %s of query %s: aborted %d leftover transaction(s)", self.job_id, batch_id, query_id, aborted)
         return aborted
 
+    def abort_leftovers(self, query_id: str) -> int:
+        """Abort the job's open transactions on the server that neither a record nor an intent names.
+
+        They are what a process leaves when it dies between a begin and its confirmation, or what a
+        store that lost intents leaves behind (I3). Only targets that can list transactions find any.
+        """
+        self.check_epoch()
+        leftovers = leftover_labels(self.store, self.target, self.job_id, {query_id})
+        for label in leftovers:
+            self.check_epoch()
+            self.target.abort(TxnRef(self.target.kind, self.target.database, "", label, -1, ""))
+        if leftovers:
+            log.warning("job %s: aborted %d transaction(s) on the target that the journal does not name: %s",
+                        self.job_id, len(leftovers), leftovers)
+        return len(leftovers)
+
     def finish_prepared(self, record: BatchRecord) -> BatchRecord:
         """Roll a PREPARED batch forward outside its own re-run; a lost part cannot be replayed here."""
         lost = self.commit_pending(record)
@@ -245,8 +261,11 @@ def settle_label(recovery: "Recovery", query_id: str, batch_id: int, label: str,
     recovery.store.put_batch(recovery.job_id, recovery.epoch, record)
 
 
-def leftover_labels(store: StateStore, target: Target, job_id: str) -> list[str]:
-    """Server-side transactions of this job that no record or intent names (R6); [] where the target cannot list."""
+def leftover_labels(store: StateStore, target: Target, job_id: str, query_ids: set[str] = frozenset()) -> list[str]:
+    """Server-side transactions of this job that no record or intent names (R6); [] where the target cannot list.
+
+    Looks under every query the store knows, and `query_ids` (the running query, after a store loss).
+    """
     keys = store.batch_keys(job_id)
     named: set[str] = set()
     for query_id, batch_id in keys:
@@ -254,7 +273,7 @@ def leftover_labels(store: StateStore, target: Target, job_id: str) -> list[str]
         named |= {c.label for c in record.committables} if record else set()
         named |= {r.label for r in store.intents(job_id, query_id, batch_id)}
     found: set[str] = set()
-    for query_id in {q for q, _ in keys}:
+    for query_id in {q for q, _ in keys} | set(query_ids):
         listed = target.leftover_transactions(label_prefix(job_id, query_id))
         found |= set(listed or [])
     return sorted(found - named)

@@ -111,6 +111,7 @@ class ExactlyOnceSink:
         self.accept_empty_state = accept_empty_state
         self._spark: Any = None
         self._marker: CheckpointMarker | None = None
+        self._leftovers_swept = False  # the first batch of this driver clears the server's unnamed leftovers
         self._router: Router | None = None
         self._recovery: Recovery | None = None
         self._write_passes: tuple[tuple[str, int] | None, int] = (None, 0)  # (batch, passes written by this driver)
@@ -185,6 +186,7 @@ class ExactlyOnceSink:
             report = self._recover_prepared(df, record)
         else:
             self._check_journal_continues(query_id, batch_id)
+            self._abort_leftovers_once(query_id)
             recovery.abort_intents(query_id, batch_id)
             recovery.sweep(skip=(query_id, batch_id), retain_batches=self.retain_batches)
             report = self._write_and_commit(df, query_id, batch_id)
@@ -217,6 +219,12 @@ class ExactlyOnceSink:
             f"{batch_id - 1}, which every processed batch leaves (to start deliberately on an empty store, set "
             "accept_empty_state once)",
         )
+
+    def _abort_leftovers_once(self, query_id: str) -> None:
+        """After a restart, before writing: what a dead process or a lost intent left on the server goes (I3)."""
+        if not self._leftovers_swept:
+            self._recovery.abort_leftovers(query_id)  # type: ignore[union-attr]
+            self._leftovers_swept = True
 
     # -- steps -----------------------------------------------------------------------------------
 
@@ -298,6 +306,7 @@ class ExactlyOnceSink:
         assert recovery is not None
         log.warning("job %s batch %s: found PREPARED by epoch %d; committing it", self.job_id, record.batch_id, record.epoch)
         recovery.abort_intents(record.query_id, record.batch_id, keep={c.label for c in record.committables})
+        self._abort_leftovers_once(record.query_id)
         record = self._commit_prepared(df, record, started_commit=time.time())
         recovery.sweep(skip=(record.query_id, record.batch_id), retain_batches=self.retain_batches)
         return self._report(record.batch_id, "recovered-prepared", record)

@@ -140,3 +140,14 @@ class Target(ABC):
 
 class CommitAmbiguousError(TargetError):
     """A commit was interrupted where the target cannot tell whether it took effect: an operator must settle it."""
+
+
+class CommittedNotChosenError(TargetError):
+    """An abort found the transaction committed: the journal that asked for the abort does not name it.
+
+    Either a second job writes with the same job_id and checkpoint, or the state store was rolled back
+    to an older copy of a batch's record. Its rows may be duplicated: an operator must look (runbook:
+    'A transaction the journal did not choose is committed').
+    """
+
+    RUNBOOK = "See docs/runbook.md, section 'A transaction the journal did not choose is committed'."

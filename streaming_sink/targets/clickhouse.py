@@ -33,7 +33,7 @@ import pyarrow as pa
 
 from ..committable import Committable, TxnRef
 from .base import (
-    CommitAmbiguousError, CommitOutcome, ConfigurationError, ExpiryLimit, NewRef, PreparedPart, RecordIntent,
+    CommitAmbiguousError, CommitOutcome, CommittedNotChosenError, ConfigurationError, ExpiryLimit, NewRef, PreparedPart, RecordIntent,
     TableTransaction, Target, TargetError,
 )
 
@@ -196,10 +196,11 @@ class ClickHouseTarget(Target):
         self._ensure_ledger()
         state = self._ledger_state(ref.label)
         if state is not None:
-            raise TargetError(
+            raise CommittedNotChosenError(
                 f"refusing to abort {ref.label}: the ledger {self.database}.{LEDGER_TABLE} says its commit "
                 f"{'finished (committed)' if state == COMMITTED else 'began (moving)'}; a transaction whose "
-                "commit began can only be committed, so whoever aborts it holds a stale view of the batch"
+                f"commit began can only be committed, so whoever aborts it holds a stale view of the batch. "
+                + CommittedNotChosenError.RUNBOOK
             )
         self.client().command(f"DROP TABLE IF EXISTS {self._table(ref.label)} SYNC")
 

@@ -34,7 +34,7 @@ import pyarrow as pa
 from ..committable import Committable, TxnRef
 from ..encoding import CsvFormat, JsonFormat, WireFormat, columns_header, encode_chunks
 from ..http import AuthenticationError, HttpClient, HttpError, HttpResponse, excerpt
-from .base import CommitOutcome, ConfigurationError, ExpiryLimit, NewRef, PreparedPart, RecordIntent, TableTransaction, Target, TargetError
+from .base import CommitOutcome, CommittedNotChosenError, ConfigurationError, ExpiryLimit, NewRef, PreparedPart, RecordIntent, TableTransaction, Target, TargetError
 
 log = logging.getLogger(__name__)
 
@@ -436,8 +436,9 @@ class DorisTarget(Target):
             return
         if status == "Label Already Exists":
             if answer.get("ExistingJobStatus") == "FINISHED":
-                raise TargetError(
-                    f"cannot abort Doris label {ref.label}: it is already committed ({excerpt(str(answer.get('Message')), 200)})"
+                raise CommittedNotChosenError(
+                    f"cannot abort Doris label {ref.label}: it is already committed "
+                    f"({excerpt(str(answer.get('Message')), 200)}). " + CommittedNotChosenError.RUNBOOK
                 )
             holder = _LABEL_HOLDER.search(str(answer.get("Message", "")))
             if holder is None:
@@ -454,9 +455,9 @@ class DorisTarget(Target):
         if answer.ok:
             return
         if _COULD_NOT_ABORT.search(answer.msg):
-            raise TargetError(
+            raise CommittedNotChosenError(
                 f"Doris {what} is already committed and cannot be aborted ({answer.msg}); its rows are visible but "
-                "belong to no prepared batch: this needs an operator (see docs/runbook.md)"
+                "belong to no prepared batch. " + CommittedNotChosenError.RUNBOOK
             )
         if _ALREADY_ABORTED.search(answer.msg) or _TXN_NOT_FOUND.search(answer.msg) or _LABEL_NOT_FOUND.search(answer.msg):
             return

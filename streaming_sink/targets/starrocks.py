@@ -28,7 +28,7 @@ import pyarrow as pa
 from ..committable import Committable, TxnRef
 from ..encoding import DEFAULT_CHUNK_BYTES, CsvFormat, JsonFormat, WireFormat, columns_header, encode_chunks
 from ..http import AuthenticationError, HttpClient, HttpConnectionError, HttpError, HttpResponse
-from .base import CommitOutcome, ConfigurationError, ExpiryLimit, NewRef, PreparedPart, RecordIntent, TableTransaction, Target, TargetError
+from .base import CommitOutcome, CommittedNotChosenError, ConfigurationError, ExpiryLimit, NewRef, PreparedPart, RecordIntent, TableTransaction, Target, TargetError
 
 log = logging.getLogger(__name__)
 
@@ -267,10 +267,10 @@ class StarRocksTarget(Target):
                 f"answered {answer.brief}, _cancel answered {cancel.brief}, the label is still {state}. It will "
                 "expire after its timeout; the sink retries the abort on its next start."
             )
-        raise TargetError(
+        raise CommittedNotChosenError(
             f"StarRocks label {ref.label} (table {self.database}.{ref.table}) is {state}, but the sink was "
-            "aborting it: a transaction that was never chosen was committed, so its rows may be duplicated. "
-            "Is a second job writing with the same job_id and checkpoint? Stop it, then compare the table with the source."
+            "aborting it: the journal does not name it, yet it was committed, so its rows may be duplicated. "
+            + CommittedNotChosenError.RUNBOOK
         )
 
     def close(self) -> None:

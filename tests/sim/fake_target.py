@@ -24,7 +24,7 @@ import pyarrow as pa
 
 from streaming_sink.committable import Committable, TxnRef
 from streaming_sink.targets.base import (
-    CommitOutcome, NewRef, PreparedPart, RecordIntent, TableTransaction, Target, TargetError,
+    CommitOutcome, CommittedNotChosenError, NewRef, PreparedPart, RecordIntent, TableTransaction, Target, TargetError,
 )
 
 
@@ -165,7 +165,7 @@ class FakeOlapServer:
         if txn is None or txn.state is TxnState.ABORTED:
             return
         if txn.state is TxnState.VISIBLE:
-            raise TargetError(f"label {label} is already committed and cannot be aborted")
+            raise CommittedNotChosenError(f"label {label} is already committed and cannot be aborted")
         txn.state, txn.finished_at, txn.why = TxnState.ABORTED, self.clock.now, f"aborted by {self.who()}"
 
     def state(self, label: str) -> str:
@@ -174,6 +174,11 @@ class FakeOlapServer:
         return txn.state.value if txn else "UNKNOWN"
 
     # -- what a reader sees (not an RPC: no faults) ----------------------------------------------
+
+    def open_labels(self, prefix: str) -> list[str]:
+        """What a server that can list its open transactions answers (ClickHouse lists staging tables)."""
+        self._tick()
+        return sorted(label for label, t in self.txns.items() if t.state in OPEN and label.startswith(prefix))
 
     def visible_rows(self, table: str) -> list[int]:
         return [i for i, _ in self.visible[table]]
@@ -195,9 +200,10 @@ class FakeTarget(Target):
     kind = "sim"
     database = "db"
 
-    def __init__(self, server: FakeOlapServer, per_flush: bool) -> None:
+    def __init__(self, server: FakeOlapServer, per_flush: bool, lists_leftovers: bool = True) -> None:
         self.server = server  # the simulation swaps in a fault-injecting proxy
         self.per_flush = per_flush
+        self.lists_leftovers = lists_leftovers  # can the server list open transactions (like ClickHouse)?
 
     @property
     def commit_parallelism(self) -> int:
@@ -225,6 +231,9 @@ class FakeTarget(Target):
                     return CommitOutcome.LOST
                 # still PREPARED: the commit did not get through; send it again
         raise TargetError(f"commit of {committable.label} kept timing out")
+
+    def leftover_transactions(self, label_prefix: str) -> list[str] | None:
+        return self.server.open_labels(label_prefix) if self.lists_leftovers else None
 
     def abort(self, ref: TxnRef) -> None:
         self.server.abort(ref.label)

@@ -39,15 +39,9 @@ def test_schedule_keeps_exactly_once(seed: int) -> None:
     assert not outcome.violations, outcome.describe()
 
 
-# Seeds that hit a product gap found by this simulation; each is pinned by a strict xfail below,
-# so the loop skips it and the gap's fix turns that xfail into a failure to remove from here.
-KNOWN_GAPS = {109225}
-
-
 @pytest.mark.slow
 def test_ten_thousand_schedules_keep_exactly_once() -> None:
-    seeds = [s for s in _seeds(SLOW_FIRST, int(os.environ.get("SIM_SEEDS", SLOW_SEEDS))) 
-             if s not in KNOWN_GAPS or os.environ.get("SIM_SEED")]
+    seeds = _seeds(SLOW_FIRST, int(os.environ.get("SIM_SEEDS", SLOW_SEEDS)))
     started = time.monotonic()
     failures = [o for o in map(run_schedule, seeds) if o.violations]
     elapsed = time.monotonic() - started
@@ -58,20 +52,17 @@ def test_ten_thousand_schedules_keep_exactly_once() -> None:
 ROLLBACK = Config(store_rollback=True, store_wipe=False, zombie_driver=False, operator=False)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "product gap: a state store rolled back to a snapshot taken inside batch N (records up to N-1 kept) is not "
-    "detected; lost intents leak prepared transactions (909), and restored intents of committed labels make "
-    "every restart fail aborting a committed label (771)"))
 @pytest.mark.parametrize("seed", [771, 909])
 def test_store_rolled_back_mid_batch(seed: int) -> None:
+    """Found by this simulation: a store restored to a snapshot taken inside batch N, with N-1's record
+    kept. 771: an older version of a record no longer names a committed attempt (loud stop, no duplicate);
+    909: lost intents left prepared transactions behind (the restart's leftover sweep aborts them)."""
     outcome = run_schedule(seed, ROLLBACK)
     assert not outcome.violations, outcome.describe()
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "product gap: the store wiped during batch 0 (no N-1 to miss) loses the intents of prepared attempts; "
-    "the restarted job goes on and leaves their transactions PREPARED, named by nothing (server expiry or "
-    "`recover`'s leftover listing are the only cleanup)"))
 def test_store_wiped_during_the_first_batch() -> None:
+    """Found by this simulation (seed 109225): no batch N-1 to miss, and the wipe lost the intents of
+    prepared attempts; the checkpoint's prepared mark and the leftover sweep close it."""
     outcome = run_schedule(109225)
     assert not outcome.violations, outcome.describe()

@@ -8,7 +8,7 @@ from typing import Callable
 import pytest
 
 from . import broken
-from .harness import Outcome, run_schedule
+from .harness import Config, Outcome, run_schedule
 
 BUDGET = 400  # seeds each broken variant gets
 
@@ -20,25 +20,30 @@ def _quiet_logs():
     logging.disable(logging.NOTSET)
 
 
-def _first_violation(seeds: range) -> Outcome | None:
+def _first_violation(seeds: range, config: Config | None = None) -> Outcome | None:
     for seed in seeds:
-        outcome = run_schedule(seed)
+        outcome = run_schedule(seed, config) if config else run_schedule(seed)
         if outcome.violations:
             return outcome
     return None
 
 
-@pytest.mark.parametrize("variant, expected", [
-    (broken.commit_before_prepared_record, "I1"),
-    (broken.abort_without_epoch_check, "I5"),
-    (broken.replay_lost_after_commit_sent, "duplicate rows"),
-    (broken.labels_without_attempt, ""),
-    (broken.no_recheck_after_begin, "I3"),
-], ids=lambda v: getattr(v, "__name__", v))
-def test_broken_protocol_is_caught(variant: Callable, expected: str) -> None:
+# Without the re-check after begin, a late writer's transaction is left to whoever can find it: a
+# server that lists open transactions lets the next restart abort it, so the leak shows where it cannot.
+UNLISTED = Config(lists_leftovers=False)
+
+
+@pytest.mark.parametrize("variant, expected, config", [
+    (broken.commit_before_prepared_record, "I1", None),
+    (broken.abort_without_epoch_check, "I5", None),
+    (broken.replay_lost_after_commit_sent, "duplicate rows", None),
+    (broken.labels_without_attempt, "", None),
+    (broken.no_recheck_after_begin, "I3", UNLISTED),
+], ids=lambda v: getattr(v, "__name__", None) if callable(v) else None)
+def test_broken_protocol_is_caught(variant: Callable, expected: str, config: Config | None) -> None:
     with variant():
-        caught = _first_violation(range(BUDGET))
+        caught = _first_violation(range(BUDGET), config)
     assert caught is not None, f"{variant.__name__}: no violation in {BUDGET} seeds"
     assert any(expected in v for v in caught.violations), caught.describe()
-    clean = _first_violation(range(caught.seed + 1))
+    clean = _first_violation(range(caught.seed + 1), config)
     assert clean is None, "the unbroken protocol fails the same seeds:\n" + clean.describe()
