@@ -378,3 +378,22 @@ def test_a_file_store_with_writers_on_a_cluster_is_refused_before_any_data_moves
     sink._check_store_reaches_writers("local[2]")  # one machine: the tasks see the same directory
     with pytest.raises(ConfigurationError, match="local to this machine.*use a Redis state store"):
         sink._check_store_reaches_writers("spark://10.0.0.5:7077")
+
+
+# -- O2: state does not grow with checkpoint changes ---------------------------------------------
+
+
+def test_older_checkpoints_keep_only_their_newest_record_and_none_once_stale() -> None:
+    from streaming_sink.committable import Committable
+    from streaming_sink.recovery import STALE_QUERY_SECONDS
+
+    store, target = MemoryStateStore(), RecordingTarget()
+    recovery = Recovery(target, store, JOB, store.take_epoch(JOB, "driver"))
+    for query in ("old-a", "old-b", QUERY):
+        for batch in range(5):
+            done = Committable("recording", DB, TABLE, f"{query}-{batch}", 0, f"e{recovery.epoch}w0t1", rows=1)
+            store.put_batch(JOB, recovery.epoch, BatchRecord(query, batch, BatchState.COMMITTED, recovery.epoch, [done],
+                                                             created_at=1000.0 if query == "old-a" else 10**10))
+    recovery.sweep(skip=(QUERY, 5), retain_batches=3, now=1000.0 + STALE_QUERY_SECONDS + 1)
+    assert set(store.batch_keys(JOB)) == {("old-b", 4)} | {(QUERY, b) for b in (2, 3, 4)}
+    assert target.calls == []  # clean COMMITTED records: nothing to abort
