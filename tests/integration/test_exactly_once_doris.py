@@ -369,8 +369,9 @@ def test_a_task_that_fails_after_precommitting_is_retried_exactly(tmp_path, kafk
     """Attempt 0 of partition 0 pre-commits its first chunk, then its second load fails for good, and its own
     abort fails too: Spark retries the task (local[2,3]); the driver commits attempt 1 and aborts attempt 0's txn.
     Speculation is on as well (Spark never launches copies on a single host; see the unit tests for duplicates)."""
-    target = {"batch": str(CRASH_BATCH), "partition": "0", "task": "0", "write_pass": "0"}
-    emulator.rules.append(Rule("fail", "stream_load", {**target, "chunk": "1"}))
+    # Labels carry Spark's taskAttemptId, unknown beforehand: the first task of partition 0 to load is attempt 0.
+    target = {"batch": str(CRASH_BATCH), "partition": "0", "write_pass": "0"}
+    emulator.rules.append(Rule("fail", "stream_load", {**target, "chunk": "1"}, times=2))
     emulator.rules.append(Rule("fail", "abort", {**target, "chunk": "0"}, times=2))  # the task's own cleanup
     pipeline = make_pipeline(
         tmp_path, kafka_broker, f"file://{tmp_path / 'state'}", emulator, options={"retries": 1},
@@ -379,7 +380,9 @@ def test_a_task_that_fails_after_precommitting_is_retried_exactly(tmp_path, kafk
     )
     pipeline.run_to_completion(first_run=0)
     assert [r.fired for r in emulator.rules] == [2, 2]  # the load and its one retry; the abort and its retry
-    attempts = {(m.group("partition"), m.group("task")): t["state"] for t in batch_txns(emulator, CRASH_BATCH)
-                if (m := LABEL.search(t["label"])) and m.group("chunk") == "0" and m.group("table") == "orders"}
-    assert attempts[("0", "0")] == "ABORTED" and attempts[("0", "1")] == "VISIBLE", attempts
+    attempts = {int(m.group("task")): t["state"] for t in batch_txns(emulator, CRASH_BATCH)
+                if (m := LABEL.search(t["label"])) and m.group("chunk") == "0" and m.group("table") == "orders"
+                and m.group("partition") == "0"}
+    first, retry = sorted(attempts)  # task attempt ids grow: the retry's is the larger
+    assert attempts[first] == "ABORTED" and attempts[retry] == "VISIBLE", attempts
     pipeline.verify_all()
