@@ -1,6 +1,6 @@
 """Commit what was prepared, abort what was only begun: shared by the sink and the operator CLI.
 
-Rules (DESIGN.md section 2):
+Rules (docs/design.md):
 * a batch with a PREPARED record is rolled forward, never back (I2): commit every committable;
 * intents of a batch that has no PREPARED record are aborted (I3);
 * intents that are not in a batch's record (failed, speculative or replaced attempts) are aborted
@@ -112,8 +112,8 @@ class Recovery:
         lost = [c for c, o in zip(pending, outcomes) if o is not CommitOutcome.COMMITTED and c not in ambiguous]
         if lost:
             log.warning(
-                "job %s batch %s: %d prepared transaction(s) can no longer be committed (aborted or unknown to the "
-                "target, and no commit had been sent for them): %s",
+                "job %s batch %s: %d prepared transaction(s) can no longer be committed (aborted by the target, or "
+                "unknown to it before any commit was sent): %s",
                 self.job_id, record.batch_id, len(lost), [c.label for c in lost],
             )
         return lost
