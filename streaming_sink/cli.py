@@ -15,8 +15,7 @@ from typing import Any
 
 from state import open_store
 
-
-from .recovery import AbortRefusedError, Recovery, abort_batch, apply_recovery, plan_recovery, settle_label
+from .recovery import OperatorActionRefused, Recovery, abort_batch, apply_recovery, plan_recovery, settle_label
 from .status import job_status, render_status
 from .targets import ConfigurationError, target_from_url
 
@@ -132,7 +131,7 @@ def cmd_abort(args: argparse.Namespace) -> int:
     recovery = _take_over(args)
     try:
         aborted = abort_batch(recovery, query_id, batch_id)  # re-reads the record under the new epoch (R5)
-    except AbortRefusedError as error:
+    except OperatorActionRefused as error:
         print(f"refusing: {error}", file=sys.stderr)
         return 2
     _emit(args, {"applied": True, "batch": batch_id, "aborted": aborted}, f"aborted {aborted} transaction(s) of batch {batch_id}")
@@ -143,7 +142,7 @@ def cmd_settle(args: argparse.Namespace) -> int:
     recovery = _take_over(args)
     try:
         settle_label(recovery, args.query_id, args.batch, args.label, committed=args.committed)
-    except AbortRefusedError as error:
+    except OperatorActionRefused as error:
         print(f"refusing: {error}", file=sys.stderr)
         return 2
     verdict = "committed" if args.committed else "not committed (the job replays it)"

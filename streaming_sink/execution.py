@@ -35,16 +35,10 @@ class SparkWriterRunner:
     def run(
         self, df: "DataFrame", target: Target, router: Router, context: WriteContext, store: StateStore
     ) -> list[PartitionResult]:
-        return run_writers(df, target, router, context, store)
-
-
-def run_writers(
-    df: "DataFrame", target: Target, router: Router, context: WriteContext, store: StateStore
-) -> list[PartitionResult]:
-    identity = _replay_identity(df, context, store) if context.replay is not None else None
-    if target.runs_writers_in_driver:
-        return _write_in_driver(df, target, router, context, store, identity)
-    return _write_in_tasks(df, target, router, context, store.url, identity)
+        identity = _replay_identity(df, context, store) if context.replay is not None else None
+        if target.runs_writers_in_driver:
+            return _write_in_driver(df, target, router, context, store, identity)
+        return _write_in_tasks(df, target, router, context, store.url, identity)
 
 
 def _writer_partition(identity: Identity | None, spark_partition: int) -> int:

@@ -225,8 +225,9 @@ class RecoveryAction:
     detail: str = ""
 
 
-class AbortRefusedError(RuntimeError):
-    """An operator's abort of a batch that has a PREPARED or COMMITTED record: it must be committed, not aborted."""
+class OperatorActionRefused(RuntimeError):
+    """An operator's action that would lose or duplicate rows (aborting a batch with a record, settling a
+    label the record does not hold): refused, with the reason."""
 
 
 def abort_batch(recovery: "Recovery", query_id: str, batch_id: int) -> int:
@@ -237,7 +238,7 @@ def abort_batch(recovery: "Recovery", query_id: str, batch_id: int) -> int:
     """
     record = recovery.store.get_batch(recovery.job_id, query_id, batch_id)
     if record is not None:
-        raise AbortRefusedError(
+        raise OperatorActionRefused(
             f"batch {batch_id} of query {query_id} is {record.state.value}: its transactions must be committed "
             "(run `recover`); aborting them would lose rows the source will not send again"
         )
@@ -252,7 +253,7 @@ def settle_label(recovery: "Recovery", query_id: str, batch_id: int, label: str,
     """
     record = recovery.store.get_batch(recovery.job_id, query_id, batch_id)
     if record is None or record.state is not BatchState.PREPARED or label not in {c.label for c in record.live_committables()}:
-        raise AbortRefusedError(f"batch {batch_id} of query {query_id} has no PREPARED committable {label}")
+        raise OperatorActionRefused(f"batch {batch_id} of query {query_id} has no PREPARED committable {label}")
     if committed:
         recovery.store.mark_done(recovery.job_id, recovery.epoch, query_id, batch_id, label)
         return

@@ -13,7 +13,7 @@ import pytest
 
 from state import BatchRecord, FencedError, MemoryStateStore, StateStoreLostError
 from streaming_sink.committable import BatchState, TxnRef
-from streaming_sink.recovery import AbortRefusedError, Recovery, ReplayAmbiguousError, abort_batch
+from streaming_sink.recovery import OperatorActionRefused, Recovery, ReplayAmbiguousError, abort_batch
 from streaming_sink.routing import Router
 from streaming_sink.sink import ExactlyOnceSink
 from streaming_sink.targets.base import CommitOutcome
@@ -293,7 +293,7 @@ def test_operator_abort_refuses_a_batch_that_became_prepared_meanwhile() -> None
     prepared = Committable("recording", DB, TABLE, "L0", 0, ref.attempt, rows=1)
     store.put_batch(JOB, driver, BatchRecord(QUERY, 3, BatchState.PREPARED, driver, [prepared]))  # ...then this
     operator = Recovery(target, store, JOB, store.take_epoch(JOB, "operator"))
-    with pytest.raises(AbortRefusedError, match="PREPARED"):
+    with pytest.raises(OperatorActionRefused, match="PREPARED"):
         abort_batch(operator, QUERY, 3)
     assert target.calls == []
 
