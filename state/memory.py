@@ -32,7 +32,7 @@ class MemoryStateStore(StateStore):
     def __getstate__(self) -> dict:
         raise TypeError("MemoryStateStore lives in one process; Spark tasks need the Redis or file store")
 
-    # -- operator-visible faults ------------------------------------------------------------------
+    # -- faults a test can inflict ------------------------------------------------------------------
 
     def snapshot(self) -> dict[str, Any]:
         with self._lock:
