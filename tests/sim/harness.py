@@ -35,8 +35,8 @@ from streaming_sink.recovery import (
     Recovery, ReplayAmbiguousError, ReplayImpossibleError, apply_recovery, plan_recovery,
 )
 from streaming_sink.sink import ExactlyOnceSink, ReplayMismatchError
-from streaming_sink.writer import PartitionResult, PartitionWriter, WriteContext
 from streaming_sink.targets.base import CommittedNotChosenError
+from streaming_sink.writer import PartitionResult, PartitionWriter, WriteContext
 
 from .fake_target import OPEN, FakeOlapServer, FakeTarget, SimClock, SimulatedTimeout, Txn, TxnState
 
