@@ -268,15 +268,17 @@ def leftover_labels(store: StateStore, target: Target, job_id: str, query_ids: s
     Looks under every query the store knows, and `query_ids` (the running query, after a store loss).
     """
     keys = store.batch_keys(job_id)
+    found: set[str] = set()
+    for query_id in {q for q, _ in keys} | set(query_ids):
+        listed = target.leftover_transactions(label_prefix(job_id, query_id))
+        found |= set(listed or [])
+    if not found:  # the common case, and always where the target cannot list: no record needs reading
+        return []
     named: set[str] = set()
     for query_id, batch_id in keys:
         record = store.get_batch(job_id, query_id, batch_id)
         named |= {c.label for c in record.committables} if record else set()
         named |= {r.label for r in store.intents(job_id, query_id, batch_id)}
-    found: set[str] = set()
-    for query_id in {q for q, _ in keys} | set(query_ids):
-        listed = target.leftover_transactions(label_prefix(job_id, query_id))
-        found |= set(listed or [])
     return sorted(found - named)
 
 
