@@ -88,6 +88,7 @@ class FakeOlapServer:
         self.who: Callable[[], str] = lambda: "?"
         self.on_visible: Callable[[Txn], None] = lambda txn: None  # the checker's hook (I1)
         self.on_abort_call: Callable[[str, Txn | None], None] = lambda label, txn: None  # the checker's hook (I5)
+        self.on_label_reuse: Callable[[Txn], None] = lambda earlier: None  # the checker's hook (I4)
 
     # -- time ------------------------------------------------------------------------------------
 
@@ -111,6 +112,9 @@ class FakeOlapServer:
         self._tick()
         if table not in self.tables:
             raise TargetError(f"unknown table {table!r}")
+        earlier = self.txns.get(label) or self.forgotten.get(label)
+        if earlier is not None:
+            self.on_label_reuse(earlier)
         if label in self.txns:
             raise LabelAlreadyUsed(label, self.txns[label].state)
         txn = Txn(label, table, self._next_id, self.who(), self.clock.now)

@@ -283,6 +283,7 @@ class Simulation:
         self.server.who = self._who
         self.server.on_visible = self._on_visible
         self.server.on_abort_call = self._on_abort_call
+        self.server.on_label_reuse = self._on_label_reuse
 
     # -- source ----------------------------------------------------------------------------------
 
@@ -332,6 +333,10 @@ class Simulation:
         dupes = sorted(seen & set(txn.ids)) or sorted({i for i in txn.ids if txn.ids.count(i) > 1})
         if dupes:
             self.violation(f"duplicate rows {dupes} in {txn.table} (commit of {txn.label} by {txn.why})")
+
+    def _on_label_reuse(self, earlier: Txn) -> None:
+        """Every writer attempt has labels of its own: a second begin of a label means two attempts share it."""
+        self.violation(f"I4: {self._who()} begins {earlier.label}, already begun by {earlier.owner} ({earlier.state.value})")
 
     def _on_abort_call(self, label: str, txn: Txn | None) -> None:
         process = self._process()
