@@ -94,6 +94,11 @@ class CheckpointMarker:
                 handle.flush()
                 os.fsync(handle.fileno())
             os.replace(tmp, self._path)
+            directory = os.open(self._path.parent, os.O_RDONLY)  # the rename itself survives a power loss
+            try:
+                os.fsync(directory)
+            finally:
+                os.close(directory)
             return
         fs, path = self._hadoop()
         stream = fs.create(path, True)  # overwrite: one small file, written by the one live driver
