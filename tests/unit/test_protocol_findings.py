@@ -264,19 +264,26 @@ def test_a_fenced_driver_aborts_nothing_of_the_newer_driver() -> None:
     assert target.calls == []
 
 
-def test_a_driver_fenced_during_its_commits_stops_sending_them() -> None:
+@pytest.mark.parametrize("fenced", ["during the first commit", "after the first commit was recorded"])
+def test_a_driver_fenced_during_its_commits_stops_sending_them(fenced: str) -> None:
+    """During: the first commit's progress write is refused, the pool stops. After: that write went
+    through, so only the epoch check before each commit keeps the second one from being sent."""
     store = MemoryStateStore()
     epoch = store.take_epoch(JOB, "a")
-    target = RecordingTarget(on_commit=lambda: store.take_epoch(JOB, "b") if len(target.calls) == 1 else None)
+    take_over = lambda: store.take_epoch(JOB, "b")  # noqa: E731
+    target = RecordingTarget(
+        on_commit=lambda: take_over() if fenced == "during the first commit" and len(target.calls) == 1 else None
+    )
     target.commit_parallelism = 1
     from streaming_sink.committable import Committable
 
     committables = [Committable("recording", DB, TABLE, f"L{i}", i, f"e{epoch}w0t{i}", rows=1) for i in range(6)]
     record = BatchRecord(QUERY, 0, BatchState.PREPARED, epoch, committables)
     store.put_batch(JOB, epoch, record)
+    after_recorded = take_over if fenced == "after the first commit was recorded" else None
     with pytest.raises(FencedError):
-        Recovery(target, store, JOB, epoch).commit_pending(record)
-    assert target.calls == [("commit", "L0")]  # the newer driver took over during the first commit
+        Recovery(target, store, JOB, epoch).commit_pending(record, on_commit=after_recorded)
+    assert target.calls == [("commit", "L0")]  # the newer driver took over before any second commit
 
 
 # -- R5: the operator's abort re-reads the record under its own epoch --------------------------
