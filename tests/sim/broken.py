@@ -10,7 +10,7 @@ from typing import Iterator
 
 from streaming_sink.recovery import Recovery
 from streaming_sink.sink import ExactlyOnceSink
-from streaming_sink.targets.base import CommitOutcome
+from streaming_sink.targets.base import CommitOutcome, CommittedNotChosenError
 from streaming_sink.writer import PartitionWriter, WriteContext
 
 
@@ -79,6 +79,20 @@ def replay_lost_after_commit_sent() -> contextlib.AbstractContextManager:
             self.target = target
 
     return _patched(Recovery, "commit_pending", replaying_commit_pending)
+
+
+def prepared_batch_rolled_back() -> contextlib.AbstractContextManager:
+    """I2 broken: a restart that finds a PREPARED record aborts its uncommitted transactions first (their
+    commits then answer ABORTED and they are loaded again: the rows arrive, so only the I2 check sees it)."""
+    recover_prepared = ExactlyOnceSink._recover_prepared
+
+    def rolling_back(self, df, record):
+        for ref in self.state.intents(self.job_id, record.query_id, record.batch_id):
+            with contextlib.suppress(CommittedNotChosenError):  # what is committed stays so
+                self.target.abort(ref)
+        return recover_prepared(self, df, record)
+
+    return _patched(ExactlyOnceSink, "_recover_prepared", rolling_back)
 
 
 def labels_without_attempt() -> contextlib.AbstractContextManager:

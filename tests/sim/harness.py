@@ -340,7 +340,12 @@ class Simulation:
 
     def _on_abort_call(self, label: str, txn: Txn | None) -> None:
         process = self._process()
-        if txn is None or txn.state not in OPEN or process.epoch is None:
+        if txn is None or txn.state not in OPEN:
+            return
+        if txn.state is TxnState.PREPARED and label in self.ever_prepared and not self.store_lost:
+            # (a lost store may forget a PREPARED record before any commit was sent: writing the batch again is safe)
+            self.violation(f"I2: {process.name} aborted {label}, which a durable PREPARED record names")
+        if process.epoch is None:
             return
         owner_epoch = self.label_epoch.get(label)
         if owner_epoch is not None and owner_epoch > process.epoch:

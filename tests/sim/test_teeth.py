@@ -37,6 +37,7 @@ UNLISTED = Config(lists_leftovers=False)
     (broken.commit_before_prepared_record, "I1", None),
     (broken.abort_without_epoch_check, "I5", None),
     (broken.replay_lost_after_commit_sent, "duplicate rows", None),
+    (broken.prepared_batch_rolled_back, "I2", None),
     (broken.labels_without_attempt, "I4", None),
     (broken.no_recheck_after_begin, "I3", UNLISTED),
 ], ids=lambda v: getattr(v, "__name__", None) if callable(v) else None)
