@@ -45,7 +45,7 @@ LABEL = re.compile(
 
 
 class RowsDuplicated(AssertionError):
-    """A table holds more rows than the source (a known defect, see xfail)."""
+    """A table holds more rows than the source: a replay loaded committed rows again."""
 
 
 # -- the emulator, with faults aimed by label pattern ------------------------------------------------
