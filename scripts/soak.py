@@ -23,67 +23,18 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Iterator
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from devstack.kafka import KafkaBroker  # noqa: E402
-from devstack.pipeline import DB, TABLES, LocalPipeline  # noqa: E402
-from devstack.ports import free_port  # noqa: E402
+from devstack.pipeline import LocalPipeline  # noqa: E402
 from devstack.redis import RedisServer  # noqa: E402
+from devstack.spark_cluster import executor_pids, standalone_cluster  # noqa: E402
 from tests.emulators.starrocks import StarRocksEmulator  # noqa: E402
 from tests.integration.starrocks_harness import StarRocksEmulatorAdapter  # noqa: E402
 
-WORKER_HOSTS = ("127.0.0.2", "127.0.0.3")
 FAULTS = ("publish_timeout", "write_lock_timeout", "drop_connection_after_commit", "http_5xx")
-
-
-def spark_class() -> Path:
-    import pyspark
-
-    return Path(pyspark.__file__).parent / "bin" / "spark-class"
-
-
-@contextlib.contextmanager
-def standalone_cluster(work: Path) -> Iterator[str]:
-    """A master and one worker per host, each with one core: two hosts, so executor loss is real."""
-    port = free_port()
-    env = dict(os.environ, SPARK_LOCAL_IP="127.0.0.1", PYSPARK_PYTHON=sys.executable, SPARK_NO_DAEMONIZE="1")
-    procs = []
-    try:
-        master_log = open(work / "master.log", "w")
-        procs.append(subprocess.Popen(
-            [str(spark_class()), "org.apache.spark.deploy.master.Master", "--host", "127.0.0.1", "--port", str(port),
-             "--webui-port", str(free_port())], env=env, stdout=master_log, stderr=subprocess.STDOUT, start_new_session=True))
-        url = f"spark://127.0.0.1:{port}"
-        for host in WORKER_HOSTS:
-            log = open(work / f"worker-{host}.log", "w")
-            worker_dir = work / f"worker-{host}"
-            worker_dir.mkdir()
-            procs.append(subprocess.Popen(
-                [str(spark_class()), "org.apache.spark.deploy.worker.Worker", "--host", host, "--cores", "1",
-                 "--memory", "1g", "--work-dir", str(worker_dir), "--webui-port", str(free_port()), url],
-                env=dict(env, SPARK_LOCAL_IP=host), stdout=log, stderr=subprocess.STDOUT, start_new_session=True))
-        wait_for_line(work / "master.log", "Registering worker", count=len(WORKER_HOSTS), timeout=120)
-        yield url
-    finally:
-        for proc in procs:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-        for pid in executor_pids():  # executors are children of the workers' sessions, but be sure
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
-
-
-def wait_for_line(path: Path, text: str, count: int, timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if path.exists() and path.read_text(errors="replace").count(text) >= count:
-            return
-        time.sleep(0.2)
-    raise RuntimeError(f"{path}: no {count}x {text!r} within {timeout}s")
 
 
 def newest_committed(pipeline: LocalPipeline) -> int:
@@ -102,16 +53,6 @@ def wait_for_progress(pipeline: LocalPipeline, proc: subprocess.Popen, newest: i
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline and proc.poll() is None and newest_committed(pipeline) <= newest:
         time.sleep(0.2)
-
-
-def executor_pids() -> list[int]:
-    pids = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            with contextlib.suppress(OSError):
-                if b"CoarseGrainedExecutorBackend" in (entry / "cmdline").read_bytes():
-                    pids.append(int(entry.name))
-    return sorted(pids)
 
 
 def soak(events: int, kills: int, seed: int, minutes: float, work: Path) -> dict:

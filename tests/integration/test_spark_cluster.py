@@ -1,0 +1,83 @@
+"""Writers in tasks on a real two-host Spark cluster: a real speculative copy, then a lost executor.
+
+A standalone master with workers on 127.0.0.2 and 127.0.0.3 (one core each), the packaged job into
+the StarRocks emulator with Redis. The emulator holds back the answer to the job's first prepare,
+so Spark launches a speculative copy of that task on the other host; the copy wins, and the slow
+original's prepared transaction must be aborted, never committed. After two batches an executor is
+SIGKILLed at an instant drawn from a seed. The target must equal the source row by row.
+"""
+from __future__ import annotations
+
+import os
+import random
+import re
+import signal
+import subprocess
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+import pytest
+
+from devstack.pipeline import DB, REPO, LocalPipeline
+from devstack.spark_cluster import executor_pids, standalone_cluster
+from tests.emulators.starrocks import StarRocksEmulator
+from tests.integration.starrocks_harness import StarRocksEmulatorAdapter
+
+pytestmark = pytest.mark.slow
+
+HELD_BACK_S = 15.0  # far beyond 1.5x the median task time: the held task is surely speculated
+LABEL = re.compile(r"_(?P<batch>\d+)_(?P<table>[a-z]+)_p(?P<partition>\d+)_e(?P<epoch>\d+)w(?P<write_pass>\d+)t(?P<task>\d+)_c")
+
+
+def test_a_speculative_copy_and_a_lost_executor_leave_the_target_exact(tmp_path: Path, kafka_broker, redis_server) -> None:
+    with StarRocksEmulator(tmp_path / "starrocks", password="cluster") as emulator, \
+            standalone_cluster(tmp_path / "cluster") as master:
+        emulator.faults.slow_response.arm(times=1, op="prepare", seconds=HELD_BACK_S)
+        pipeline = LocalPipeline(
+            tmp_path / "job", kafka_broker, redis_server.url, topic=f"events-{tmp_path.name}",
+            messages_per_partition=100,
+            max_offsets_per_trigger=45,  # 300 messages over 3 partitions: 7 batches of 3 tasks
+            adapter=StarRocksEmulatorAdapter(emulator, {}),
+            spark_conf={
+                "spark.master": master,
+                "spark.executor.cores": "1",
+                "spark.executor.memory": "768m",
+                "spark.executorEnv.PYTHONPATH": str(REPO),
+                "spark.executorEnv.PYSPARK_PYTHON": sys.executable,
+                "spark.task.maxFailures": "8",
+                "spark.speculation": "true",
+                "spark.speculation.interval": "100ms",
+            },
+        )
+        pipeline.produce()
+        proc = pipeline.start_driver(run=0)
+        try:
+            pipeline.wait_for_batches(proc, count=2)
+            executors = executor_pids()
+            assert executors, "no executor is running on the cluster"
+            killed = False
+            try:  # the kill instant, drawn from the seed: mid-write, mid-commit, anywhere in the next batch
+                proc.wait(timeout=random.Random(7).uniform(0.0, 2.0))
+            except subprocess.TimeoutExpired:
+                os.kill(executors[0], signal.SIGKILL)
+                killed = True
+            code = proc.wait(timeout=300)
+        finally:
+            pipeline.kill(proc)
+        assert code == 0, f"driver exited {code}:\n{pipeline.log_tail(0)}"
+        assert killed, "the job finished before the executor kill; the test proved nothing about it"
+        assert emulator.faults.slow_response.fired == 1
+        pipeline.verify()
+
+        attempts: dict[tuple, dict[int, set[str]]] = defaultdict(lambda: defaultdict(set))
+        for txn in emulator.transactions(DB):
+            part = LABEL.search(txn["label"])
+            key = (part["batch"], part["table"], part["partition"], part["epoch"], part["write_pass"])
+            attempts[key][int(part["task"])].add(txn["state"])
+        raced = {key: tasks for key, tasks in attempts.items() if len(tasks) > 1}
+        first_batch = {key: tasks for key, tasks in raced.items() if key[0] == "0"}
+        assert first_batch, f"no task of batch 0 ran twice: Spark launched no speculative copy ({dict(attempts)})"
+        for key, tasks in raced.items():  # one attempt's transaction is visible, every other one aborted
+            states = sorted(state for states in tasks.values() for state in states)
+            assert states.count("VISIBLE") == 1 and set(states) <= {"VISIBLE", "ABORTED"}, (key, dict(tasks))
