@@ -1,10 +1,10 @@
 """Writers in tasks on a real two-host Spark cluster: a real speculative copy, then a lost executor.
 
 A standalone master with workers on 127.0.0.2 and 127.0.0.3 (one core each), the packaged job into
-the StarRocks emulator with Redis. The emulator holds back the answer to the job's first prepare,
-so Spark launches a speculative copy of that task on the other host; the copy wins, and the slow
-original's prepared transaction must be aborted, never committed. After two batches an executor is
-SIGKILLed at an instant drawn from a seed. The target must equal the source row by row.
+the StarRocks emulator with Redis. Once the executors are warm, the emulator holds back the answer
+to one prepare, so Spark launches a speculative copy of that task on the other host; the copy wins,
+and the slow original's prepared transaction must be aborted, never committed. Two batches later an
+executor is SIGKILLed at an instant drawn from a seed. The target must equal the source row by row.
 """
 from __future__ import annotations
 
@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from devstack._proc import wait_until
 from devstack.pipeline import DB, REPO, LocalPipeline
 from devstack.spark_cluster import executor_pids, standalone_cluster
 from tests.emulators.starrocks import StarRocksEmulator
@@ -26,14 +27,27 @@ from tests.integration.starrocks_harness import StarRocksEmulatorAdapter
 
 pytestmark = pytest.mark.slow
 
-HELD_BACK_S = 15.0  # far beyond 1.5x the median task time: the held task is surely speculated
+HELD_BACK_S = 15.0  # far beyond 1.5x the median task time, and under the client read timeout (20 s): no retry
 LABEL = re.compile(r"_(?P<batch>\d+)_(?P<table>[a-z]+)_p(?P<partition>\d+)_e(?P<epoch>\d+)w(?P<write_pass>\d+)t(?P<task>\d+)_c")
+
+
+def _attempts(emulator: StarRocksEmulator) -> dict[tuple, dict[int, set[str]]]:
+    """(batch, table, partition, epoch, write pass) -> task attempt id -> states of its transactions."""
+    attempts: dict[tuple, dict[int, set[str]]] = defaultdict(lambda: defaultdict(set))
+    for txn in emulator.transactions(DB):
+        part = LABEL.search(txn["label"])
+        key = (part["batch"], part["table"], part["partition"], part["epoch"], part["write_pass"])
+        attempts[key][int(part["task"])].add(txn["state"])
+    return attempts
+
+
+def _raced(emulator: StarRocksEmulator) -> dict[tuple, dict[int, set[str]]]:
+    return {key: tasks for key, tasks in _attempts(emulator).items() if len(tasks) > 1}
 
 
 def test_a_speculative_copy_and_a_lost_executor_leave_the_target_exact(tmp_path: Path, kafka_broker, redis_server) -> None:
     with StarRocksEmulator(tmp_path / "starrocks", password="cluster") as emulator, \
             standalone_cluster(tmp_path / "cluster") as master:
-        emulator.faults.slow_response.arm(times=1, op="prepare", seconds=HELD_BACK_S)
         pipeline = LocalPipeline(
             tmp_path / "job", kafka_broker, redis_server.url, topic=f"events-{tmp_path.name}",
             messages_per_partition=100,
@@ -48,17 +62,26 @@ def test_a_speculative_copy_and_a_lost_executor_leave_the_target_exact(tmp_path:
                 "spark.task.maxFailures": "8",
                 "spark.speculation": "true",
                 "spark.speculation.interval": "100ms",
+                "spark.speculation.quantile": "0.5",  # one of three tasks finished is enough to judge the others
+                "spark.speculation.efficiency.enabled": "false",  # judge by run time alone
+                "spark.locality.wait": "0",  # a copy does not wait for the executor its original holds
             },
         )
         pipeline.produce()
         proc = pipeline.start_driver(run=0)
         try:
-            pipeline.wait_for_batches(proc, count=2)
+            pipeline.wait_for_batches(proc, count=1)  # executors and their Python workers are up
+            emulator.faults.slow_response.arm(times=1, op="prepare", seconds=HELD_BACK_S)
+            wait_until(lambda: _raced(emulator) or proc.poll() is not None, timeout=120,
+                       what="a second attempt of the task whose prepare is held")
+            speculated = _raced(emulator)  # before any failure: only a speculative copy makes a second attempt
+            assert speculated, f"Spark launched no speculative copy of the held task:\n{pipeline.log_tail(0)}"
+            pipeline.wait_for_batches(proc, count=int(max(key[0] for key in speculated)) + 2)
             executors = executor_pids()
             assert executors, "no executor is running on the cluster"
             killed = False
             try:  # the kill instant, drawn from the seed: mid-write, mid-commit, anywhere in the next batch
-                proc.wait(timeout=random.Random(7).uniform(0.0, 2.0))
+                proc.wait(timeout=random.Random(7).uniform(0.0, 1.0))
             except subprocess.TimeoutExpired:
                 os.kill(executors[0], signal.SIGKILL)
                 killed = True
@@ -69,15 +92,6 @@ def test_a_speculative_copy_and_a_lost_executor_leave_the_target_exact(tmp_path:
         assert killed, "the job finished before the executor kill; the test proved nothing about it"
         assert emulator.faults.slow_response.fired == 1
         pipeline.verify()
-
-        attempts: dict[tuple, dict[int, set[str]]] = defaultdict(lambda: defaultdict(set))
-        for txn in emulator.transactions(DB):
-            part = LABEL.search(txn["label"])
-            key = (part["batch"], part["table"], part["partition"], part["epoch"], part["write_pass"])
-            attempts[key][int(part["task"])].add(txn["state"])
-        raced = {key: tasks for key, tasks in attempts.items() if len(tasks) > 1}
-        first_batch = {key: tasks for key, tasks in raced.items() if key[0] == "0"}
-        assert first_batch, f"no task of batch 0 ran twice: Spark launched no speculative copy ({dict(attempts)})"
-        for key, tasks in raced.items():  # one attempt's transaction is visible, every other one aborted
+        for key, tasks in _raced(emulator).items():  # one attempt's transaction is visible, every other one aborted
             states = sorted(state for states in tasks.values() for state in states)
             assert states.count("VISIBLE") == 1 and set(states) <= {"VISIBLE", "ABORTED"}, (key, dict(tasks))
