@@ -63,7 +63,7 @@ class FileStateStore(StateStore):
     def take_epoch(self, job_id: str, owner: str, at_least: int = 0) -> int:
         with self._locked(job_id, None):
             epoch = max(self._read_epoch(job_id) + 1, at_least)
-            _write_json_atomic(self._job_dir(job_id) / "epoch.json", {"epoch": epoch, "owner": owner, "at": time.time()})
+            write_json_atomic(self._job_dir(job_id) / "epoch.json", {"epoch": epoch, "owner": owner, "at": time.time()})
             return epoch
 
     def current_epoch(self, job_id: str) -> int:
@@ -105,7 +105,7 @@ class FileStateStore(StateStore):
     def put_batch(self, job_id: str, epoch: int, record: BatchRecord) -> None:
         with self._locked(job_id, epoch):
             path = self._batch_file(job_id, record.query_id, record.batch_id, "record")
-            _write_json_atomic(path, json.loads(record.to_json()))
+            write_json_atomic(path, json.loads(record.to_json()))
 
     def get_batch(self, job_id: str, query_id: str, batch_id: int) -> BatchRecord | None:
         data = _read_json(self._batch_file(job_id, query_id, batch_id, "record"))
@@ -135,7 +135,7 @@ class FileStateStore(StateStore):
     def _update(path: Path, empty: Callable[[], Any], change: Callable[[Any], None]) -> None:
         data = _read_json(path) or empty()
         change(data)
-        _write_json_atomic(path, data)
+        write_json_atomic(path, data)
 
 
 def _read_json(path: Path) -> Any:
@@ -145,7 +145,7 @@ def _read_json(path: Path) -> Any:
         return None
 
 
-def _write_json_atomic(path: Path, data: Any) -> None:
+def write_json_atomic(path: Path, data: Any) -> None:
     """Replace `path` so that a crash at any instant leaves either the old or the new content."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)

@@ -14,12 +14,12 @@ keeps two facts there:
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
+
+from state.file import write_json_atomic
 
 
 @dataclass(frozen=True)
@@ -67,7 +67,10 @@ class CheckpointMarker:
         return self._data
 
     def _write(self, data: dict[str, Any]) -> None:
-        self._write_text(json.dumps(data, sort_keys=True))
+        if self._local:
+            write_json_atomic(self._path, data)
+        else:
+            self._write_hadoop(json.dumps(data, sort_keys=True))
         self._data = data
 
     def _read_text(self) -> str | None:
@@ -85,21 +88,7 @@ class CheckpointMarker:
         finally:
             stream.close()
 
-    def _write_text(self, text: str) -> None:
-        if self._local:
-            self._path.parent.mkdir(parents=True, exist_ok=True)
-            fd, tmp = tempfile.mkstemp(prefix=".epoch.", dir=self._path.parent)
-            with os.fdopen(fd, "w") as handle:
-                handle.write(text)
-                handle.flush()
-                os.fsync(handle.fileno())
-            os.replace(tmp, self._path)
-            directory = os.open(self._path.parent, os.O_RDONLY)  # the rename itself survives a power loss
-            try:
-                os.fsync(directory)
-            finally:
-                os.close(directory)
-            return
+    def _write_hadoop(self, text: str) -> None:
         fs, path = self._hadoop()
         stream = fs.create(path, True)  # overwrite: one small file, written by the one live driver
         try:
