@@ -151,17 +151,16 @@ def cmd_settle(args: argparse.Namespace) -> int:
 
 
 def cmd_doctor(args: argparse.Namespace) -> int:
-    from pyspark.sql import SparkSession
-
     from .config import load_config, parse_interval
     from .doctor import diagnose, render
+    from .spark_session import build_session
 
     spec = load_config(args.config)
     tolerance = parse_interval(args.outage_tolerance, "--outage-tolerance")
-    builder = SparkSession.builder.master("local[1]").appName("streaming-sink doctor").config("spark.ui.enabled", "false")
-    spark = builder.getOrCreate()  # only to read the schemas' Spark DDL
+    # local: reads nothing but schemas and Kafka metadata, with the job's own Kafka client settings
+    spark = build_session("streaming-sink doctor", {**spec.spark_conf, "spark.ui.enabled": "false"}, master="local[1]")
     try:
-        checks = diagnose(spec, tolerance)
+        checks = diagnose(spec, tolerance, spark)
     finally:
         spark.stop()
     _emit(args, [c.__dict__ for c in checks], render(checks))

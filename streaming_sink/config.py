@@ -15,11 +15,12 @@ from typing import Any
 from urllib.parse import urlparse
 
 from .job import JobSpec
+from .kafka_source import METADATA_FIELDS, check_options, check_starting_offsets
 from .targets import ConfigurationError
 
 _KEYS: dict[str, set[str]] = {
     "": {"job_id", "data_dir", "kafka", "routing", "tables", "dead_letters", "target", "state", "trigger", "sink", "spark"},
-    "kafka": {"bootstrap_servers", "topics", "starting_offsets", "max_offsets_per_trigger"},
+    "kafka": {"bootstrap_servers", "topics", "starting_offsets", "max_offsets_per_trigger", "options"},
     "routing": {"field", "topics", "table"},
     "dead_letters": {"table"},
     "target": {"url", "database", "options", "create_tables"},
@@ -51,9 +52,23 @@ def resolve_config(data: dict[str, Any], base_dir: Path) -> JobSpec:
     job_id = _required(data, "job_id", str)
     data_dir = (base_dir / data.get("data_dir", f"data/{job_id}")).resolve()
     kafka = data.get("kafka", {})
-    topics = _required(kafka, "topics", list, "kafka.topics")
-    if not topics or not all(isinstance(t, str) and t for t in topics):
+    if not isinstance(kafka.get("options", {}), dict):
+        raise ConfigurationError("kafka.options must be a table of Spark Kafka source options, e.g. "
+                                 "options = { \"kafka.security.protocol\" = \"SASL_SSL\" }")
+    kafka_options = check_options(kafka.get("options", {}))
+    subscription = [name for name in kafka_options if name in ("subscribePattern", "assign")]
+    topics = kafka.get("topics")
+    if topics is None and not subscription:
+        raise ConfigurationError("missing key 'kafka.topics' (or a subscribePattern or assign in kafka.options)")
+    if topics is not None and subscription:
+        raise ConfigurationError(f"kafka.topics and kafka.options.{subscription[0]} both choose topics; keep one")
+    if topics is not None and (not isinstance(topics, list) or not topics or not all(isinstance(t, str) and t for t in topics)):
         raise ConfigurationError("kafka.topics: give a non-empty list of topic names, e.g. topics = [\"events\"]")
+    bootstrap = _required(kafka, "bootstrap_servers", (str, list), "kafka.bootstrap_servers")
+    if isinstance(bootstrap, list):
+        bootstrap = ",".join(bootstrap) if all(isinstance(b, str) and b for b in bootstrap) else ""
+    if not bootstrap.strip():
+        raise ConfigurationError("kafka.bootstrap_servers: give \"host:port[,host:port]\" or a list of \"host:port\"")
 
     tables = {name: _table_schema(name, spec) for name, spec in _required(data, "tables", dict).items()}
     routing = data.get("routing", {})
@@ -63,10 +78,11 @@ def resolve_config(data: dict[str, Any], base_dir: Path) -> JobSpec:
             "routing.topics (topic -> table) or routing.table (every message to one table)"
         )
     topic_tables = routing.get("topics")
-    if topic_tables is not None:
+    if topic_tables is not None and topics is not None:
         unmapped = sorted(set(topics) - set(topic_tables))
         if unmapped:
             raise ConfigurationError(f"routing.topics: no table for topic(s) {unmapped}; map every topic in kafka.topics")
+    if topic_tables is not None:
         unknown = sorted(set(topic_tables.values()) - set(tables))
         if unknown:
             raise ConfigurationError(f"routing.topics: table(s) {unknown} have no [tables.<name>] schema")
@@ -96,10 +112,11 @@ def resolve_config(data: dict[str, Any], base_dir: Path) -> JobSpec:
     if max_offsets is not None and (not isinstance(max_offsets, int) or max_offsets <= 0):
         raise ConfigurationError(f"kafka.max_offsets_per_trigger: {max_offsets!r} must be a positive integer")
 
-    return JobSpec(
+    spec = JobSpec(
         job_id=job_id,
-        bootstrap=_required(kafka, "bootstrap_servers", str, "kafka.bootstrap_servers"),
+        bootstrap=bootstrap,
         topics=topics,
+        kafka_options=kafka_options,
         target_url=target_url,
         database=target.get("database", "default"),
         state_url=state_url,
@@ -109,9 +126,9 @@ def resolve_config(data: dict[str, Any], base_dir: Path) -> JobSpec:
         table_field=routing.get("field"),
         topic_tables=topic_tables,
         dead_letter_table=data.get("dead_letters", {}).get("table"),
-        metadata_columns=bool(sink.get("metadata_columns", True)),
+        metadata_columns=_metadata_columns(sink.get("metadata_columns", True)),
         max_offsets_per_trigger=max_offsets,
-        starting_offsets=kafka.get("starting_offsets", "earliest"),
+        starting_offsets=check_starting_offsets(kafka.get("starting_offsets", "earliest")),
         trigger=interval if interval_s is None else f"{interval_s} seconds",
         flush_bytes=flush_bytes,
         accept_empty_state=accept_empty_state,
@@ -120,6 +137,8 @@ def resolve_config(data: dict[str, Any], base_dir: Path) -> JobSpec:
         metrics_port=_port(sink.get("metrics_port"), "sink.metrics_port"),
         spark_conf={str(k): str(v) for k, v in data.get("spark", {}).get("conf", {}).items()},
     )
+    spec.validate()
+    return spec
 
 
 def parse_interval(text: Any, key: str) -> float:
@@ -165,6 +184,20 @@ def _check_keys(data: dict[str, Any]) -> None:
                 raise ConfigurationError(f"unknown key 'tables.{table}.{key}'; a table has only 'schema'")
 
 
+def _metadata_columns(value: Any) -> list[str]:
+    """`true` keeps the first default (partition and offset), `false` none, or a list of record fields."""
+    if value is True:
+        return ["partition", "offset"]
+    if value is False:
+        return []
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value) or len(set(value)) != len(value):
+        raise ConfigurationError(f"sink.metadata_columns: {value!r} must be true, false or a list of {list(METADATA_FIELDS)}")
+    unknown = [v for v in value if v not in METADATA_FIELDS]
+    if unknown:
+        raise ConfigurationError(f"sink.metadata_columns: {unknown} are not Kafka record fields; choose from {list(METADATA_FIELDS)}")
+    return [f for f in METADATA_FIELDS if f in value]
+
+
 def _port(value: Any, key: str) -> int | None:
     if value is None:
         return None
@@ -179,12 +212,13 @@ def _table_schema(name: str, spec: Any) -> str:
     return spec["schema"]
 
 
-def _required(section: dict[str, Any], key: str, kind: type, name: str | None = None) -> Any:
+def _required(section: dict[str, Any], key: str, kind: type | tuple[type, ...], name: str | None = None) -> Any:
     name = name or key
     if key not in section:
         raise ConfigurationError(f"missing key {name!r}")
     if not isinstance(section[key], kind):
-        raise ConfigurationError(f"{name}: expected {kind.__name__}, got {section[key]!r}")
+        expected = " or ".join(k.__name__ for k in kind) if isinstance(kind, tuple) else kind.__name__
+        raise ConfigurationError(f"{name}: expected {expected}, got {section[key]!r}")
     return section[key]
 
 

@@ -7,11 +7,12 @@ the outage the operator plans to survive. Reads only: safe while the job runs.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable
+from typing import Any, Callable
 
 from state import open_store
 
 from .job import JobSpec, check_columns, resolve_tables, table_schemas
+from .kafka_source import probe
 from .targets import target_from_url
 from .targets.base import ExpiryLimit
 
@@ -30,23 +31,14 @@ def _run(name: str, check: Callable[[], str]) -> Check:
         return Check(name, "FAIL", f"{type(error).__name__}: {error}")
 
 
-def diagnose(spec: JobSpec, outage_tolerance_s: float) -> list[Check]:
-    """Needs a SparkSession (the table schemas are Spark DDL); a local one is enough."""
+def diagnose(spec: JobSpec, outage_tolerance_s: float, spark: Any) -> list[Check]:
+    """`spark` reads the schemas' Spark DDL and reaches Kafka with the job's own client and settings;
+    a local session is enough."""
     checks: list[Check] = []
     target = target_from_url(spec.target_url, spec.database, spec.target_options)
 
     def kafka() -> str:
-        from kafka import KafkaConsumer
-
-        consumer = KafkaConsumer(bootstrap_servers=spec.bootstrap, request_timeout_ms=15000)
-        try:
-            available = consumer.topics()
-        finally:
-            consumer.close()
-        missing = sorted(set(spec.topics) - available)
-        if missing:
-            raise RuntimeError(f"topic(s) {missing} do not exist on {spec.bootstrap}")
-        return f"{spec.bootstrap}: topics {spec.topics} exist"
+        return probe(spark, spec.kafka_source())
 
     def state() -> str:
         store = open_store(spec.state_url)

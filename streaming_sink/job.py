@@ -21,6 +21,7 @@ from typing import Any
 
 from state import open_store
 
+from .kafka_source import KafkaSource, check_options, check_starting_offsets, probe
 from .metrics import BatchMetrics, serve_metrics
 from .routing import struct_column_for
 from .sink import ExactlyOnceSink
@@ -28,14 +29,21 @@ from .targets import ConfigurationError, target_from_url
 
 ROUTE_COLUMN = "__table"
 DEAD_LETTER_COLUMNS = "raw_value STRING, topic STRING, partition INT, offset BIGINT, kafka_timestamp TIMESTAMP, reason STRING"
-METADATA_COLUMNS = ("kafka_partition", "kafka_offset")
+#: Kafka record field -> (the column it becomes in every data table, its Spark type).
+METADATA_COLUMNS = {
+    "topic": ("kafka_topic", "STRING NOT NULL"),
+    "partition": ("kafka_partition", "INT NOT NULL"),
+    "offset": ("kafka_offset", "BIGINT NOT NULL"),
+    "timestamp": ("kafka_timestamp", "TIMESTAMP NOT NULL"),
+    "key": ("kafka_key", "STRING"),  # the key's bytes as UTF-8 text; NULL for a record without a key
+}
 
 
 @dataclass
 class JobSpec:
     job_id: str
     bootstrap: str
-    topics: list[str]
+    topics: list[str] | None  # None: kafka_options subscribe by subscribePattern or assign
     target_url: str
     database: str
     state_url: str
@@ -46,7 +54,7 @@ class JobSpec:
     table_field: str | None = None  # or: the message field that names its table
     topic_tables: dict[str, str] | None = None  # or: topic -> table
     dead_letter_table: str | None = None  # None: a bad message fails the batch loudly instead
-    metadata_columns: bool = True  # add kafka_partition and kafka_offset to every data table
+    metadata_columns: bool | list[str] = True  # record fields written as kafka_<field>; true: partition, offset
     max_offsets_per_trigger: int | None = None
     starting_offsets: str = "earliest"
     trigger: str = "available-now"  # or a processing-time interval such as "5 seconds"
@@ -56,6 +64,7 @@ class JobSpec:
     metrics_port: int | None = None  # serve per-batch figures as Prometheus text on this port
     target_options: dict[str, Any] = field(default_factory=dict)
     spark_conf: dict[str, str] = field(default_factory=dict)
+    kafka_options: dict[str, str] = field(default_factory=dict, repr=False)  # Spark's names; may hold a secret
 
     @classmethod
     def from_json(cls, text: str) -> "JobSpec":
@@ -73,8 +82,23 @@ class JobSpec:
             raise ConfigurationError(f"route messages with exactly one of table, table_field, topic_tables (got {routes or 'none'})")
         if self.tables is None and self.schema is None:
             raise ConfigurationError("give `tables` (a schema per table) or `schema`")
-        if self.topic_tables and set(self.topic_tables) != set(self.topics):
+        if self.topic_tables and self.topics is not None and set(self.topic_tables) != set(self.topics):
             raise ConfigurationError(f"topic_tables must map every topic in `topics`: {sorted(self.topics)}")
+        if isinstance(self.metadata_columns, bool):
+            self.metadata_columns = ["partition", "offset"] if self.metadata_columns else []
+        unknown = sorted(set(self.metadata_columns) - set(METADATA_COLUMNS))
+        if unknown:
+            raise ConfigurationError(f"metadata_columns: {unknown} are not Kafka record fields; choose from {list(METADATA_COLUMNS)}")
+        self.kafka_options = check_options(self.kafka_options, "kafka_options")
+        check_starting_offsets(self.starting_offsets, "starting_offsets")
+
+    def kafka_source(self) -> KafkaSource:
+        return KafkaSource(self.bootstrap, self.topics, self.starting_offsets, self.max_offsets_per_trigger, self.kafka_options)
+
+    def metadata(self) -> list[tuple[str, str, str]]:
+        """(record field, column name, Spark type) of each metadata column, in the table's order."""
+        fields = ["partition", "offset"] if self.metadata_columns is True else self.metadata_columns or []
+        return [(f, *METADATA_COLUMNS[f]) for f in METADATA_COLUMNS if f in fields]
 
 
 def build_sink(spec: JobSpec) -> ExactlyOnceSink:
@@ -153,8 +177,8 @@ def build_frame(raw, spec: JobSpec, tables: dict[str, str]):
             if not f.nullable:
                 reason = reason.when(mine & parsed[f.name].isNull(), F.lit(f"required field {f.name!r} of {table} is missing or null"))
         fields = [parsed[f.name].alias(f.name) for f in parse_schema.fields if f.name != "__corrupt"]
-        if spec.metadata_columns:
-            fields += [F.col("partition").alias("kafka_partition"), F.col("offset").alias("kafka_offset")]
+        fields += [F.col(source).cast("string").alias(name) if source == "key" else F.col(source).alias(name)
+                   for source, name, _ in spec.metadata()]
         columns.append((table, mine, F.struct(*fields)))
 
     bad = reason.isNotNull()
@@ -186,9 +210,9 @@ def table_schemas(spec: JobSpec, tables: dict[str, str]):
 
     schemas = {}
     for table, ddl in tables.items():
+        metadata = ", ".join(f"{name} {kind}" for _, name, kind in spec.metadata())
         fields = [f for f in to_arrow_schema(StructType.fromDDL(ddl)) if f.name != spec.table_field]
-        if spec.metadata_columns:
-            fields += [pa.field("kafka_partition", pa.int32(), False), pa.field("kafka_offset", pa.int64(), False)]
+        fields += list(to_arrow_schema(StructType.fromDDL(metadata))) if metadata else []
         schemas[table] = pa.schema(fields)
     if spec.dead_letter_table:
         schemas[spec.dead_letter_table] = to_arrow_schema(StructType.fromDDL(DEAD_LETTER_COLUMNS))
@@ -210,12 +234,11 @@ def check_columns(target, schemas) -> None:
 
 
 def run(spec: JobSpec) -> None:
-    from pyspark.sql import SparkSession
+    from .spark_session import build_session
 
-    builder = SparkSession.builder.appName(f"streaming-sink:{spec.job_id}")
-    for key, value in spec.spark_conf.items():
-        builder = builder.config(key, value)
-    spark = builder.getOrCreate()
+    spark = build_session(f"streaming-sink:{spec.job_id}", spec.spark_conf)
+    source = spec.kafka_source()
+    logging.getLogger("streaming_sink").info("kafka: %s", probe(spark, source))
     sink = build_sink(spec)
     if spec.create_tables and spec.tables is not None:
         for table, schema in table_schemas(spec, spec.tables).items():
@@ -224,15 +247,7 @@ def run(spec: JobSpec) -> None:
     sink.start()
     tables = resolve_tables(spec, sink.known_tables)
     check_columns(sink.target, table_schemas(spec, tables))
-    reader = (
-        spark.readStream.format("kafka")
-        .option("kafka.bootstrap.servers", spec.bootstrap)
-        .option("subscribe", ",".join(spec.topics))
-        .option("startingOffsets", spec.starting_offsets)
-        .option("failOnDataLoss", "true")
-    )
-    if spec.max_offsets_per_trigger:
-        reader = reader.option("maxOffsetsPerTrigger", spec.max_offsets_per_trigger)
+    reader = spark.readStream.format("kafka").options(**source.reader_options())
     frame = build_frame(reader.load(), spec, tables)
     writer = frame.writeStream.foreachBatch(sink).option("checkpointLocation", spec.checkpoint)
     if spec.trigger == "available-now":

@@ -134,3 +134,31 @@ def test_batch_figures_reach_the_metrics_endpoint(spark_session, target, tmp_pat
     assert 'streaming_sink_rows_total{job="dlq",table="dead_letters"} 5' in text
     assert 'streaming_sink_records_in_total{job="dlq"} 8' in text
     assert 'streaming_sink_dead_letters_total{job="dlq"} 5' in text
+
+
+def test_kafka_metadata_columns_a_user_chooses_arrive_as_the_records_carried_them(spark_session, tmp_path):
+    from streaming_sink.job import table_schemas
+
+    job = JobSpec(job_id="meta", bootstrap="unused", topics=["a", "b"], target_url=f"chdb://{tmp_path / 'ch'}",
+                  database=DB, state_url=f"file://{tmp_path / 'state'}", checkpoint=str(tmp_path / "ckpt"),
+                  tables={"orders": "id BIGINT NOT NULL, name STRING"}, table="orders",
+                  metadata_columns=["key", "timestamp", "topic", "offset", "partition"])
+    job.validate()
+    records = [(b"k-1", '{"id": 1, "name": "x"}', "a", 0, 7, T0),
+               (None, '{"id": 2, "name": "y"}', "b", 3, 9, T0 + dt.timedelta(microseconds=1)),
+               ("ключ-🔑".encode(), '{"id": 3}', "b", 1, 0, dt.datetime(1999, 12, 31, 23, 59, 59))]
+    raw = spark_session.createDataFrame([(bytearray(k) if k else None, bytearray(v.encode()), *rest) for k, v, *rest in records],
+                                        "key BINARY, " + KAFKA)
+    with open_target(tmp_path / "ch", DB) as target:
+        target.client().command(f"CREATE DATABASE {DB}")
+        for table, schema in table_schemas(job, job.tables).items():
+            target.create_table(table, schema)
+        sink = ExactlyOnceSink(target=target, state=FileStateStore(tmp_path / "state"), job_id=job.job_id,
+                               table_column="__table", struct_columns=True)
+        sink.start()
+        sink.process(build_frame(raw, job, resolve_tables(job, sink.known_tables)), 0, "q")
+        rows = target.client().query(f"SELECT id, kafka_topic, kafka_partition, kafka_offset, kafka_timestamp, kafka_key "
+                                     f"FROM {DB}.orders ORDER BY id").result_rows
+    assert [(i, t, p, o, ts.replace(tzinfo=None), k) for i, t, p, o, ts, k in rows] == [
+        (1, "a", 0, 7, T0, "k-1"), (2, "b", 3, 9, T0 + dt.timedelta(microseconds=1), None),
+        (3, "b", 1, 0, dt.datetime(1999, 12, 31, 23, 59, 59), "ключ-🔑")]
