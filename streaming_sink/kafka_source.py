@@ -176,10 +176,14 @@ def probe(spark: Any, source: KafkaSource, timeout_s: float = 30.0) -> str:
         admin = jvm.org.apache.kafka.clients.admin.AdminClient.create(properties)
         names = set(admin.listTopics().names().get(int(timeout_s * 1000), jvm.java.util.concurrent.TimeUnit.MILLISECONDS))
     except Exception as error:  # Py4JJavaError: the root cause says what the broker refused
-        raise KafkaUnreachableError(f"Kafka at {source.describe()}: {root_cause(error)}") from None
+        cause = root_cause(error)
+        if cause.endswith(": None"):  # a timeout carries no message
+            cause = (f"no answer in {timeout_s:g} s; check that the brokers are reachable from here and that "
+                     "kafka.security.protocol is the listener's")
+        raise KafkaUnreachableError(f"Kafka at {source.describe()}: {cause}") from None
     finally:
         if admin is not None:
-            admin.close()
+            admin.close(jvm.java.time.Duration.ZERO)  # a call still pending would hold the default close for 60 s
     wanted = assigned_topics(source)
     if wanted is not None:
         missing = sorted(set(wanted) - names)

@@ -2,6 +2,9 @@
 
 * ``kafka_broker`` (session): one KRaft broker for the whole run; tests isolate themselves by
   topic name (``new_topic``), never by restarting it.
+* ``secured_kafka_broker`` (session): a second broker that also has a SASL_SSL listener
+  (SCRAM-SHA-512, test CA), user ``SECURE_USER``/``SECURE_PASSWORD``; started only by tests
+  that ask for it.
 * ``redis_server`` (function): a fresh redis-server with AOF under the test's tmp_path.
 * ``spark_session`` (session): local[2] Spark with the Kafka source jars.
 """
@@ -15,16 +18,38 @@ from typing import Callable, Iterator
 
 import pytest
 
-from devstack.kafka import KafkaBroker
+from devstack.kafka import KafkaBroker, SaslSsl
 from devstack.redis import RedisServer
 
-__all__ = ["kafka_broker", "new_topic", "redis_server", "spark_session"]
+__all__ = ["kafka_broker", "new_topic", "redis_server", "secured_kafka_broker", "spark_session"]
+
+#: The one user ``secured_kafka_broker`` knows.
+SECURE_USER = "alice"
+SECURE_PASSWORD = "alice-secret"
 
 
 @pytest.fixture(scope="session")
 def kafka_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KafkaBroker]:
     """A real Kafka broker shared by the session; its log is in the fixture's tmp dir."""
     broker = KafkaBroker(tmp_path_factory.mktemp("kafka"))
+    broker.start()
+    try:
+        yield broker
+    finally:
+        broker.stop()
+
+
+@pytest.fixture(scope="session")
+def secured_kafka_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KafkaBroker]:
+    """A broker with a SASL_SSL listener besides PLAINTEXT, for the secured-source tests.
+
+    Its own broker rather than the shared one, so tests that do not need TLS pay nothing
+    for it. The PLAINTEXT helpers (``create_topic``, ``produce``...) work on it as well.
+    """
+    broker = KafkaBroker(
+        tmp_path_factory.mktemp("kafka-secured"),
+        security=SaslSsl(users={SECURE_USER: SECURE_PASSWORD}, mechanism="SCRAM-SHA-512"),
+    )
     broker.start()
     try:
         yield broker

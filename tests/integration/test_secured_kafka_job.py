@@ -1,0 +1,76 @@
+"""The packaged job reads a SASL_SSL (SCRAM over TLS, test CA) Kafka listener configured the way users
+configure Spark's Kafka source, the password kept out of the file; a wrong password stops it before
+any data moves, with one line that names the cause and not the password."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from devstack.pipeline import open_target
+from devstack.spark import local_spark_conf, spark_env
+from tests.infra.fixtures import SECURE_PASSWORD, SECURE_USER
+
+pytestmark = pytest.mark.slow
+
+REPO = Path(__file__).resolve().parents[2]
+JAAS_ENV = "ORDERS_KAFKA_JAAS"
+
+
+def write_config(tmp_path: Path, broker, topic: str) -> Path:
+    options = {k: v for k, v in broker.spark_kafka_options(SECURE_USER, "unused").items()
+               if k not in ("kafka.bootstrap.servers", "kafka.sasl.jaas.config")}
+    lines = [f'"{k}" = "{v}"' for k, v in options.items()] + [f'"kafka.sasl.jaas.config" = {{ env = "{JAAS_ENV}" }}']
+    spark = "\n".join(f'"{k}" = "{v}"' for k, v in local_spark_conf().items())
+    path = tmp_path / "job.toml"
+    path.write_text(f"""
+job_id = "secured"
+[kafka]
+bootstrap_servers = "{broker.secure_bootstrap}"
+topics = ["{topic}"]
+[kafka.options]
+{chr(10).join(lines)}
+[routing]
+table = "orders"
+[tables.orders]
+schema = "id BIGINT NOT NULL, name STRING"
+[spark.conf]
+{spark}
+""")
+    return path
+
+
+def run_job(config: Path, broker, password: str) -> subprocess.CompletedProcess[str]:
+    jaas = broker.spark_kafka_options(SECURE_USER, password)["kafka.sasl.jaas.config"]
+    env = dict(os.environ, **spark_env(), PYTHONPATH=str(REPO), **{JAAS_ENV: jaas})
+    return subprocess.run([sys.executable, "-m", "streaming_sink.cli", "run", "--config", str(config)],
+                          cwd=config.parent, env=env, capture_output=True, text=True, timeout=600)
+
+
+def test_the_job_reads_a_sasl_ssl_listener_and_a_wrong_password_moves_nothing(tmp_path, secured_kafka_broker):
+    broker = secured_kafka_broker
+    topic = f"secured-{tmp_path.name}"
+    broker.create_topic(topic, partitions=2)
+    messages = [{"id": i, "name": f"n{i}"} for i in range(300)]
+    broker.produce(topic, [json.dumps(m) for m in messages])
+    config = write_config(tmp_path, broker, topic)
+
+    refused = run_job(config, broker, "wrong-password")
+    assert refused.returncode == 2, refused.stderr[-3000:]
+    last = refused.stderr.strip().splitlines()[-1]
+    assert last == (f"streaming-sink: configuration error: Kafka at {broker.secure_bootstrap} (SASL_SSL), topics "
+                    f"['{topic}']: SaslAuthenticationException: Authentication failed during authentication due to "
+                    "invalid credentials with SASL mechanism SCRAM-SHA-512"), last
+    assert "wrong-password" not in refused.stderr + refused.stdout
+    data = tmp_path / "data" / "secured"
+    assert not (data / "state").exists() and not (data / "checkpoint").exists()  # no driver epoch taken, no offsets
+
+    accepted = run_job(config, broker, SECURE_PASSWORD)
+    assert accepted.returncode == 0, accepted.stderr[-3000:]
+    with open_target(data / "clickhouse", "default") as target:
+        rows = target.client().query("SELECT id, name FROM default.orders").result_rows
+    assert sorted(rows) == [(m["id"], m["name"]) for m in messages]
