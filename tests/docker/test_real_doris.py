@@ -44,7 +44,7 @@ from tests.integration.test_exactly_once_doris import DorisPipeline  # noqa: E40
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
 
-VERSION = os.environ.get("DORIS_VERSION", "2.1.8")
+VERSION = os.environ.get("DORIS_VERSION", "4.0.8")  # as docker-compose.yml; needs 2.1.8+ (SKIP_CHECK_ULIMIT)
 FE_IMAGE = os.environ.get("DORIS_FE_IMAGE", f"apache/doris:fe-{VERSION}")
 BE_IMAGE = os.environ.get("DORIS_BE_IMAGE", f"apache/doris:be-{VERSION}")
 FE_URL = "http://127.0.0.1:8030"

@@ -46,7 +46,7 @@ from streaming_sink.targets.starrocks import StarRocksTarget  # noqa: E402
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
 
-VERSION = os.environ.get("STARROCKS_VERSION", "3.5.4")  # 3.5.4+: prepared_timeout on prepare
+VERSION = os.environ.get("STARROCKS_VERSION", "4.0.13")  # as docker-compose.yml; needs 3.5.4+ (prepared_timeout)
 IMAGE = os.environ.get("STARROCKS_IMAGE", f"starrocks/allin1-ubuntu:{VERSION}")
 FE_URL = "http://127.0.0.1:8030"
 COLUMNS_DDL = "id BIGINT, name VARCHAR(64), amount DOUBLE, kafka_partition INT, kafka_offset BIGINT"
