@@ -7,6 +7,7 @@ through chdb and to a file state store under `data_dir`, creating the tables fro
 from __future__ import annotations
 
 import difflib
+import importlib.util
 import os
 import re
 import tomllib
@@ -231,5 +232,9 @@ def _check_url(url: Any, schemes: tuple[str, ...], key: str) -> None:
             f"{key}: do not write credentials in the file; set STREAMING_SINK_TARGET_USER and STREAMING_SINK_TARGET_PASSWORD"
             if key == "target.url" else f"{key}: do not write credentials in the file; put the whole URL in {STATE_URL_ENV}"
         )
+    if parsed.scheme == "chdb" and importlib.util.find_spec("chdb") is None:
+        raise ConfigurationError(
+            f"{key}: {url!r} is ClickHouse embedded in the driver, which needs chdb: "
+            "pip install 'streaming-sink[embedded]' (or give a server's URL)")
     if parsed.scheme in ("chdb", "file") and (parsed.netloc not in ("", "localhost") or not parsed.path.startswith("/")):
         raise ConfigurationError(f"{key}: {url!r} needs an absolute path ({parsed.scheme}:///absolute/path)")

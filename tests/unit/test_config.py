@@ -98,3 +98,14 @@ def test_intervals():
     assert parse_interval("1h", "k") == 3600
     assert parse_interval("10 seconds", "k") == 10
     assert parse_interval("3 days", "k") == 3 * 86400
+
+
+def test_the_embedded_clickhouse_without_its_extra_says_how_to_install_it(tmp_path, monkeypatch):
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "chdb" else real(name, *a))
+    with pytest.raises(ConfigurationError, match=r"target.url: 'chdb://.*' is ClickHouse embedded in the driver, which "
+                                                 r"needs chdb: pip install 'streaming-sink\[embedded\]'"):
+        resolve_config(GOOD, tmp_path)
+    assert resolve_config(with_change("target", {"url": "starrocks://fe:8030"}), tmp_path).target_url == "starrocks://fe:8030"
