@@ -69,13 +69,14 @@ if ((need_venv)); then
 fi
 
 # Re-install only when the dependency declaration changed (the install is editable, so code
-# edits never need it). The stamp is the hash of pyproject.toml.
+# edits never need it). The stamp is the hash of pyproject.toml and constraints.txt: the ranges
+# users get, and the exact versions this machine is tested at.
 if [[ -f pyproject.toml ]]; then
-    want="$(sha256sum pyproject.toml | cut -d' ' -f1)"
+    want="$(cat pyproject.toml constraints.txt | sha256sum | cut -d' ' -f1)"
     have="$(cat "$STAMP" 2>/dev/null || true)"
     if [[ "$want" != "$have" ]] || ! "$VENV/bin/python" -c 'import importlib.metadata as m; m.version("streaming-sink"); m.version("pytest")' 2>/dev/null; then
-        log "pip install -e '.[test]'"
-        "$VENV/bin/python" -m pip install -q --disable-pip-version-check -e '.[test]'
+        log "pip install -e '.[embedded,test]' -c constraints.txt"
+        "$VENV/bin/python" -m pip install -q --disable-pip-version-check -c constraints.txt -e '.[embedded,test]'
         echo "$want" >"$STAMP"
     fi
 else

@@ -205,18 +205,28 @@ def build_frame(raw, spec: JobSpec, tables: dict[str, str]):
 def table_schemas(spec: JobSpec, tables: dict[str, str]):
     """The Arrow schema of every table the job writes, as the sink will hand it to the target."""
     import pyarrow as pa
-    from pyspark.sql.pandas.types import to_arrow_schema
-    from pyspark.sql.types import StructType
 
     schemas = {}
     for table, ddl in tables.items():
         metadata = ", ".join(f"{name} {kind}" for _, name, kind in spec.metadata())
-        fields = [f for f in to_arrow_schema(StructType.fromDDL(ddl)) if f.name != spec.table_field]
-        fields += list(to_arrow_schema(StructType.fromDDL(metadata))) if metadata else []
+        fields = [f for f in arrow_schema(ddl) if f.name != spec.table_field]
+        fields += list(arrow_schema(metadata)) if metadata else []
         schemas[table] = pa.schema(fields)
     if spec.dead_letter_table:
-        schemas[spec.dead_letter_table] = to_arrow_schema(StructType.fromDDL(DEAD_LETTER_COLUMNS))
+        schemas[spec.dead_letter_table] = arrow_schema(DEAD_LETTER_COLUMNS)
     return schemas
+
+
+def arrow_schema(ddl: str):
+    """Spark DDL as the Arrow schema Spark hands to Python (timestamps as UTC instants)."""
+    import inspect
+
+    from pyspark.sql.pandas.types import to_arrow_schema
+    from pyspark.sql.types import StructType
+
+    # pyspark 4.0 converts timestamps to UTC by default; 4.2 wants the zone named
+    zone = {"timezone": "UTC"} if "timezone" in inspect.signature(to_arrow_schema).parameters else {}
+    return to_arrow_schema(StructType.fromDDL(ddl), **zone)
 
 
 def check_columns(target, schemas) -> None:

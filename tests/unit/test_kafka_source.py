@@ -169,3 +169,4 @@ def test_a_kafka_source_built_for_another_spark_is_refused(monkeypatch):
     spark.version = "4.2.0"
     with pytest.raises(ConfigurationError, match="4.0.0 was built for another Spark than the running 4.2.0"):
         check_kafka_source(spark)
+
