@@ -121,7 +121,7 @@ def resolve_config(data: dict[str, Any], base_dir: Path) -> JobSpec:
         target_url=target_url,
         database=target.get("database", "default"),
         state_url=state_url,
-        checkpoint=str((base_dir / sink["checkpoint"]).resolve()) if "checkpoint" in sink else str(data_dir / "checkpoint"),
+        checkpoint=_checkpoint(sink.get("checkpoint"), base_dir, data_dir),
         tables=tables,
         table=routing.get("table"),
         table_field=routing.get("field"),
@@ -183,6 +183,17 @@ def _check_keys(data: dict[str, Any]) -> None:
         for key in spec if isinstance(spec, dict) else []:
             if key not in _TABLE_KEYS:
                 raise ConfigurationError(f"unknown key 'tables.{table}.{key}'; a table has only 'schema'")
+
+
+def _checkpoint(value: Any, base_dir: Path, data_dir: Path) -> str:
+    """A Hadoop filesystem URL (hdfs://, s3a://, ...) as given; a local path relative to the file."""
+    if value is None:
+        return str(data_dir / "checkpoint")
+    if not isinstance(value, str) or not value.strip():
+        raise ConfigurationError(f"sink.checkpoint: {value!r} is not a path or a URL such as hdfs://namenode/checkpoints/job")
+    if re.match(r"^[A-Za-z][A-Za-z0-9+.-]*://", value) and not value.startswith("file://"):
+        return value
+    return str((base_dir / value.removeprefix("file://")).resolve())
 
 
 def _metadata_columns(value: Any) -> list[str]:

@@ -109,3 +109,14 @@ def test_the_embedded_clickhouse_without_its_extra_says_how_to_install_it(tmp_pa
                                                  r"needs chdb: pip install 'streaming-sink\[embedded\]'"):
         resolve_config(GOOD, tmp_path)
     assert resolve_config(with_change("target", {"url": "starrocks://fe:8030"}), tmp_path).target_url == "starrocks://fe:8030"
+
+
+@pytest.mark.parametrize("value, expected", [
+    ("hdfs://namenode:8020/checkpoints/orders", "hdfs://namenode:8020/checkpoints/orders"),
+    ("s3a://bucket/checkpoints/orders", "s3a://bucket/checkpoints/orders"),
+    ("ckpt", "{base}/ckpt"),
+    ("file:///var/ckpt", "/var/ckpt"),
+])
+def test_a_checkpoint_on_a_cluster_filesystem_is_kept_as_a_url(tmp_path, value, expected):
+    spec = resolve_config(with_change("sink.checkpoint", value), tmp_path)
+    assert spec.checkpoint == expected.format(base=tmp_path)
