@@ -44,11 +44,16 @@ schema = "id BIGINT NOT NULL, name STRING"
     return path
 
 
-def run_job(config: Path, broker, password: str) -> subprocess.CompletedProcess[str]:
+def run_job(config: Path, broker, password: str, *command: str) -> subprocess.CompletedProcess[str]:
     jaas = broker.spark_kafka_options(SECURE_USER, password)["kafka.sasl.jaas.config"]
     env = dict(os.environ, **spark_env(), PYTHONPATH=str(REPO), **{JAAS_ENV: jaas})
-    return subprocess.run([sys.executable, "-m", "streaming_sink.cli", "run", "--config", str(config)],
+    return subprocess.run([sys.executable, "-m", "streaming_sink.cli", *(command or ("run",)), "--config", str(config)],
                           cwd=config.parent, env=env, capture_output=True, text=True, timeout=600)
+
+
+def doctor_kafka_verdict(config: Path, broker, password: str) -> dict:
+    proc = run_job(config, broker, password, "doctor", "--json", "--outage-tolerance", "1 hour")
+    return {c["name"]: c for c in json.loads(proc.stdout)}["kafka"]
 
 
 def test_the_job_reads_a_sasl_ssl_listener_and_a_wrong_password_moves_nothing(tmp_path, secured_kafka_broker):
@@ -68,6 +73,12 @@ def test_the_job_reads_a_sasl_ssl_listener_and_a_wrong_password_moves_nothing(tm
     assert "wrong-password" not in refused.stderr + refused.stdout
     data = tmp_path / "data" / "secured"
     assert not (data / "state").exists() and not (data / "checkpoint").exists()  # no driver epoch taken, no offsets
+
+    refused_check = doctor_kafka_verdict(config, broker, "wrong-password")  # the job's own client and settings
+    assert refused_check["verdict"] == "FAIL" and "invalid credentials with SASL mechanism SCRAM-SHA-512" in refused_check["detail"]
+    passed_check = doctor_kafka_verdict(config, broker, SECURE_PASSWORD)
+    assert passed_check == {"name": "kafka", "verdict": "OK", "detail": f"{broker.secure_bootstrap} (SASL_SSL), topics ['{topic}']: "
+                                                                          "reachable, topics exist"}
 
     accepted = run_job(config, broker, SECURE_PASSWORD)
     assert accepted.returncode == 0, accepted.stderr[-3000:]
