@@ -23,7 +23,7 @@ import threading
 from time import sleep  # a module global, so tests can replace it here and nowhere else
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Mapping, Union
-from urllib.parse import urljoin, urlsplit
+from urllib.parse import quote, urljoin, urlsplit
 
 import requests
 
@@ -32,6 +32,9 @@ log = logging.getLogger(__name__)
 Body = Union[bytes, Callable[[], Iterable[bytes]], None]
 
 REDIRECT_STATUSES = frozenset({301, 302, 303, 307, 308})
+#: The only redirects followed: they keep the method and body, as the StarRocks and Doris FEs use them.
+#: Credentials go to their Location only on these, and never from https to plain http.
+FOLLOWED_REDIRECTS = frozenset({307, 308})
 _EXCERPT = 300
 
 
@@ -92,13 +95,24 @@ def excerpt(text: str, limit: int = _EXCERPT) -> str:
     return text if len(text) <= limit else text[:limit] + "…"
 
 
+def api_path(*segments: str) -> str:
+    """`/api/<segment>/...` with each segment percent-encoded whole: a routed table name such as
+    `../other_db/t` or `t?label=x` stays one path segment instead of reaching another endpoint."""
+    return "/api/" + "/".join(quote(segment, safe="") for segment in segments)
+
+
 def basic_auth_header(user: str, password: str) -> str:
     token = base64.b64encode(f"{user}:{password}".encode("utf-8")).decode("ascii")
     return f"Basic {token}"
 
 
 class HttpClient:
-    """One service (base URL + credentials). Thread-safe: one `requests.Session` per thread. Picklable."""
+    """One service (base URL + credentials). Thread-safe: one `requests.Session` per thread. Picklable.
+
+    `base_url` may list several addresses of one service, comma-separated (StarRocks or Doris FEs):
+    a request that could not connect to one goes to the next at once; every request starts at the
+    address that last answered.
+    """
 
     def __init__(
         self,
@@ -113,12 +127,15 @@ class HttpClient:
         backoff_max_s: float = 8.0,
         max_redirects: int = 5,
     ) -> None:
-        parsed = urlsplit(base_url)
-        if parsed.scheme not in ("http", "https") or not parsed.hostname:
-            raise ValueError(f"base url {base_url!r}: expected http(s)://host:port")
-        if parsed.username or parsed.password:
-            raise ValueError("base url: pass credentials as user/password, not inside the URL (it is logged)")
-        self.base_url = base_url.rstrip("/")
+        self.base_urls = [url.strip().rstrip("/") for url in base_url.split(",") if url.strip()]
+        for url in self.base_urls or [base_url]:
+            parsed = urlsplit(url)
+            if parsed.scheme not in ("http", "https") or not parsed.hostname:
+                raise ValueError(f"base url {url!r}: expected http(s)://host:port")
+            if parsed.username or parsed.password:
+                raise ValueError("base url: pass credentials as user/password, not inside the URL (it is logged)")
+        self.base_url = ",".join(self.base_urls)
+        self._current = 0  # index of the address that last answered; shared by threads, any value is valid
         self.user, self.password = user, password
         self.connect_timeout, self.read_timeout = connect_timeout, read_timeout
         self.retries, self.backoff_s, self.backoff_max_s = retries, backoff_s, backoff_max_s
@@ -144,7 +161,7 @@ class HttpClient:
     def url(self, path_or_url: str) -> str:
         if path_or_url.startswith(("http://", "https://")):
             return path_or_url
-        return self.base_url + "/" + path_or_url.lstrip("/")
+        return self.base_urls[self._current] + "/" + path_or_url.lstrip("/")
 
     def request(
         self,
@@ -166,10 +183,17 @@ class HttpClient:
         """
         allowed = frozenset(allow_status)
         attempt = 0
+        failovers = 0
         while True:
+            start = self._current
             try:
                 response = self._follow(method, self.url(path_or_url), headers, body, params, timeout)
             except HttpConnectionError as error:
+                if not error.maybe_applied and failovers < len(self.base_urls) - 1:
+                    failovers += 1  # that address saw nothing: the next one, without waiting
+                    self._current = (start + 1) % len(self.base_urls)
+                    log.warning("%s %s: %s; trying %s", method, path_or_url, error, self.base_urls[self._current])
+                    continue
                 if (error.maybe_applied and not idempotent) or attempt >= self.retries:
                     raise
                 self._pause(attempt, f"{method} {path_or_url}: {error}")
@@ -237,6 +261,11 @@ class HttpClient:
             if response.status_code not in REDIRECT_STATUSES:
                 return HttpResponse(response.status_code, response.content, response.headers, url, tuple(hops))
             location = response.headers.get("Location")
+            if response.status_code not in FOLLOWED_REDIRECTS:
+                raise HttpProtocolError(
+                    f"{method} {url} answered HTTP {response.status_code} to {location!r}: only 307/308 redirects are "
+                    "followed (they keep the method and body); check the URL"
+                )
             if not location:
                 raise HttpProtocolError(f"{method} {url} answered HTTP {response.status_code} without a Location header")
             target = urljoin(url, location)

@@ -59,6 +59,11 @@ def literal(value: str) -> str:
 class ClickHouseTarget(Target):
     kind = "clickhouse"
 
+    @classmethod
+    def option_names(cls) -> set[str]:
+        """The keyword options the constructor takes besides the address and credentials."""
+        return {"settings"}
+
     def __init__(
         self,
         url: str,

@@ -33,7 +33,7 @@ import pyarrow as pa
 
 from ..committable import Committable, TxnRef
 from ..encoding import CsvFormat, JsonFormat, WireFormat, columns_header, encode_chunks
-from ..http import AuthenticationError, HttpClient, HttpError, HttpResponse, excerpt
+from ..http import AuthenticationError, HttpClient, HttpError, HttpResponse, api_path, excerpt
 from .base import CommitOutcome, CommittedNotChosenError, ConfigurationError, ExpiryLimit, NewRef, PreparedPart, RecordIntent, TableTransaction, Target, TargetError
 
 log = logging.getLogger(__name__)
@@ -165,6 +165,11 @@ class _PartState:
 class DorisTarget(Target):
     kind = "doris"
 
+    @classmethod
+    def option_names(cls) -> set[str]:
+        """The keyword options the constructor takes besides the address and credentials."""
+        return {f.name for f in fields(DorisOptions)}
+
     def __init__(
         self,
         fe_url: str = "http://127.0.0.1:8030",
@@ -203,7 +208,7 @@ class DorisTarget(Target):
         """
         try:
             response = self._client.request(
-                "GET", f"/api/{self.database}/get_load_state", params={"label": _LOAD_STATE_PROBE_LABEL}, idempotent=True
+                "GET", api_path(self.database, "get_load_state"), params={"label": _LOAD_STATE_PROBE_LABEL}, idempotent=True
             )
             envelope = response.json()
         except AuthenticationError as error:
@@ -273,7 +278,7 @@ class DorisTarget(Target):
         def body() -> Iterable[bytes]:
             return encode_chunks(chunk, fmt, piece_bytes)
 
-        path = f"/api/{ref.database}/{ref.table}/_stream_load"
+        path = api_path(ref.database, ref.table, "_stream_load")
         resolutions = 0
         busy = 0
         while True:
@@ -429,7 +434,7 @@ class DorisTarget(Target):
     def _abort_by_probe(self, ref: TxnRef) -> None:
         """Older servers: an empty 2PC load under the label either reveals the txn holding it or becomes one."""
         headers = {"Expect": "100-continue", "label": ref.label, "two_phase_commit": "true", **self.options.load_headers()}
-        answer = self._put(f"/api/{ref.database}/{ref.table}/_stream_load", headers, b"", what=f"abort probe of label {ref.label}")
+        answer = self._put(api_path(ref.database, ref.table, "_stream_load"), headers, b"", what=f"abort probe of label {ref.label}")
         status = str(answer.get("Status", ""))
         if status == "Success":
             self._abort_txn(int(answer["TxnId"]), ref)  # the probe itself began one: end it
@@ -468,7 +473,7 @@ class DorisTarget(Target):
     def load_state(self, database: str, label: str) -> str:
         """The label's state: UNKNOWN, PREPARE, PRECOMMITTED, COMMITTED, VISIBLE or ABORTED."""
         try:
-            response = self._client.request("GET", f"/api/{database}/get_load_state", params={"label": label}, idempotent=True)
+            response = self._client.request("GET", api_path(database, "get_load_state"), params={"label": label}, idempotent=True)
             envelope = response.json()
         except HttpError as error:
             raise TargetError(f"Doris get_load_state of label {label} got no usable answer: {error}") from error
@@ -489,7 +494,7 @@ class DorisTarget(Target):
             headers["label"] = label
         what = f"{operation} of Doris " + (f"txn {txn_id}" if txn_id is not None else f"label {label}")
         try:
-            response = self._client.request("PUT", f"/api/{database}/_stream_load_2pc", headers=headers, idempotent=True)
+            response = self._client.request("PUT", api_path(database, "_stream_load_2pc"), headers=headers, idempotent=True)
             body = response.json()
         except HttpError as error:
             raise TargetError(f"{what} got no usable answer: {error}") from error

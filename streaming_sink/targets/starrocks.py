@@ -27,7 +27,7 @@ import pyarrow as pa
 
 from ..committable import Committable, TxnRef
 from ..encoding import DEFAULT_CHUNK_BYTES, CsvFormat, JsonFormat, WireFormat, columns_header, encode_chunks
-from ..http import AuthenticationError, HttpClient, HttpConnectionError, HttpError, HttpResponse
+from ..http import AuthenticationError, HttpClient, HttpConnectionError, HttpError, HttpResponse, api_path
 from .base import CommitOutcome, CommittedNotChosenError, ConfigurationError, ExpiryLimit, NewRef, PreparedPart, RecordIntent, TableTransaction, Target, TargetError
 
 log = logging.getLogger(__name__)
@@ -141,6 +141,11 @@ class StarRocksTarget(Target):
     """
 
     kind = "starrocks"
+
+    @classmethod
+    def option_names(cls) -> set[str]:
+        """The keyword options the constructor takes besides the address and credentials."""
+        return set(StarRocksOptions.__dataclass_fields__)
 
     def __init__(
         self,
@@ -282,7 +287,7 @@ class StarRocksTarget(Target):
         """(state, reason) of a label from `get_load_state`; raises on credentials, database or FE errors."""
         try:
             response = self.http.request(
-                "GET", f"/api/{self.database}/get_load_state", params={"label": label}, idempotent=True
+                "GET", api_path(self.database, "get_load_state"), params={"label": label}, idempotent=True
             )
         except AuthenticationError as error:
             raise ConfigurationError(f"StarRocks at {self.fe_url} refused the credentials: {error}") from None
@@ -309,7 +314,7 @@ class StarRocksTarget(Target):
         """One transaction-API request; connection failures become an answer (status `CONNECTION`)."""
         method = "PUT" if op == "load" else "POST"
         try:
-            response = self.http.request(method, f"/api/transaction/{op}", headers=headers, body=body, idempotent=idempotent)
+            response = self.http.request(method, api_path("transaction", op), headers=headers, body=body, idempotent=idempotent)
         except AuthenticationError as error:
             raise ConfigurationError(f"StarRocks {op} refused the credentials: {error}") from None
         except HttpConnectionError as error:
@@ -321,7 +326,7 @@ class StarRocksTarget(Target):
     def _cancel(self, ref: TxnRef) -> "_Answer":
         try:
             response = self.http.request(
-                "POST", f"/api/{self.database}/{ref.table}/_cancel", params={"label": ref.label}, idempotent=True
+                "POST", api_path(self.database, ref.table, "_cancel"), params={"label": ref.label}, idempotent=True
             )
         except HttpError as error:
             return _Answer.failed("HTTP_ERROR", str(error), applied=True)

@@ -20,7 +20,7 @@ from state import BatchRecord, FileStateStore
 from streaming_sink.committable import BatchState, TxnRef
 from streaming_sink.recovery import Recovery, ReplayImpossibleError
 from streaming_sink.routing import Router
-from streaming_sink.targets import ConfigurationError, target_from_url
+from streaming_sink.targets import PASSWORD_ENV, USER_ENV, ConfigurationError, target_from_url
 from streaming_sink.targets.base import CommitOutcome, TargetError
 from streaming_sink.targets.doris import DorisTarget
 from streaming_sink.writer import PartitionWriter, WriteContext
@@ -507,7 +507,7 @@ def test_routable_tables_fails_when_nothing_listens(emu: DorisEmulator) -> None:
         DorisTarget(url, DB, retries=0).routable_tables()
 
 
-def test_options_are_checked_and_the_target_travels_to_tasks(emu: DorisEmulator) -> None:
+def test_options_are_checked_and_the_target_travels_to_tasks(emu: DorisEmulator, monkeypatch) -> None:
     with pytest.raises(ConfigurationError, match="unknown option"):
         DorisTarget(emu.fe_url, DB, formt="json")
     with pytest.raises(ConfigurationError, match="set by the target itself"):
@@ -518,6 +518,11 @@ def test_options_are_checked_and_the_target_travels_to_tasks(emu: DorisEmulator)
     assert target.runs_writers_in_driver is False and target.options.tables == ("orders",)
     committable = prepared(emu, target)
     assert target.commit(committable) is CommitOutcome.COMMITTED
+    monkeypatch.delenv(USER_ENV, raising=False)
+    with pytest.raises(ConfigurationError, match="doris needs a user: set STREAMING_SINK_TARGET_USER"):
+        target_from_url(f"doris://127.0.0.1:{emu.fe_port}", DB)  # never a silent root
+    monkeypatch.setenv(USER_ENV, emu.user)
+    monkeypatch.setenv(PASSWORD_ENV, emu.password)
     from_url = target_from_url(f"doris://127.0.0.1:{emu.fe_port}", DB, {"retries": 1})
     assert isinstance(from_url, DorisTarget) and from_url.fe_url == emu.fe_url and from_url.routable_tables() is None
 
@@ -616,3 +621,17 @@ def test_speculative_duplicates_are_aborted_by_the_coordinator(emu: DorisEmulato
     assert by_attempt == {("e1w0t1", "VISIBLE"), ("e1w0t0", "ABORTED")}, by_attempt
     assert store.intents(JOB, QUERY, 0) == []
     assert sink.process(None, 0, QUERY).action == "already-committed"  # a re-run changes nothing
+
+
+@pytest.mark.parametrize("table", ["../../api/finance/payments", "orders?label=x#", "a/b"])
+def test_a_hostile_routed_table_name_stays_one_path_segment(emu: DorisEmulator, table: str) -> None:
+    """Review S2: a name routed from the data must not reach another database or endpoint."""
+    target = make_target(emu)
+    sent: list[str] = []
+    real = target._client.request
+    target._client.request = lambda method, path, *a, **k: (sent.append(path), real(method, path, *a, **k))[1]
+    txn = Writer(emu).begin(target, table)
+    with pytest.raises(Exception):
+        txn.write(rows(0, 1))
+        txn.prepare()
+    assert sent and all(p.startswith(f"/api/{DB}/") and p.count("/") == 4 and "?" not in p and "#" not in p for p in sent), sent

@@ -137,6 +137,30 @@ def test_redirect_loops_and_https_downgrades_are_refused(servers, monkeypatch) -
         client.request("POST", "/x")
 
 
+@pytest.mark.parametrize("status", [301, 302, 303])
+def test_credentials_follow_only_307_and_308(servers, status) -> None:
+    elsewhere = servers(lambda h, n: answer(h, 200, b"{}"))
+    fe = servers(lambda h, n: answer(h, status, b"", {"Location": f"{elsewhere.url}/x"}))
+    with pytest.raises(HttpProtocolError, match=f"answered HTTP {status} to .*: only 307/308 redirects are followed"):
+        HttpClient(fe.url, "root", "pw").request("PUT", "/load", body=b"1,a\n")
+    assert elsewhere.requests == []  # nothing, and no credentials, went to the Location
+
+
+def test_a_request_fails_over_to_the_next_address_that_answers(servers) -> None:
+    down = socket.socket()
+    down.bind(("127.0.0.1", 0))  # bound, never listening: connections are refused
+    dead = f"http://127.0.0.1:{down.getsockname()[1]}"
+    fe2 = servers(lambda h, n: answer(h, 200, b"{}"))
+    client = HttpClient(f"{dead},{fe2.url}", "root", "pw", retries=0)
+    try:
+        assert client.request("PUT", "/load", body=b"x").status == 200  # not idempotent, yet safe: the first saw nothing
+        assert client.request("GET", "/again").status == 200
+    finally:
+        down.close()
+    assert [r["path"] for r in fe2.requests] == ["/load", "/again"] and client.base_urls[client._current] == fe2.url
+    assert repr(client) == f"HttpClient({dead + ',' + fe2.url!r}, user='root')"
+
+
 def test_401_is_an_authentication_error_that_names_the_user(servers) -> None:
     fe = servers(lambda h, n: answer(h, 401, b'{"msg": "Access denied"}'))
     with pytest.raises(AuthenticationError, match="check the user \\('root'\\) and password"):

@@ -77,6 +77,21 @@ def test_begin_load_prepare_commit_makes_exactly_the_rows_visible(sr) -> None:
     assert sorted(sr.visible_rows(DB, TABLE)) == ROWS
 
 
+def test_several_fes_one_down_the_transaction_goes_through_the_other(sr) -> None:
+    import socket
+
+    down = socket.socket()
+    down.bind(("127.0.0.1", 0))  # bound, never listening: this FE refuses connections
+    try:
+        target = StarRocksTarget(f"http://127.0.0.1:{down.getsockname()[1]},{sr.fe_url}", DB, "root", PASSWORD,
+                                 backoff_s=0.0, backoff_max_s=0.0, http_retries=0)
+        committable = Writer(target).write(*ROWS).prepare()
+        assert target.commit(committable) is CommitOutcome.COMMITTED
+    finally:
+        down.close()
+    assert sorted(sr.visible_rows(DB, TABLE)) == ROWS
+
+
 def test_json_format_loads_the_same_rows(sr) -> None:
     target = make_target(sr, format="json")
     committable = Writer(target).write(*ROWS).prepare()
