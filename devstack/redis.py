@@ -11,6 +11,7 @@ import shutil
 import subprocess
 from pathlib import Path
 from types import TracebackType
+from urllib.parse import quote
 
 from devstack._proc import (
     ProcessGuard,
@@ -50,8 +51,11 @@ class RedisServer:
         *,
         start_timeout: float = 30.0,
         extra_args: list[str] | None = None,
+        password: str | None = None,
     ) -> None:
+        """``password``: started with ``--requirepass`` (to test that the sink never shows it); ``url`` carries it."""
         self.directory = Path(directory).resolve()
+        self.password = password
         self.start_timeout = start_timeout
         self.extra_args = list(extra_args or [])
         self.log_path = self.directory / "redis.log"
@@ -61,10 +65,11 @@ class RedisServer:
 
     @property
     def url(self) -> str:
-        """``redis://127.0.0.1:PORT/0``."""
+        """``redis://127.0.0.1:PORT/0`` (``redis://:PASSWORD@127.0.0.1:PORT/0`` with a password)."""
         if self.port is None:
             raise ServiceError("RedisServer is not started")
-        return f"redis://{HOST}:{self.port}/0"
+        auth = f":{quote(self.password, safe='')}@" if self.password else ""
+        return f"redis://{auth}{HOST}:{self.port}/0"
 
     @property
     def running(self) -> bool:
@@ -155,6 +160,7 @@ class RedisServer:
             "no",
             "--logfile",
             "",  # stdout, which spawn() appends to redis.log
+            *(["--requirepass", self.password] if self.password else []),
             *self.extra_args,
         ]
 
@@ -169,6 +175,7 @@ class RedisServer:
         client = redis.Redis(
             host=HOST,
             port=self.port or 0,
+            password=self.password,
             socket_connect_timeout=1,
             socket_timeout=1,
             retry=Retry(NoBackoff(), 0),

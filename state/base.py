@@ -12,9 +12,9 @@ import re
 import time
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Mapping
 
-from streaming_sink.committable import BatchState, Committable, TxnRef
+from streaming_sink.committable import JOURNAL_FORMAT, BatchState, Committable, JournalFormatError, TxnRef, check_format
 
 
 class StateStoreError(RuntimeError):
@@ -118,35 +118,41 @@ class BatchRecord:
         lost = set(self.lost)
         return [c for c in self.committables if c.label not in lost]
 
-    def to_json(self) -> str:
-        return json.dumps(
-            {
-                "query_id": self.query_id,
-                "batch_id": self.batch_id,
-                "state": self.state.value,
-                "epoch": self.epoch,
-                "committables": [json.loads(c.to_json()) for c in self.committables],
-                "checksums": {str(k): v for k, v in self.checksums.items()},
-                "lost": self.lost,
-                "created_at": self.created_at,
-                "timings": self.timings,
-                "events": self.events,
-                "records_in": self.records_in,
-                "sent": self.sent,
-                "open_attempt": self.open_attempt,
-            },
-            sort_keys=True,
-        )
+    def encode(self) -> dict[str, Any]:
+        return {
+            "v": JOURNAL_FORMAT,
+            "query_id": self.query_id,
+            "batch_id": self.batch_id,
+            "state": self.state.value,
+            "epoch": self.epoch,
+            "committables": [c.encode() for c in self.committables],
+            "checksums": {str(k): v for k, v in self.checksums.items()},
+            "lost": self.lost,
+            "created_at": self.created_at,
+            "timings": self.timings,
+            "events": self.events,
+            "records_in": self.records_in,
+            "sent": self.sent,
+            "open_attempt": self.open_attempt,
+        }
 
     @classmethod
-    def from_json(cls, text: str) -> "BatchRecord":
-        data: dict[str, Any] = json.loads(text)
+    def decode(cls, data: Mapping[str, Any]) -> "BatchRecord":
+        """A batch record of any readable version (see `JOURNAL_FORMAT`); unknown keys are ignored."""
+        check_format(data, "batch record")
+        try:
+            query_id, batch_id, state, epoch = data["query_id"], data["batch_id"], data["state"], data["epoch"]
+            committables = data["committables"]
+        except KeyError as missing:
+            raise JournalFormatError(
+                f"batch record has no {missing}; it is not a streaming-sink journal record"
+            ) from None
         return cls(
-            query_id=data["query_id"],
-            batch_id=int(data["batch_id"]),
-            state=BatchState(data["state"]),
-            epoch=int(data["epoch"]),
-            committables=[Committable(**c) for c in data["committables"]],
+            query_id=query_id,
+            batch_id=int(batch_id),
+            state=BatchState(state),
+            epoch=int(epoch),
+            committables=[Committable.decode(c) for c in committables],
             checksums={int(k): v for k, v in data.get("checksums", {}).items()},
             lost=list(data.get("lost", [])),
             created_at=float(data.get("created_at", 0.0)),
@@ -156,6 +162,29 @@ class BatchRecord:
             sent=list(data.get("sent", [])),
             open_attempt=data.get("open_attempt"),
         )
+
+    def to_json(self) -> str:
+        return json.dumps(self.encode(), sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str) -> "BatchRecord":
+        return cls.decode(json.loads(text))
+
+
+def owner_record(owner: str, at: float, epoch: int | None = None) -> dict[str, Any]:
+    """The epoch record as a store writes it: who took the job's epoch and when (Redis adds the epoch itself)."""
+    record: dict[str, Any] = {"v": JOURNAL_FORMAT, "owner": owner, "at": at}
+    if epoch is not None:
+        record["epoch"] = epoch
+    return record
+
+
+def decode_owner(data: Mapping[str, Any]) -> dict[str, Any]:
+    """An epoch record of any readable version, as `StateStore.epoch_owner` returns it: {"epoch", "owner", "at"}."""
+    check_format(data, "epoch record")
+    if "epoch" not in data:
+        raise JournalFormatError("epoch record has no 'epoch'; it is not a streaming-sink journal record")
+    return {"epoch": int(data["epoch"]), "owner": data.get("owner"), "at": data.get("at")}
 
 
 class StateStore(ABC):
@@ -218,6 +247,11 @@ class StateStore(ABC):
     @abstractmethod
     def done_labels(self, job_id: str, query_id: str, batch_id: int) -> set[str]:
         """Labels recorded as committed for a batch."""
+
+    @abstractmethod
+    def job_ids(self) -> list[str]:
+        """Every job the store holds an epoch or a batch for, sorted. Reads only: lets `status` tell an unknown
+        (mistyped) job from an idle one, and name the jobs that are there."""
 
     @abstractmethod
     def batch_keys(self, job_id: str) -> list[tuple[str, int]]:

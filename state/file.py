@@ -19,7 +19,9 @@ from typing import Any, Callable, Iterator
 
 from streaming_sink.committable import TxnRef
 
-from .base import BatchRecord, BatchSealedError, StateStore, fencing_error, gate_admits, intent_gate
+from .base import (
+    BatchRecord, BatchSealedError, StateStore, decode_owner, fencing_error, gate_admits, intent_gate, owner_record,
+)
 
 _SAFE_NAME = re.compile(r"^[A-Za-z0-9._-]+$")
 
@@ -30,13 +32,15 @@ class FileStateStore(StateStore):
     def __init__(self, root: str | os.PathLike[str]) -> None:
         self.root = Path(root)
         self.url = f"file://{self.root.resolve()}"
-        self.root.mkdir(parents=True, exist_ok=True)
+        # Nothing is created here or on any read: `status` and the dry runs must leave no trace, and a
+        # mistyped root or job id must read as unknown, not as an empty job. The first write creates the folders.
 
-    def _job_dir(self, job_id: str) -> Path:
+    def _job_dir(self, job_id: str, create: bool = False) -> Path:
         if not _SAFE_NAME.match(job_id):
             raise ValueError(f"job_id {job_id!r} may only contain letters, digits, '.', '_' and '-'")
         path = self.root / job_id
-        path.mkdir(parents=True, exist_ok=True)
+        if create:
+            path.mkdir(parents=True, exist_ok=True)
         return path
 
     def _batch_file(self, job_id: str, query_id: str, batch_id: int, kind: str) -> Path:
@@ -44,7 +48,7 @@ class FileStateStore(StateStore):
 
     @contextmanager
     def _locked(self, job_id: str, epoch: int | None) -> Iterator[None]:
-        lock_path = self._job_dir(job_id) / ".lock"
+        lock_path = self._job_dir(job_id, create=True) / ".lock"
         with open(lock_path, "a+") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)
             try:
@@ -58,19 +62,20 @@ class FileStateStore(StateStore):
 
     def _read_epoch(self, job_id: str) -> int:
         data = _read_json(self._job_dir(job_id) / "epoch.json")
-        return int(data["epoch"]) if data else 0
+        return decode_owner(data)["epoch"] if data else 0
 
     def take_epoch(self, job_id: str, owner: str, at_least: int = 0) -> int:
         with self._locked(job_id, None):
             epoch = max(self._read_epoch(job_id) + 1, at_least)
-            write_json_atomic(self._job_dir(job_id) / "epoch.json", {"epoch": epoch, "owner": owner, "at": time.time()})
+            write_json_atomic(self._job_dir(job_id) / "epoch.json", owner_record(owner, time.time(), epoch))
             return epoch
 
     def current_epoch(self, job_id: str) -> int:
         return self._read_epoch(job_id)
 
     def epoch_owner(self, job_id: str) -> dict[str, Any] | None:
-        return _read_json(self._job_dir(job_id) / "epoch.json")
+        data = _read_json(self._job_dir(job_id) / "epoch.json")
+        return decode_owner(data) if data else None
 
     def add_intent(self, job_id: str, epoch: int, query_id: str, batch_id: int, ref: TxnRef) -> None:
         with self._locked(job_id, epoch):
@@ -117,6 +122,16 @@ class FileStateStore(StateStore):
 
     def done_labels(self, job_id: str, query_id: str, batch_id: int) -> set[str]:
         return set(_read_json(self._batch_file(job_id, query_id, batch_id, "done")) or [])
+
+    def job_ids(self) -> list[str]:
+        try:
+            entries = list(self.root.iterdir())
+        except FileNotFoundError:
+            return []
+        return sorted(
+            p.name for p in entries
+            if _SAFE_NAME.match(p.name) and ((p / "epoch.json").is_file() or (p / "batches").is_dir())
+        )
 
     def batch_keys(self, job_id: str) -> list[tuple[str, int]]:
         keys: set[tuple[str, int]] = set()

@@ -124,6 +124,12 @@ class MemoryStateStore(StateStore):
         with self._lock:
             return set(self._done.get((job_id, query_id, batch_id), set()))
 
+    def job_ids(self) -> list[str]:
+        with self._lock:
+            jobs = set(self._epochs) | {j for (j, _, _) in self._records}
+            jobs |= {j for (j, _, _), intents in self._intents.items() if intents}
+        return sorted(jobs)
+
     def batch_keys(self, job_id: str) -> list[tuple[str, int]]:
         with self._lock:
             keys = {(q, b) for (j, q, b) in self._records if j == job_id}

@@ -8,14 +8,18 @@ is atomic on one Redis instance (not written for Redis Cluster: keys share no ha
 from __future__ import annotations
 
 import json
+import re
 import time
 from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
 import redis
 
 from streaming_sink.committable import TxnRef
 
-from .base import BatchRecord, BatchSealedError, StateStore, StateStoreError, fencing_error, intent_gate
+from .base import (
+    BatchRecord, BatchSealedError, StateStore, StateStoreError, decode_owner, fencing_error, intent_gate, owner_record,
+)
 
 # ARGV[1] expected epoch; ARGV[2] JSON list of redis commands; ARGV[3] the batch's gate key ('' for
 # none) and ARGV[4] the writer attempt it must admit (see state.base.intent_gate); ARGV[5] an intents
@@ -62,18 +66,40 @@ return epoch
 """
 
 
+_QUERY_SECRET = re.compile(r"(?i)((?:^|&)password=)[^&]*")
+
+
+def redact_url(url: str) -> str:
+    """`redis://user:pw@host:port/db` as `redis://***@host:port/db` (and `?password=` as `***`): the form that
+    may appear in output, errors and logs. A URL without credentials is returned unchanged."""
+    parts = urlsplit(url)
+    netloc = parts.netloc
+    if "@" in netloc:
+        netloc = "***@" + netloc.rsplit("@", 1)[1]
+    query = _QUERY_SECRET.sub(r"\1***", parts.query)
+    return urlunsplit(parts._replace(netloc=netloc, query=query))
+
+
 class RedisStateStore(StateStore):
-    """The production state store: one Redis instance (or a primary with AOF) per deployment."""
+    """The production state store: one Redis instance (or a primary with AOF) per deployment.
+
+    `url` is redacted (review S1: the password must never reach output, errors or logs); the raw URL is kept
+    private, to connect and to pickle the store for Spark tasks.
+    """
 
     def __init__(self, url: str, prefix: str = "streaming-sink", socket_timeout: float = 10.0) -> None:
-        self.url = url
+        self._raw_url = url
+        self.url = redact_url(url)
         self._prefix = prefix
-        self._client = redis.Redis.from_url(url, socket_timeout=socket_timeout, decode_responses=True)
+        self._client = redis.Redis.from_url(self._raw_url, socket_timeout=socket_timeout, decode_responses=True)
         self._script = self._client.register_script(_FENCED_SCRIPT)
         self._take_epoch_script = self._client.register_script(_TAKE_EPOCH_SCRIPT)
 
+    def __repr__(self) -> str:
+        return f"RedisStateStore({self.url!r})"
+
     def __getstate__(self) -> dict:
-        return {"url": self.url, "prefix": self._prefix}
+        return {"url": self._raw_url, "prefix": self._prefix}
 
     def __setstate__(self, state: dict) -> None:
         self.__init__(state["url"], state["prefix"])  # type: ignore[misc]
@@ -103,7 +129,7 @@ class RedisStateStore(StateStore):
         return int(
             self._take_epoch_script(
                 keys=[self._key(job_id, "epoch"), self._key(job_id, "owner")],
-                args=[str(at_least), json.dumps({"owner": owner, "at": time.time()})],
+                args=[str(at_least), json.dumps(owner_record(owner, time.time()))],
             )
         )
 
@@ -113,7 +139,7 @@ class RedisStateStore(StateStore):
 
     def epoch_owner(self, job_id: str) -> dict[str, Any] | None:
         value = self._client.get(self._key(job_id, "owner"))
-        return json.loads(value) if value else None
+        return decode_owner(json.loads(value)) if value else None
 
     def add_intent(self, job_id: str, epoch: int, query_id: str, batch_id: int, ref: TxnRef) -> None:
         self._fenced(
@@ -168,6 +194,16 @@ class RedisStateStore(StateStore):
     def done_labels(self, job_id: str, query_id: str, batch_id: int) -> set[str]:
         return set(self._client.smembers(self._key(job_id, "done", query_id, batch_id)))
 
+    def job_ids(self) -> list[str]:
+        jobs: set[str] = set()
+        for kind in ("epoch", "index"):
+            head, tail = f"{self._prefix}:", f":{kind}"
+            for key in self._client.scan_iter(match=f"{_glob_escape(self._prefix)}:*{tail}", count=1000):
+                job = key[len(head):-len(tail)]
+                if job and ":" not in job:
+                    jobs.add(job)
+        return sorted(jobs)
+
     def batch_keys(self, job_id: str) -> list[tuple[str, int]]:
         keys = []
         for member in self._client.smembers(self._key(job_id, "index")):
@@ -203,3 +239,6 @@ class RedisStateStore(StateStore):
     def close(self) -> None:
         self._client.close()
 
+
+def _glob_escape(text: str) -> str:
+    return re.sub(r"([*?\[\]\\])", r"\\\1", text)

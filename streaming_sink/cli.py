@@ -3,103 +3,268 @@
 Human-readable output by default, `--json` for scripts. `recover` and `abort` are dry runs unless
 `--apply` is given; applying takes the job's fencing epoch, so a driver that is still running
 stops at its next state write instead of racing the operator.
+
+An operator command never ends in a traceback: every failure is one line on stderr (what failed, why,
+what to do; with `--json` also `{"error", "exit_code"}` on stdout) and one of the `ExitCode`s, so an
+on-call engineer and a monitoring script can both act on it. `--debug` shows the traceback.
 """
 from __future__ import annotations
 
 import argparse
 import json
 import os
+import re
 import socket
 import sys
-from typing import Any
+import traceback
+from enum import IntEnum
+from pathlib import Path
+from typing import Any, Callable, NoReturn
+from urllib.parse import unquote, urlsplit
 
-from state import open_store
+from state import StateStore, StateStoreError, open_store
+from state.base import FencedError
+from state.redis import redact_url
 
 from .recovery import OperatorActionRefused, Recovery, abort_batch, apply_recovery, plan_recovery, settle_label
-from .status import job_status, render_status
-from .targets import ConfigurationError, target_from_url
+from .status import job_status, render_status, unknown_job
+from .targets import ConfigurationError, Target, target_from_url
 
 
-def _add_job_arguments(parser: argparse.ArgumentParser, needs_target: bool) -> None:
-    parser.add_argument("--job", required=True, help="the job_id")
-    parser.add_argument("--state", required=True, help="state store URL: redis://host:port/db or file:///path")
-    if needs_target:
-        parser.add_argument("--target", required=True, help="target URL: chdb:///path, clickhouse://h:8123, starrocks://fe:8030, doris://fe:8030")
-        parser.add_argument("--database", required=True, help="target database")
-    parser.add_argument("--json", action="store_true", help="machine-readable output")
+class ExitCode(IntEnum):
+    """The one place the exit codes are defined (also in --help and docs/runbook.md, 'Exit codes')."""
+
+    OK = 0
+    PROBLEM = 1  # the check found a problem: status/doctor verdict, recover kept a transaction for replay
+    USAGE = 2  # usage or configuration error: arguments, --config, URLs, job id, unknown job or batch
+    SERVICE = 3  # a service (state store, target, Kafka) unreachable or failing
+    REFUSED = 4  # an operator action refused for safety (it could lose or duplicate rows, or a driver holds the job)
+    INTERNAL = 5  # an unexpected error, a bug: rerun with --debug and report the traceback
+
+
+EXIT_CODES_HELP = """exit codes:
+  0  ok (status: healthy)
+  1  a problem found: status verdict (expired or expiring prepared transactions, leftover
+     intents, unknown job), doctor FAIL, recover --apply kept a transaction for replay
+  2  usage or configuration error (arguments, --config, URLs, job id, unknown job or batch)
+  3  a service unreachable or failing: state store, target or Kafka
+  4  refused for safety: the action could lose or duplicate rows, or a driver holds the job
+  5  unexpected error (a bug): rerun with --debug for the traceback"""
+
+# The rule ExactlyOnceSink enforces for job ids (and the file store for its folder names).
+_JOB_ID = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
+_STATE_SCHEMES = ("redis", "rediss", "unix", "file")
+_STATE_ENV = "STREAMING_SINK_STATE_URL"
+
+
+class CliError(Exception):
+    """A failure the command has already put into words; `code` is what the process exits with."""
+
+    def __init__(self, code: ExitCode, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+class _Parser(argparse.ArgumentParser):
+    """Usage errors become a CliError, so they get the same one-line (or JSON) treatment as the rest."""
+
+    def error(self, message: str) -> NoReturn:
+        raise CliError(ExitCode.USAGE, f"{message} (see `{self.prog} --help`)")
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("streaming-sink")
+    except PackageNotFoundError:
+        return "unknown (not installed)"
+
+
+def _positive(kind: Callable[[str], float]) -> Callable[[str], float]:
+    def parse(text: str) -> float:
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+        if value <= 0:
+            raise argparse.ArgumentTypeError(f"{text!r} must be greater than 0")
+        return value
+
+    parse.__name__ = kind.__name__
+    return parse
+
+
+def _add_job_arguments(parser: argparse.ArgumentParser, target: str) -> None:
+    """target: 'required' (from --target/--database or the config) or 'optional' (status)."""
+    parser.add_argument("--config", help="the job's TOML: supplies job id, state URL, target URL and database; "
+                                         "explicit flags win")
+    parser.add_argument("--job", help="the job_id (or from --config)")
+    parser.add_argument("--state", help=f"state store URL: redis://host:port/db or file:///path (or from --config; "
+                                        f"a Redis password belongs in {_STATE_ENV})")
+    if target == "required":
+        parser.add_argument("--target", help="target URL: chdb:///path, clickhouse://h:8123, starrocks://fe:8030, "
+                                             "doris://fe:8030 (or from --config)")
+        parser.add_argument("--database", help="target database (or from --config)")
+    else:
+        parser.add_argument("--target", help="also list the job's transactions on this target that the journal "
+                                             "does not name (status reads only the state store without it)")
+        parser.add_argument("--database", help="target database (with --target; default: from --config, else 'default')")
+    parser.add_argument("--json", action="store_true", help="machine-readable output, errors included")
+    parser.add_argument("--debug", action="store_true", help="show the traceback of an unexpected error")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="streaming-sink", description="Exactly-once Kafka ingestion into OLAP databases")
+    common = {"epilog": EXIT_CODES_HELP, "formatter_class": argparse.RawDescriptionHelpFormatter}
+    parser = _Parser(prog="streaming-sink", description="Exactly-once Kafka ingestion into OLAP databases", **common)
+    parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
     commands = parser.add_subparsers(dest="command", required=True)
     run = commands.add_parser("run", help="run the packaged Kafka ingestion job")
     source = run.add_mutually_exclusive_group(required=True)
     source.add_argument("--config", help="path of the TOML job configuration (see docs/configuration.md)")
     source.add_argument("--spec", help="path of a resolved JSON job spec (streaming_sink/job.py JobSpec)")
 
-    status = commands.add_parser("status", help="batches, pending prepared transactions and leftovers of a job")
-    _add_job_arguments(status, needs_target=False)
-    status.add_argument("--last", type=int, default=20, help="how many recent batches to show")
-    status.add_argument("--prepared-timeout", type=float, default=None,
-                        help="the server's prepared-transaction timeout in seconds, to show time left")
-    status.add_argument("--target", help="also list the job's transactions on this target that the journal does not name")
-    status.add_argument("--database", default="default", help="target database (with --target)")
+    status = commands.add_parser("status", help="batches, pending prepared transactions and leftovers of a job; "
+                                                "exit 1 unless healthy", **common)
+    _add_job_arguments(status, target="optional")
+    status.add_argument("--last", type=_positive(int), default=20, help="how many recent batches to show (default 20)")
+    status.add_argument("--prepared-timeout", type=_positive(float), default=None, metavar="SECONDS",
+                        help="the server's prepared-transaction timeout, to show time left and judge expiry")
+    status.add_argument("--expiry-margin", type=_positive(float), default=None, metavar="SECONDS",
+                        help="a prepared transaction with less time left than this is a problem "
+                             "(default: a quarter of --prepared-timeout)")
 
-    recover = commands.add_parser("recover", help="commit PREPARED batches and abort leftover intents, without Spark")
-    _add_job_arguments(recover, needs_target=True)
+    recover = commands.add_parser("recover", help="commit PREPARED batches and abort leftover intents, without Spark",
+                                  **common)
+    _add_job_arguments(recover, target="required")
     recover.add_argument("--apply", action="store_true", help="act (default: only say what would be done)")
 
-    abort = commands.add_parser("abort", help="abort the transactions of a batch that is not PREPARED")
-    _add_job_arguments(abort, needs_target=True)
-    abort.add_argument("--batch", type=int, required=True)
-    abort.add_argument("--query-id", help="streaming query id (default: the only one, or the newest batch's)")
+    abort = commands.add_parser("abort", help="abort the transactions of a batch that is not PREPARED", **common)
+    _add_job_arguments(abort, target="required")
+    abort.add_argument("--batch", type=int, required=True, help="the batch id (a BEGUN batch in `status`)")
+    abort.add_argument("--query-id", help="streaming query id (needed only when two queries have this batch id)")
     abort.add_argument("--apply", action="store_true", help="act (default: only say what would be done)")
-    settle = commands.add_parser("settle", help="record the verdict on a label the target forgot (ReplayAmbiguousError)")
-    _add_job_arguments(settle, needs_target=True)
-    settle.add_argument("--batch", type=int, required=True)
+
+    settle = commands.add_parser("settle", help="record the verdict on a label the target forgot (ReplayAmbiguousError)",
+                                 **common)
+    _add_job_arguments(settle, target="required")
+    settle.add_argument("--batch", type=int, required=True, help="the batch id (in the error message)")
     settle.add_argument("--query-id", required=True, help="streaming query id (in the error message and `status`)")
     settle.add_argument("--label", required=True)
     verdict = settle.add_mutually_exclusive_group(required=True)
     verdict.add_argument("--committed", action="store_true", help="its rows are in the target: do not load them again")
     verdict.add_argument("--not-committed", action="store_true", help="its rows are not in the target: replay them")
-    doctor = commands.add_parser("doctor", help="check Kafka, state store, target, tables and timeouts of a job")
+
+    doctor = commands.add_parser("doctor", help="check Kafka, state store, target, tables and timeouts of a job; "
+                                                "exit 1 on any FAIL", **common)
     doctor.add_argument("--config", required=True, help="path of the TOML job configuration")
     doctor.add_argument("--outage-tolerance", default="1 hour",
                         help="the longest outage the job must survive without replaying (default: 1 hour)")
-    doctor.add_argument("--json", action="store_true", help="machine-readable output")
+    doctor.add_argument("--json", action="store_true", help="machine-readable output, errors included")
+    doctor.add_argument("--debug", action="store_true", help="show the traceback of an unexpected error")
     return parser
+
+
+# -- settings: flags, else the job's TOML ---------------------------------------------------------------------------
+
+
+def _resolve(args: argparse.Namespace, target: str) -> None:
+    """Fill job, state, target, database and target options from --config where no flag gives them.
+
+    target: as in `_add_job_arguments`."""
+    spec = None
+    if args.config:
+        from .config import load_config  # imports the job's modules: only when asked for
+
+        spec = load_config(args.config)
+    args.job = args.job or (spec.job_id if spec else None)
+    args.state = args.state or (spec.state_url if spec else None)
+    missing = [flag for flag, value in (("--job", args.job), ("--state", args.state)) if not value]
+    if target == "required" and not args.target and spec:
+        args.target = spec.target_url  # status contacts a target only when --target names one
+    args.target_options = None
+    if spec and args.target and urlsplit(args.target).scheme == urlsplit(spec.target_url).scheme:
+        args.target_options = spec.target_options  # options of another kind of target would be refused
+    args.database = args.database or (spec.database if spec else None)
+    if target == "required":
+        missing += [flag for flag, value in (("--target", args.target), ("--database", args.database)) if not value]
+    else:
+        args.database = args.database or "default"
+    if missing:
+        raise CliError(ExitCode.USAGE, f"missing {' and '.join(missing)}: give {'them' if len(missing) > 1 else 'it'}, "
+                                       "or --config job.toml")
+    if not _JOB_ID.match(args.job):
+        raise CliError(ExitCode.USAGE, f"job id {args.job!r} is not valid: use 1-64 letters, digits, '.', '_' or '-'; "
+                                       "check --job (or job_id in the config)")
+
+
+def _open_state(url: str) -> StateStore:
+    """The store, or a usage error that says how to write the URL (never echoing a password)."""
+    scheme = urlsplit(url).scheme
+    if scheme not in _STATE_SCHEMES:
+        shown = redact_url(url) if scheme else re.sub(r"^.*@", "***@", url)
+        if not scheme:
+            hint = f"; for this folder: file://{Path(url).expanduser().resolve()}" if "@" not in url else ""
+            raise CliError(ExitCode.USAGE, f"state store URL {shown!r} has no scheme: use redis://host:port/db or "
+                                           f"file:///absolute/path{hint}")
+        raise CliError(ExitCode.USAGE, f"state store URL {shown!r}: scheme must be redis://, rediss:// or file:///")
+    try:
+        return open_store(url)
+    except ValueError as error:
+        raise CliError(ExitCode.USAGE, str(error)) from None
+
+
+def _open_target(args: argparse.Namespace) -> Target:
+    return target_from_url(args.target, args.database, args.target_options)
+
+
+def _require_job(store: StateStore, job_id: str, code: ExitCode) -> None:
+    message = unknown_job(store, job_id)
+    if message:
+        raise CliError(code, message)
+
+
+# -- commands -------------------------------------------------------------------------------------------------------
 
 
 def _emit(args: argparse.Namespace, data: Any, text: str) -> None:
     print(json.dumps(data, indent=2, sort_keys=True, default=str) if args.json else text)
 
 
-def _progress(args: argparse.Namespace):
+def _progress(args: argparse.Namespace) -> Callable[[str], None]:
     return (lambda message: None) if args.json else (lambda message: print(message, file=sys.stderr, flush=True))
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    target = target_from_url(args.target, args.database) if args.target else None
-    status = job_status(open_store(args.state), args.job, args.last, args.prepared_timeout, target)
+    _resolve(args, target="optional")
+    store = _open_state(args.state)
+    try:
+        _require_job(store, args.job, ExitCode.PROBLEM)  # for a monitoring check, a job with no state is a problem
+        target = _open_target(args) if args.target else None
+        status = job_status(store, args.job, args.last, args.prepared_timeout, target, args.expiry_margin)
+    finally:
+        store.close()
     _emit(args, status, render_status(status))
-    return 0
+    return ExitCode.PROBLEM if status["problems"] else ExitCode.OK
 
 
-def _take_over(args: argparse.Namespace) -> Recovery:
-    store = open_store(args.state)
-    target = target_from_url(args.target, args.database)
+def _take_over(args: argparse.Namespace, store: StateStore, target: Target | None = None) -> Recovery:
+    target = target or _open_target(args)
     epoch = store.take_epoch(args.job, owner=f"streaming-sink {args.command} on {socket.gethostname()}:{os.getpid()}")
     return Recovery(target, store, args.job, epoch)
 
 
 def cmd_recover(args: argparse.Namespace) -> int:
-    actions = plan_recovery(open_store(args.state), args.job, target_from_url(args.target, args.database))
+    _resolve(args, target="required")
+    store = _open_state(args.state)
+    _require_job(store, args.job, ExitCode.USAGE)
     if not args.apply:
+        actions = plan_recovery(store, args.job, _open_target(args))
         lines = [f"dry run: {len(actions)} action(s); re-run with --apply to carry them out"]
         lines += [f"  batch {a.batch_id} ({a.query_id}): {a.action} {a.transactions} transaction(s) {a.detail}" for a in actions]
         _emit(args, {"applied": False, "actions": [a.__dict__ for a in actions]}, "\n".join(lines))
-        return 0
-    recovery = _take_over(args)
+        return ExitCode.OK
+    recovery = _take_over(args, store)
     done = apply_recovery(recovery, plan_recovery(recovery.store, args.job, recovery.target), _progress(args))
     kept = [a for a in done if a.action == "keep-for-replay"]
     lines = [f"applied {len(done)} action(s) with fencing epoch {recovery.epoch}"]
@@ -108,46 +273,56 @@ def cmd_recover(args: argparse.Namespace) -> int:
         lines.append("  some prepared transactions can no longer be committed: restart the job so it replays "
                      "them from the source (docs/runbook.md, section 3)")
     _emit(args, {"applied": True, "epoch": recovery.epoch, "actions": [a.__dict__ for a in done]}, "\n".join(lines))
-    return 1 if kept else 0
+    return ExitCode.PROBLEM if kept else ExitCode.OK
 
 
 def cmd_abort(args: argparse.Namespace) -> int:
-    store = open_store(args.state)
-    candidates = [(q, b) for q, b in store.batch_keys(args.job) if b == args.batch and (args.query_id in (None, q))]
+    _resolve(args, target="required")
+    store = _open_state(args.state)
+    _require_job(store, args.job, ExitCode.USAGE)
+    target = _open_target(args)  # a wrong --target fails the dry run already, not only --apply
+    keys = store.batch_keys(args.job)
+    candidates = [(q, b) for q, b in keys if b == args.batch and args.query_id in (None, q)]
     if not candidates:
-        print(f"job {args.job} has no batch {args.batch} in {store.url}", file=sys.stderr)
-        return 2
-    query_id, batch_id = candidates[-1]
+        held = sorted({b for _, b in keys})
+        span = f"it holds batches {held[0]}-{held[-1]}" if held else "it holds no batch"
+        raise CliError(ExitCode.USAGE, f"job {args.job} has no batch {args.batch}"
+                                       f"{f' of query {args.query_id}' if args.query_id else ''}; {span} (see `status`)")
+    if len(candidates) > 1:
+        raise CliError(ExitCode.USAGE, f"batch {args.batch} exists in {len(candidates)} queries "
+                                       f"({', '.join(q for q, _ in candidates)}); give --query-id")
+    query_id, batch_id = candidates[0]
     record = store.get_batch(args.job, query_id, batch_id)
     if record is not None:
-        print(f"refusing: batch {batch_id} is {record.state.value}; a PREPARED batch must be committed (run `recover`), "
-              "aborting it would lose rows that the source will not send again", file=sys.stderr)
-        return 2
+        raise OperatorActionRefused(_abort_refusal(batch_id, record.state.value))
     intents = store.intents(args.job, query_id, batch_id)
     if not args.apply:
         _emit(args, {"applied": False, "batch": batch_id, "intents": [r.label for r in intents]},
               f"dry run: would abort {len(intents)} transaction(s) of batch {batch_id}: " + ", ".join(r.label for r in intents))
-        return 0
-    recovery = _take_over(args)
-    try:
-        aborted = abort_batch(recovery, query_id, batch_id)  # re-reads the record under the new epoch (R5)
-    except OperatorActionRefused as error:
-        print(f"refusing: {error}", file=sys.stderr)
-        return 2
+        return ExitCode.OK
+    recovery = _take_over(args, store, target)
+    aborted = abort_batch(recovery, query_id, batch_id)  # re-reads the record under the new epoch (R5)
     _emit(args, {"applied": True, "batch": batch_id, "aborted": aborted}, f"aborted {aborted} transaction(s) of batch {batch_id}")
-    return 0
+    return ExitCode.OK
+
+
+def _abort_refusal(batch_id: int, state: str) -> str:
+    if state == "PREPARED":
+        return (f"batch {batch_id} is PREPARED: its transactions must be committed (run `recover`); aborting them "
+                "would lose rows the source will not send again")
+    return (f"batch {batch_id} is {state}: its transactions are committed, nothing to abort; `recover` aborts "
+            "intents it left behind")
 
 
 def cmd_settle(args: argparse.Namespace) -> int:
-    recovery = _take_over(args)
-    try:
-        settle_label(recovery, args.query_id, args.batch, args.label, committed=args.committed)
-    except OperatorActionRefused as error:
-        print(f"refusing: {error}", file=sys.stderr)
-        return 2
+    _resolve(args, target="required")
+    store = _open_state(args.state)
+    _require_job(store, args.job, ExitCode.USAGE)
+    recovery = _take_over(args, store)
+    settle_label(recovery, args.query_id, args.batch, args.label, committed=args.committed)
     verdict = "committed" if args.committed else "not committed (the job replays it)"
     _emit(args, {"settled": args.label, "committed": args.committed}, f"settled {args.label}: {verdict}; restart the job")
-    return 0
+    return ExitCode.OK
 
 
 def cmd_doctor(args: argparse.Namespace) -> int:
@@ -164,20 +339,105 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     finally:
         spark.stop()
     _emit(args, [c.__dict__ for c in checks], render(checks))
-    return 1 if any(c.verdict == "FAIL" for c in checks) else 0
+    return ExitCode.PROBLEM if any(c.verdict == "FAIL" for c in checks) else ExitCode.OK
+
+
+# -- failures: one line, a documented code --------------------------------------------------------------------------
+
+
+def describe_error(error: BaseException) -> tuple[ExitCode, str]:
+    """What failed, why and what to do, and the exit code, for any error an operator command can meet."""
+    from redis import exceptions as redis_errors
+
+    from .http import AuthenticationError as HttpAuthenticationError
+    from .http import HttpError
+    from .targets.base import TargetError
+
+    if isinstance(error, CliError):
+        return error.code, str(error)
+    if isinstance(error, OperatorActionRefused):
+        return ExitCode.REFUSED, f"refusing: {error}"
+    if isinstance(error, FencedError):  # a driver (or another operator) took the job's epoch meanwhile
+        return ExitCode.REFUSED, f"refusing: {error}"
+    names = {cls.__name__ for cls in type(error).__mro__}  # by name: no import of PySpark (kafka_source) for this
+    if "JournalFormatError" in names:  # acting on a misread record could commit or abort the wrong transactions
+        return ExitCode.REFUSED, f"refusing: {error}; use the streaming-sink release that wrote the journal"
+    if "KafkaUnreachableError" in names:
+        return ExitCode.SERVICE, f"Kafka: {error}"
+    if isinstance(error, ConfigurationError):
+        return ExitCode.USAGE, f"configuration error: {error}"
+    if isinstance(error, redis_errors.AuthenticationError):
+        return ExitCode.USAGE, (f"the state store refused the credentials ({error}); check the password in the "
+                                f"state URL (--state or {_STATE_ENV})")
+    if isinstance(error, (redis_errors.ConnectionError, redis_errors.TimeoutError)):
+        return ExitCode.SERVICE, (f"cannot reach the state store: {str(error).rstrip('.')}; check that Redis runs there and that "
+                                  f"--state (or state.url / {_STATE_ENV}) names it")
+    if isinstance(error, (redis_errors.RedisError, StateStoreError)):
+        return ExitCode.SERVICE, f"the state store failed: {error}"
+    if isinstance(error, HttpAuthenticationError):
+        return ExitCode.USAGE, (f"the target refused the credentials: {error}; check STREAMING_SINK_TARGET_USER "
+                                "and STREAMING_SINK_TARGET_PASSWORD")
+    if isinstance(error, (HttpError, TargetError)):
+        return ExitCode.SERVICE, f"the target failed: {error}"
+    if type(error).__module__.startswith("clickhouse_connect"):
+        return ExitCode.SERVICE, f"ClickHouse failed: {error}; check that it runs and that --target names it"
+    if isinstance(error, OSError):
+        if error.filename:
+            return ExitCode.SERVICE, (f"cannot use {error.filename}: {error.strerror or error}; check the path in "
+                                      "--state or --target and its permissions")
+        return ExitCode.SERVICE, f"{error}; check that the service named by --state or --target runs"
+    return ExitCode.INTERNAL, f"unexpected {type(error).__name__}: {error}; rerun with --debug and report the traceback"
+
+
+def _secrets(argv: list[str]) -> list[str]:
+    """Passwords that must never reach the output: those of any URL on the command line or in the environment."""
+    found = []
+    for text in [*argv, os.environ.get(_STATE_ENV, "")]:
+        if "://" in text:
+            parts = urlsplit(text)
+            found += [p for p in (parts.password, unquote(parts.password or "")) if p]
+            found += [unquote(v) for v in re.findall(r"(?i)(?:^|&)password=([^&]*)", parts.query) if v]
+    # very short ones would blank out ordinary words; the stores' redacted `url` is the real protection
+    return sorted({s for s in found if len(s) >= 4}, key=len, reverse=True)
+
+
+def _scrub(text: str, secrets: list[str]) -> str:
+    for secret in secrets:
+        text = text.replace(secret, "***")
+    return " ".join(text.split("\n"))
+
+
+def _fail(argv: list[str], command: str, error: BaseException, json_output: bool, debug: bool) -> int:
+    code, message = describe_error(error)
+    message = _scrub(message, _secrets(argv))
+    if debug and not isinstance(error, CliError):
+        sys.stderr.write(_scrub("".join(traceback.format_exception(error)), _secrets(argv)))
+    print(f"streaming-sink{f' {command}' if command else ''}: {message}", file=sys.stderr)
+    if json_output:
+        print(json.dumps({"error": message, "exit_code": int(code)}))
+    return int(code)
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    argv = sys.argv[1:] if argv is None else list(argv)
+    json_output, debug = "--json" in argv, "--debug" in argv
+    command = next((a for a in argv if not a.startswith("-")), "")
+    try:
+        args = build_parser().parse_args(argv)
+    except CliError as error:
+        return _fail(argv, command, error, json_output, debug)
     if args.command == "run":
         from . import job
 
         return job.main(["--config", args.config] if args.config else ["--spec", args.spec])
+    commands = {"status": cmd_status, "recover": cmd_recover, "abort": cmd_abort, "settle": cmd_settle, "doctor": cmd_doctor}
     try:
-        return {"status": cmd_status, "recover": cmd_recover, "abort": cmd_abort, "settle": cmd_settle, "doctor": cmd_doctor}[args.command](args)
-    except ConfigurationError as error:
-        print(f"streaming-sink: configuration error: {error}", file=sys.stderr)
-        return 2
+        return int(commands[args.command](args))
+    except KeyboardInterrupt:
+        print(f"streaming-sink {args.command}: interrupted", file=sys.stderr)
+        return 130
+    except Exception as error:  # noqa: BLE001 - every failure becomes one line and a documented code
+        return _fail(argv, args.command, error, args.json, args.debug)
 
 
 if __name__ == "__main__":

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Callable, Iterator
 
 import pyarrow as pa
 
-from state import StateStore, open_store
+from state import StateStore
 
 from .routing import Router
 from .targets.base import Target
@@ -38,7 +38,7 @@ class SparkWriterRunner:
         identity = _replay_identity(df, context, store) if context.replay is not None else None
         if target.runs_writers_in_driver:
             return _write_in_driver(df, target, router, context, store, identity)
-        return _write_in_tasks(df, target, router, context, store.url, identity)
+        return _write_in_tasks(df, target, router, context, store, identity)
 
 
 def _writer_partition(identity: Identity | None, spark_partition: int) -> int:
@@ -82,22 +82,24 @@ def _replay_identity(df: "DataFrame", context: WriteContext, store: StateStore) 
 
 
 def _write_in_tasks(
-    df: "DataFrame", target: Target, router: Router, context: WriteContext, store_url: str, identity: Identity | None
+    df: "DataFrame", target: Target, router: Router, context: WriteContext, store: StateStore, identity: Identity | None
 ) -> list[PartitionResult]:
-    rows = df.mapInArrow(task_writer(target, router, context, store_url, identity), "result string").collect()
+    rows = df.mapInArrow(task_writer(target, router, context, store, identity), "result string").collect()
     return _one_per_partition(PartitionResult.from_json(row["result"]) for row in rows)
 
 
 def task_writer(
-    target: Target, router: Router, context: WriteContext, store_url: str, identity: Identity | None
+    target: Target, router: Router, context: WriteContext, store: StateStore, identity: Identity | None
 ) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
-    """The function each Spark task runs: one PartitionWriter over the task's Arrow batches."""
+    """The function each Spark task runs: one PartitionWriter over the task's Arrow batches.
+
+    The store travels pickled (a Redis store with its private, unredacted URL) and reconnects in the task.
+    """
 
     def write_partition(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         from pyspark import TaskContext
 
         task = TaskContext.get()
-        store = open_store(store_url)
         try:
             partition = _writer_partition(identity, task.partitionId())
             # taskAttemptId is unique in the application; attemptNumber repeats across stage attempts (R7)

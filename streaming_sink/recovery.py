@@ -19,7 +19,7 @@ import threading
 import time
 from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 from dataclasses import dataclass, replace
-from typing import Callable
+from typing import Callable, Iterable
 
 from state import BatchRecord, StateStore
 from state.base import attempt_epoch, fencing_error
@@ -53,6 +53,22 @@ class Recovery:
         if current != self.epoch:
             raise fencing_error(self.job_id, self.epoch, current)
 
+    def check_target(self, refs: Iterable[TxnRef], query_id: str, batch_id: int) -> None:
+        """Refuse to act on transactions the journal records in another target kind or database (W2).
+
+        Every intent and committable says where its transaction is; a target given on a command line
+        (or a job whose target changed) is taken on faith nowhere.
+        """
+        given = (self.target.kind, self.target.database)
+        for ref in refs:
+            if (ref.target, ref.database) != given:
+                raise TargetMismatchError(
+                    f"job {self.job_id} batch {batch_id} of query {query_id}: the journal says these transactions are "
+                    f"in {ref.target} database {ref.database!r}; --target/--database name {given[0]} database "
+                    f"{given[1]!r}. Nothing was committed or aborted: name the target and database the job wrote them "
+                    "to (for the job itself: its target or database changed while these transactions were open)."
+                )
+
     def commit_pending(self, record: BatchRecord, on_commit: Callable[[], None] | None = None) -> list[Committable]:
         """Commit every live committable not yet recorded as done; return those that can be replayed.
 
@@ -60,6 +76,7 @@ class Recovery:
         a later LOST answer for one of them is ambiguous and stops the job (R1).
         """
         self.check_epoch()
+        self.check_target(record.live_committables(), record.query_id, record.batch_id)  # before `sent` is written
         done = self.store.done_labels(self.job_id, record.query_id, record.batch_id)
         pending = [c for c in record.live_committables() if c.label not in done]
         sent_before = set(record.sent)  # by an earlier commit phase: a LOST answer for these is ambiguous
@@ -135,6 +152,7 @@ class Recovery:
         newer = [r for r in intents if (attempt_epoch(r.attempt) or 0) > self.epoch]
         if newer:
             raise fencing_error(self.job_id, self.epoch, attempt_epoch(newer[0].attempt))
+        self.check_target(intents, query_id, batch_id)  # every one is aborted or forgotten below
         aborted = 0
         for ref in intents:
             if ref.label not in keep:
@@ -230,6 +248,15 @@ class OperatorActionRefused(RuntimeError):
     label the record does not hold): refused, with the reason."""
 
 
+class TargetMismatchError(OperatorActionRefused):
+    """The journal records the transactions in another target kind or database than the one given.
+
+    A commit or abort sent there finds nothing (or a namesake), and the journal would then forget the
+    real transactions: staging tables that never expire, StarRocks/Doris transactions holding their
+    database's quota until their timeout. Raised before anything is sent, for the job's own restart too.
+    """
+
+
 def abort_batch(recovery: "Recovery", query_id: str, batch_id: int) -> int:
     """The operator's `abort --apply`: abort a batch's leftover transactions, never what a record names (R5).
 
@@ -254,6 +281,7 @@ def settle_label(recovery: "Recovery", query_id: str, batch_id: int, label: str,
     record = recovery.store.get_batch(recovery.job_id, query_id, batch_id)
     if record is None or record.state is not BatchState.PREPARED or label not in {c.label for c in record.live_committables()}:
         raise OperatorActionRefused(f"batch {batch_id} of query {query_id} has no PREPARED committable {label}")
+    recovery.check_target(record.live_committables(), query_id, batch_id)  # the verdict is about that target's label
     if committed:
         recovery.store.mark_done(recovery.job_id, recovery.epoch, query_id, batch_id, label)
         return
@@ -306,7 +334,14 @@ def plan_recovery(store: StateStore, job_id: str, target: Target | None = None) 
 
 
 def apply_recovery(recovery: "Recovery", actions: list[RecoveryAction], progress: Callable[[str], None]) -> list[RecoveryAction]:
-    """Carry out a plan. A PREPARED batch with lost parts is left PREPARED for the job's own replay."""
+    """Carry out a plan. A PREPARED batch with lost parts is left PREPARED for the job's own replay.
+
+    Every batch of the plan is checked against the target first, so a wrong one changes nothing at all.
+    """
+    for action in actions:
+        if action.batch_id >= 0:
+            refs = _journal_refs(recovery, action.query_id, action.batch_id)
+            recovery.check_target(refs, action.query_id, action.batch_id)
     results = []
     for number, action in enumerate(actions, 1):
         progress(f"[{number}/{len(actions)}] batch {action.batch_id}: {action.action} ({action.transactions})")
@@ -330,3 +365,10 @@ def apply_recovery(recovery: "Recovery", actions: list[RecoveryAction], progress
                     recovery.target.abort(TxnRef(recovery.target.kind, recovery.target.database, "", label, -1, ""))
         results.append(action)
     return results
+
+
+def _journal_refs(recovery: "Recovery", query_id: str, batch_id: int) -> list[TxnRef]:
+    """Every transaction the journal names for a batch: its record's live committables and its intents."""
+    record = recovery.store.get_batch(recovery.job_id, query_id, batch_id)
+    refs: list[TxnRef] = list(record.live_committables()) if record else []
+    return refs + recovery.store.intents(recovery.job_id, query_id, batch_id)

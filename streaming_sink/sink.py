@@ -271,7 +271,7 @@ class ExactlyOnceSink:
         committables = [c for r in results for c in r.committables]
         records_in = sum(r.rows for r in results)
         # Rows the server filtered under the user's max_filter_ratio are accounted for, not lost.
-        accounted = sum(c.rows + int(c.extra.get("filtered_rows", 0)) + int(c.extra.get("unselected_rows", 0)) for c in committables)
+        accounted = sum(c.rows + c.filtered_rows + c.unselected_rows for c in committables)
         if records_in != accounted:
             self._abort_unprepared(query_id, batch_id)
             raise RuntimeError(
@@ -332,14 +332,14 @@ class ExactlyOnceSink:
         # must not be loaded again: the replay skips their flushes, or refuses if it cannot tell them apart.
         lost_labels = {c.label for c in lost}
         survivors = [c for c in record.live_committables() if (c.table, c.partition) in plan and c.label not in lost_labels]
-        unsplittable = [c.label for c in survivors if "flush" not in c.extra]
+        unsplittable = [c.label for c in survivors if c.flush is None or c.flush_rows is None]
         if unsplittable:
             raise ReplayMismatchError(
                 f"job {self.job_id} batch {record.batch_id}: {unsplittable} committed while other transactions of the "
                 "same table and partition were lost, and they do not say which rows they hold; reloading the partition "
                 "would duplicate them. See docs/runbook.md, section 8 'Replay mismatch'."
             )
-        committed = frozenset((c.table, c.partition, int(c.extra["flush"]), int(c.extra["flush_rows"])) for c in survivors)
+        committed = frozenset((c.table, c.partition, c.flush, c.flush_rows) for c in survivors)
         record.open_attempt = f"e{self.epoch}w{self._write_pass(record.query_id, record.batch_id)}"
         self.state.put_batch(self.job_id, self.epoch, record)  # the replay's writers, and only they, may begin
         results = self._write(df, record.query_id, record.batch_id, replay=plan, committed_flushes=committed)

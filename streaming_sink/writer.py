@@ -12,7 +12,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Iterable
 
 import pyarrow as pa
@@ -71,13 +71,13 @@ class PartitionResult:
 
     def to_json(self) -> str:
         data = asdict(self)
-        data["committables"] = [json.loads(c.to_json()) for c in self.committables]
+        data["committables"] = [c.encode() for c in self.committables]
         return json.dumps(data)
 
     @classmethod
     def from_json(cls, text: str) -> "PartitionResult":
         data = json.loads(text)
-        data["committables"] = [Committable(**c) for c in data["committables"]]
+        data["committables"] = [Committable.decode(c) for c in data["committables"]]
         return cls(**data)
 
 
@@ -149,13 +149,15 @@ class PartitionWriter:
         for table in list(self._buffers):
             self._flush(table)
         committables = []
+        checksum = self._checksum.hexdigest()
         for table in sorted(self._transactions):
             parts = self._transactions[table].prepare()
             written = self._written.get(table, [])
-            if len(parts) == len(written):  # one part per flush: a replay can tell committed flushes apart
-                for part, (flush, rows) in zip(parts, written):
-                    part.extra.update(flush=flush, flush_rows=rows)
-            committables += [part.committable(self._checksum.hexdigest()) for part in parts]
+            one_per_flush = len(parts) == len(written)  # only then can a replay tell committed flushes apart
+            for index, part in enumerate(parts):
+                flush, rows = written[index] if one_per_flush else (None, None)
+                # the target's counts of rejected rows arrive in `extra`; the journal holds them typed
+                committables.append(replace(part.committable(checksum).typed_from_extra(), flush=flush, flush_rows=rows))
         return PartitionResult(self._partition, self._attempt, self._checksum.hexdigest(), self._checksum.rows, committables)
 
     def abort(self) -> None:

@@ -65,6 +65,6 @@ def test_abort_refuses_a_prepared_batch_and_cleans_a_begun_one(pipeline):
 
     assert pipeline.run_driver(crash_at="after-prepared-record@3", run=1) == -signal.SIGKILL
     refused = cli(pipeline, "abort", "--batch", "3", "--apply")
-    assert refused.returncode == 2 and "refusing: batch 3 is PREPARED" in refused.stderr
+    assert refused.returncode == 4 and "refusing: batch 3 is PREPARED" in refused.stderr  # ExitCode.REFUSED
     pipeline.run_to_completion(first_run=2)
     pipeline.verify()

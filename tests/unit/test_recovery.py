@@ -1,13 +1,21 @@
-"""Each recovery decision against the real ClickHouse engine (chdb): committed, prepared, intents only, lost."""
+"""Each recovery decision against the real ClickHouse engine (chdb): committed, prepared, intents only, lost.
+
+And the operator's commands (recover, abort, settle) refuse a target other than the one the journal
+recorded, on the in-memory store with a recording fake target.
+"""
 from __future__ import annotations
 
 import pyarrow as pa
 import pytest
 
-from state import BatchRecord, FileStateStore
-from streaming_sink.committable import BatchState
-from streaming_sink.recovery import Recovery, ReplayImpossibleError
+from state import BatchRecord, FileStateStore, MemoryStateStore
+from streaming_sink.committable import BatchState, Committable, TxnRef
+from streaming_sink.recovery import (
+    OperatorActionRefused, Recovery, ReplayImpossibleError, TargetMismatchError, abort_batch, apply_recovery,
+    plan_recovery, settle_label,
+)
 from streaming_sink.routing import Router
+from streaming_sink.sink import ExactlyOnceSink
 from streaming_sink.targets.base import CommitOutcome
 from streaming_sink.writer import ContentChecksum, PartitionWriter, WriteContext
 from devstack.pipeline import create_tables, open_target, table_rows
@@ -156,3 +164,109 @@ def test_writer_memory_is_bounded_by_the_flush_size_not_the_batch(env):
     assert sum(b.nbytes for b in batches) > 10 * flush  # the partition is far larger than the bound
     assert writer.peak_buffered_bytes <= 2 * (flush + biggest)  # per table: at most one flush plus one batch
     assert result.rows == 40 * 500 == sum(c.rows for c in result.committables)
+
+
+# -- operator commands act on the target the journal recorded (review W2) ---------------------------
+
+JOURNAL_TARGET = ("starrocks", "analytics")
+WRONG_TARGETS = [("clickhouse", "default"), ("clickhouse", "analytics"), ("starrocks", "default")]
+
+
+class RecordingTarget:
+    """Commits always succeed; records every call, so a refusal can be shown to have sent nothing."""
+
+    commit_parallelism = 1
+
+    def __init__(self, kind: str, database: str) -> None:
+        self.kind, self.database = kind, database
+        self.calls: list[tuple[str, str]] = []
+
+    def routable_tables(self) -> None:
+        return None
+
+    def leftover_transactions(self, label_prefix: str) -> None:
+        return None
+
+    def commit(self, committable: Committable) -> CommitOutcome:
+        self.calls.append(("commit", committable.label))
+        return CommitOutcome.COMMITTED
+
+    def abort(self, ref: TxnRef) -> None:
+        self.calls.append(("abort", ref.label))
+
+
+def crashed_job(store: MemoryStateStore) -> None:
+    """What a driver on StarRocks 'analytics' left: batch 3 PREPARED (one commit sent), batch 4 intents only."""
+    epoch = store.take_epoch(JOB, "driver")
+    kind, database = JOURNAL_TARGET
+    prepared = [Committable(kind, database, "orders", f"L3-{p}", p, f"e{epoch}w0t{p}", rows=5) for p in range(2)]
+    for c in prepared:
+        store.add_intent(JOB, epoch, Q, 3, c.ref())
+    store.put_batch(JOB, epoch, BatchRecord(Q, 3, BatchState.PREPARED, epoch, prepared, sent=["L3-0"]))
+    for p in range(2):
+        store.add_intent(JOB, epoch, Q, 4, TxnRef(kind, database, "orders", f"L4-{p}", p, f"e{epoch}w0t{p}"))
+
+
+def mismatch(kind: str, database: str) -> str:
+    return (rf"the journal says these transactions are in starrocks database 'analytics'; "
+            rf"--target/--database name {kind} database '{database}'")
+
+
+def operator(store: MemoryStateStore, kind: str, database: str) -> Recovery:
+    target = RecordingTarget(kind, database)
+    return Recovery(target, store, JOB, store.take_epoch(JOB, "operator"))  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("kind, database", WRONG_TARGETS)
+def test_recover_refuses_a_target_other_than_the_journals_before_acting(kind: str, database: str) -> None:
+    store = MemoryStateStore()
+    crashed_job(store)
+    recovery = operator(store, kind, database)
+    before = store.snapshot()
+    with pytest.raises(TargetMismatchError, match=mismatch(kind, database)) as refused:
+        apply_recovery(recovery, plan_recovery(store, JOB, recovery.target), lambda line: None)
+    assert isinstance(refused.value, OperatorActionRefused)  # the CLI's refusal handling prints it
+    assert recovery.target.calls == [] and store.snapshot() == before  # nothing sent, nothing forgotten
+
+
+@pytest.mark.parametrize("kind, database", WRONG_TARGETS)
+def test_abort_refuses_a_target_other_than_the_journals(kind: str, database: str) -> None:
+    store = MemoryStateStore()
+    crashed_job(store)
+    recovery = operator(store, kind, database)
+    with pytest.raises(TargetMismatchError, match=mismatch(kind, database)):
+        abort_batch(recovery, Q, 4)
+    assert recovery.target.calls == [] and [r.label for r in store.intents(JOB, Q, 4)] == ["L4-0", "L4-1"]
+
+
+@pytest.mark.parametrize("kind, database", WRONG_TARGETS)
+@pytest.mark.parametrize("committed", [True, False])
+def test_settle_refuses_a_target_other_than_the_journals(kind: str, database: str, committed: bool) -> None:
+    store = MemoryStateStore()
+    crashed_job(store)
+    recovery = operator(store, kind, database)
+    with pytest.raises(TargetMismatchError, match=mismatch(kind, database)):
+        settle_label(recovery, Q, 3, "L3-0", committed=committed)
+    assert store.done_labels(JOB, Q, 3) == set() and store.get_batch(JOB, Q, 3).sent == ["L3-0"]
+
+
+def test_a_restarted_job_refuses_a_target_other_than_the_one_its_prepared_batch_is_in() -> None:
+    store = MemoryStateStore()
+    crashed_job(store)
+    target = RecordingTarget("starrocks", "default")
+    sink = ExactlyOnceSink(target, store, JOB, table="orders", runner=object())  # type: ignore[arg-type]
+    with pytest.raises(TargetMismatchError, match=mismatch("starrocks", "default")):
+        sink.process(None, 3, Q)
+    assert target.calls == [] and store.get_batch(JOB, Q, 3).state is BatchState.PREPARED
+
+
+def test_the_journals_own_target_is_acted_on_by_every_command() -> None:
+    store = MemoryStateStore()
+    crashed_job(store)
+    recovery = operator(store, *JOURNAL_TARGET)
+    settle_label(recovery, Q, 3, "L3-0", committed=True)
+    apply_recovery(recovery, plan_recovery(store, JOB, recovery.target), lambda line: None)
+    assert recovery.target.calls == [("commit", "L3-1"), ("abort", "L4-0"), ("abort", "L4-1")]
+    assert store.get_batch(JOB, Q, 3).state is BatchState.COMMITTED and store.intents(JOB, Q, 4) == []
+    store.add_intent(JOB, recovery.epoch, Q, 5, TxnRef(*JOURNAL_TARGET, "orders", "L5-0", 0, f"e{recovery.epoch}w0t1"))
+    assert abort_batch(recovery, Q, 5) == 1

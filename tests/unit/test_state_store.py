@@ -235,3 +235,97 @@ def test_doctor_warns_about_a_redis_without_append_only_file(redis_server) -> No
     store._client.config_set("appendonly", "no")
     assert "appendonly is off" in store.durability_warning()
     store.close()
+
+
+def test_job_ids_name_every_job_with_an_epoch_or_a_batch(store):
+    assert store.job_ids() == []
+    store.take_epoch("job-b", "t")
+    epoch = store.take_epoch(JOB, "t")
+    store.put_batch(JOB, epoch, record(1, epoch=epoch))
+    assert store.job_ids() == [JOB, "job-b"]
+
+
+def test_file_store_reads_create_nothing(tmp_path):
+    """`status` and the dry runs read: a mistyped root or job id must stay unknown, not become an empty job."""
+    root = tmp_path / "state"
+    store = FileStateStore(root)
+    assert store.epoch_owner("demo") is None and store.current_epoch("demo") == 0
+    assert store.batch_keys("demo") == [] and store.get_batch("demo", Q, 1) is None
+    assert store.intents("demo", Q, 1) == [] and store.done_labels("demo", Q, 1) == set()
+    assert store.job_ids() == []
+    assert not root.exists()
+    epoch = store.take_epoch("demo", "t")  # writes still create what they need
+    store.add_intent("demo", epoch, Q, 1, ref("a"))
+    assert store.job_ids() == ["demo"]
+    (root / "stray").mkdir()  # a folder left by an older `status`: not a job
+    assert FileStateStore(root).job_ids() == ["demo"]
+    before = sorted(p.relative_to(root) for p in root.rglob("*"))
+    store.batch_keys("other"), store.epoch_owner("other"), store.intents("other", Q, 1)
+    assert sorted(p.relative_to(root) for p in root.rglob("*")) == before
+
+
+def test_redis_url_is_redacted_but_still_connects(tmp_path):
+    """S1: the password stays out of `url`, repr and errors; the raw URL still connects, in tasks too (pickled)."""
+    import pickle
+
+    from devstack.redis import RedisServer
+    from state import StateStoreError
+    from state.redis import redact_url
+
+    assert redact_url("rediss://user:pw@h:6380/2") == "rediss://***@h:6380/2"
+    assert redact_url("redis://h:6379/0?password=pw&db=1") == "redis://h:6379/0?password=***&db=1"
+    assert redact_url("redis://h:6379/0") == "redis://h:6379/0"
+    secret = "s3cr3t-pw-Zq9"
+    with RedisServer(tmp_path / "redis", password=secret) as server:
+        s = RedisStateStore(server.url)
+        assert secret not in s.url and secret not in repr(s) and secret not in json.dumps({"u": s.url})
+        assert s.url == f"redis://***@127.0.0.1:{server.port}/0"
+        epoch = s.take_epoch(JOB, "t")
+        again = pickle.loads(pickle.dumps(s))  # how a Spark task gets the store (execution.py)
+        assert again.current_epoch(JOB) == epoch and again.url == s.url
+        again.close()
+        server.client(password=secret).set(f"streaming-sink:{JOB}:intents:{Q}:1", "not a hash")
+        with pytest.raises(StateStoreError) as caught:
+            s.add_intent(JOB, epoch, Q, 1, ref("a"))
+        assert "WRONGTYPE" in str(caught.value) and "***@" in str(caught.value)
+        assert secret not in str(caught.value) and secret not in repr(caught.value)
+        s.close()
+
+
+def _record_path(store: FileStateStore, batch: int) -> "os.PathLike[str]":
+    return store.root / JOB / "batches" / Q / f"{batch}.record.json"
+
+
+def _raw_record(store, batch: int) -> str:
+    """The batch record as the store holds it."""
+    if isinstance(store, MemoryStateStore):
+        return store._records[(JOB, Q, batch)]
+    if isinstance(store, FileStateStore):
+        return open(_record_path(store, batch)).read()
+    return store._client.get(store._key(JOB, "batch", Q, batch))
+
+
+def _put_raw_record(store, batch: int, text: str) -> None:
+    """What a newer release would leave in the store."""
+    if isinstance(store, MemoryStateStore):
+        store._records[(JOB, Q, batch)] = text
+    elif isinstance(store, FileStateStore):
+        with open(_record_path(store, batch), "w") as handle:
+            handle.write(text)
+    else:
+        store._client.set(store._key(JOB, "batch", Q, batch), text)
+
+
+def test_records_carry_their_format_version_and_a_newer_one_is_refused(store):
+    from streaming_sink.committable import JournalFormatError
+
+    epoch = store.take_epoch(JOB, "test")
+    assert set(store.epoch_owner(JOB)) == {"epoch", "owner", "at"} and store.epoch_owner(JOB)["epoch"] == epoch
+    store.put_batch(JOB, epoch, record(1, epoch=epoch))
+    store.add_intent(JOB, epoch, Q, 2, ref("I"))
+    stored = json.loads(_raw_record(store, 1))
+    assert stored["v"] == 1 and all(c["v"] == 1 for c in stored["committables"])
+    assert store.intents(JOB, Q, 2) == [ref("I")]
+    _put_raw_record(store, 1, json.dumps({**stored, "v": 2}))
+    with pytest.raises(JournalFormatError, match="batch record of format version 2 was written by a newer streaming-sink"):
+        store.get_batch(JOB, Q, 1)

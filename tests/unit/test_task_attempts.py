@@ -75,7 +75,7 @@ def test_two_stage_attempts_of_one_partition_write_under_different_labels(tmp_pa
     epoch = store.take_epoch("job", "test")
     context = WriteContext("job", "q", 0, epoch, 0, 1 << 20)
     target = BeginningTarget()
-    write = task_writer(target, Router(None, "t", None, False), context, store.url, None)
+    write = task_writer(target, Router(None, "t", None, False), context, store, None)
     rows = pa.record_batch({"id": [1, 2, 3]})
     # attempt 0 of partition 3 in stage attempt 0 (a straggler), and attempt 0 of it in stage attempt 1
     for task in (FakeTask(3, 0, 41), FakeTask(3, 0, 57)):
