@@ -1,8 +1,11 @@
 """The packaged job's TOML configuration: read, check every key, fill embedded defaults, resolve a JobSpec.
 
-Every mistake found here stops the job before any data moves, with a message that names the key
-and says how to fix it. With no [target] and no [state], the job writes to ClickHouse embedded
-through chdb and to a file state store under `data_dir`, creating the tables from their schemas.
+Every mistake found here stops the job before Spark starts, with one line that names the key and
+says how to fix it: unknown keys (with did-you-mean), wrong types (strict: `"false"` is not a
+boolean), values out of range, keys that contradict each other, and the target's own options
+(checked by building the target, without connecting). With no [target] and no [state], the job
+writes to ClickHouse embedded through chdb and to a file state store under `data_dir`, creating the
+tables from their schemas. The keys and their types are in config_schema.py.
 """
 from __future__ import annotations
 
@@ -11,30 +14,28 @@ import importlib.util
 import os
 import re
 import tomllib
+import types
+import typing
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlparse
 
+import msgspec
+
+from .config_schema import JobConfig, Table
 from .job import JobSpec
-from .kafka_source import METADATA_FIELDS, check_options, check_starting_offsets
-from .targets import ConfigurationError
+from .kafka_source import check_options, check_starting_offsets
+from .targets import ConfigurationError, target_from_url, target_option_names
 
-_KEYS: dict[str, set[str]] = {
-    "": {"job_id", "data_dir", "kafka", "routing", "tables", "dead_letters", "target", "state", "trigger", "sink", "spark"},
-    "kafka": {"bootstrap_servers", "topics", "starting_offsets", "max_offsets_per_trigger", "options"},
-    "routing": {"field", "topics", "table"},
-    "dead_letters": {"table"},
-    "target": {"url", "database", "options", "create_tables"},
-    "state": {"url"},
-    "trigger": {"interval"},
-    "sink": {"flush_bytes", "checkpoint", "metadata_columns", "metrics_port", "accept_empty_state"},
-    "spark": {"conf"},
-}
-_TABLE_KEYS = {"schema"}
 _INTERVAL = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|milliseconds?|s|secs?|seconds?|m|mins?|minutes?|h|hours?|d|days?)\s*$")
+_SIZE = re.compile(r"^\s*(\d+)\s*(B|KiB|MiB|GiB|KB|MB|GB|k|m|g)?\s*$", re.IGNORECASE)
+_SIZE_UNITS = {"b": 1, "kib": 1024, "mib": 1024 ** 2, "gib": 1024 ** 3, "kb": 1000, "mb": 1000 ** 2, "gb": 1000 ** 3,
+               "k": 1024, "m": 1024 ** 2, "g": 1024 ** 3}
 STATE_URL_ENV = "STREAMING_SINK_STATE_URL"  # overrides state.url, for a Redis URL that carries a password
 _TARGET_SCHEMES = ("chdb", "clickhouse", "clickhouses", "http", "https", "starrocks", "doris")
 _STATE_SCHEMES = ("file", "redis", "rediss")
+#: Server timeouts (target.options key, seconds) that must outlast the trigger interval times a factor.
+_TIMEOUTS = {"starrocks": (("load_timeout_s", 1), ("timeout", 1), ("prepared_timeout_s", 2), ("prepared_timeout", 2)),
+             "doris": (("load_timeout_s", 1),)}
 
 
 def load_config(path: str | Path) -> JobSpec:
@@ -49,94 +50,77 @@ def load_config(path: str | Path) -> JobSpec:
 
 
 def resolve_config(data: dict[str, Any], base_dir: Path) -> JobSpec:
-    _check_keys(data)
-    job_id = _required(data, "job_id", str)
-    data_dir = (base_dir / data.get("data_dir", f"data/{job_id}")).resolve()
-    kafka = data.get("kafka", {})
-    if not isinstance(kafka.get("options", {}), dict):
-        raise ConfigurationError("kafka.options must be a table of Spark Kafka source options, e.g. "
-                                 "options = { \"kafka.security.protocol\" = \"SASL_SSL\" }")
-    kafka_options = check_options(kafka.get("options", {}))
+    _check_keys(data, JobConfig, "")
+    config = _decode(data)
+    data_dir = (base_dir / (config.data_dir or f"data/{config.job_id}")).resolve()
+    kafka = config.kafka
+    kafka_options = check_options(msgspec.to_builtins(kafka.options))
     subscription = [name for name in kafka_options if name in ("subscribePattern", "assign")]
-    topics = kafka.get("topics")
+    topics = kafka.topics
     if topics is None and not subscription:
         raise ConfigurationError("missing key 'kafka.topics' (or a subscribePattern or assign in kafka.options)")
     if topics is not None and subscription:
         raise ConfigurationError(f"kafka.topics and kafka.options.{subscription[0]} both choose topics; keep one")
-    if topics is not None and (not isinstance(topics, list) or not topics or not all(isinstance(t, str) and t for t in topics)):
+    if topics is not None and (not topics or not all(topics)):
         raise ConfigurationError("kafka.topics: give a non-empty list of topic names, e.g. topics = [\"events\"]")
-    bootstrap = _required(kafka, "bootstrap_servers", (str, list), "kafka.bootstrap_servers")
-    if isinstance(bootstrap, list):
-        bootstrap = ",".join(bootstrap) if all(isinstance(b, str) and b for b in bootstrap) else ""
-    if not bootstrap.strip():
+    bootstrap = ",".join(kafka.bootstrap_servers) if isinstance(kafka.bootstrap_servers, list) else kafka.bootstrap_servers
+    if not bootstrap.strip() or (isinstance(kafka.bootstrap_servers, list) and not all(kafka.bootstrap_servers)):
         raise ConfigurationError("kafka.bootstrap_servers: give \"host:port[,host:port]\" or a list of \"host:port\"")
 
-    tables = {name: _table_schema(name, spec) for name, spec in _required(data, "tables", dict).items()}
-    routing = data.get("routing", {})
-    if len(routing) != 1:
-        raise ConfigurationError(
-            "routing: give exactly one of routing.field (a message field names the table), "
-            "routing.topics (topic -> table) or routing.table (every message to one table)"
-        )
-    topic_tables = routing.get("topics")
-    if topic_tables is not None and topics is not None:
-        unmapped = sorted(set(topics) - set(topic_tables))
-        if unmapped:
-            raise ConfigurationError(f"routing.topics: no table for topic(s) {unmapped}; map every topic in kafka.topics")
-    if topic_tables is not None:
-        unknown = sorted(set(topic_tables.values()) - set(tables))
-        if unknown:
-            raise ConfigurationError(f"routing.topics: table(s) {unknown} have no [tables.<name>] schema")
-    if routing.get("table") is not None and routing["table"] not in tables:
-        raise ConfigurationError(f"routing.table: {routing['table']!r} has no [tables.{routing['table']}] schema")
+    tables = {name: _table_schema(name, table) for name, table in config.tables.items()}
+    if not tables:
+        raise ConfigurationError("tables: give at least one [tables.<name>] with its schema")
+    dead_letter_table = config.dead_letters.table if config.dead_letters else None
+    if dead_letter_table in tables:
+        raise ConfigurationError(f"dead_letters.table: {dead_letter_table!r} is also a data table in [tables]; "
+                                 "give the dead letters a table of their own")
+    routing = config.routing
+    _check_routing(routing, topics, tables)
 
-    target = data.get("target", {})
-    embedded = "url" not in target
-    target_url = target.get("url", f"chdb://{data_dir / 'clickhouse'}")
+    target = config.target
+    embedded = target.url is None
+    target_url = target.url or f"chdb://{data_dir / 'clickhouse'}"
     _check_url(target_url, _TARGET_SCHEMES, "target.url")
-    state_url = data.get("state", {}).get("url", f"file://{data_dir / 'state'}")
+    state_url = config.state.url or f"file://{data_dir / 'state'}"
     _check_url(state_url, _STATE_SCHEMES, "state.url")
     state_url = os.environ.get(STATE_URL_ENV, state_url)
-    interval = data.get("trigger", {}).get("interval", "available-now")
+    interval = config.trigger.interval
     interval_s = None if interval == "available-now" else parse_interval(interval, "trigger.interval")
-    options = dict(target.get("options", {}))
-    _check_timeouts(options, interval_s)
+    options = dict(target.options)
+    scheme = target_url.split("://", 1)[0]
+    _check_target(target_url, target.database, options)
+    _check_timeouts(scheme, options, interval_s)
+    create_tables = embedded if target.create_tables is None else target.create_tables
+    if create_tables and scheme in ("starrocks", "doris"):
+        raise ConfigurationError(f"target.create_tables: the sink creates tables only in ClickHouse; create them "
+                                 f"in {scheme} first and remove the key")
 
-    sink = data.get("sink", {})
-    flush_bytes = sink.get("flush_bytes", 64 * 1024 * 1024)
-    if not isinstance(flush_bytes, int) or flush_bytes < 1024:
-        raise ConfigurationError(f"sink.flush_bytes: {flush_bytes!r} is not a byte count of at least 1024")
-    accept_empty_state = sink.get("accept_empty_state", False)
-    if not isinstance(accept_empty_state, bool):
-        raise ConfigurationError(f"sink.accept_empty_state: {accept_empty_state!r} must be true or false (unquoted)")
-    max_offsets = kafka.get("max_offsets_per_trigger")
-    if max_offsets is not None and (not isinstance(max_offsets, int) or max_offsets <= 0):
-        raise ConfigurationError(f"kafka.max_offsets_per_trigger: {max_offsets!r} must be a positive integer")
-
+    sink = config.sink
     spec = JobSpec(
-        job_id=job_id,
+        job_id=config.job_id,
         bootstrap=bootstrap,
         topics=topics,
         kafka_options=kafka_options,
         target_url=target_url,
-        database=target.get("database", "default"),
+        database=target.database,
         state_url=state_url,
-        checkpoint=_checkpoint(sink.get("checkpoint"), base_dir, data_dir),
+        checkpoint=_checkpoint(sink.checkpoint, base_dir, data_dir),
         tables=tables,
-        table=routing.get("table"),
-        table_field=routing.get("field"),
-        topic_tables=topic_tables,
-        dead_letter_table=data.get("dead_letters", {}).get("table"),
-        metadata_columns=_metadata_columns(sink.get("metadata_columns", True)),
-        max_offsets_per_trigger=max_offsets,
-        starting_offsets=check_starting_offsets(kafka.get("starting_offsets", "earliest")),
+        table=routing.table,
+        table_field=routing.field,
+        topic_tables=routing.topics,
+        dead_letter_table=dead_letter_table,
+        metadata_columns=_metadata_columns(sink.metadata_columns),
+        max_offsets_per_trigger=kafka.max_offsets_per_trigger,
+        starting_offsets=check_starting_offsets(kafka.starting_offsets),
         trigger=interval if interval_s is None else f"{interval_s} seconds",
-        flush_bytes=flush_bytes,
-        accept_empty_state=accept_empty_state,
+        flush_bytes=_size(sink.flush_bytes, "sink.flush_bytes"),
+        accept_empty_state=sink.accept_empty_state,
         target_options=options,
-        create_tables=bool(target.get("create_tables", embedded)),
-        metrics_port=_port(sink.get("metrics_port"), "sink.metrics_port"),
-        spark_conf={str(k): str(v) for k, v in data.get("spark", {}).get("conf", {}).items()},
+        create_tables=create_tables,
+        metrics_port=sink.metrics_port,
+        metrics_host=sink.metrics_host,
+        spark_conf={k: _spark_value(v) for k, v in config.spark.conf.items()},
     )
     spec.validate()
     return spec
@@ -145,7 +129,10 @@ def resolve_config(data: dict[str, Any], base_dir: Path) -> JobSpec:
 def parse_interval(text: Any, key: str) -> float:
     match = _INTERVAL.match(str(text))
     if not match:
-        raise ConfigurationError(f"{key}: {text!r} is not an interval; write e.g. \"10 seconds\", \"500 ms\" or \"2 minutes\"")
+        hint = ' (to drain what is there and stop, write "available-now")' if str(text).lower().replace("-", "") in (
+            "availablenow", "once") else ""
+        raise ConfigurationError(
+            f"{key}: {text!r} is not an interval; write e.g. \"10 seconds\", \"500 ms\" or \"2 minutes\"{hint}")
     unit = match.group(2)
     if unit == "ms" or unit.startswith("milli"):
         scale = 0.001
@@ -154,11 +141,132 @@ def parse_interval(text: Any, key: str) -> float:
     return float(match.group(1)) * scale
 
 
-def _check_timeouts(options: dict[str, Any], interval_s: float | None) -> None:
+def _decode(data: dict[str, Any]) -> JobConfig:
+    """Strict types, with the failing key named the way the file spells it."""
+    try:
+        return msgspec.convert(data, JobConfig, strict=True)
+    except msgspec.ValidationError as error:
+        text = str(error)
+        match = re.match(r"^(.*?)(?: - at `\$(.*)`)?$", text)
+        message, path = (match.group(1), match.group(2) or "") if match else (text, "")
+        key = re.sub(r"\[(\d+|\.\.\.)\]", lambda m: f"[{m.group(1)}]" if m.group(1) != "..." else "", path).lstrip(".")
+        missing = re.match(r"Object missing required field `(.+)`", message)
+        if missing:
+            raise ConfigurationError(f"missing key {'.'.join(filter(None, [key, missing.group(1)]))!r}") from None
+        if key == "job_id" and "regex" in message:
+            raise ConfigurationError(f"job_id: {data.get('job_id')!r} must be 1-64 letters, digits, '.', '_' or '-'") from None
+        value = _value_at(data, key)
+        if message.startswith("Invalid enum value"):
+            allowed = _literal_values(JobConfig, key)
+            raise ConfigurationError(f"{key} = {value!r}: not one of {', '.join(map(str, allowed))}") from None
+        expected = re.sub(r"`([^`]*)`", r"\1", message).replace("Expected", "expected").replace(" | null", "")
+        raise ConfigurationError(f"{key or 'the file'} = {value!r}: {expected}") from None
+
+
+def _value_at(data: Any, key: str) -> Any:
+    for part in re.findall(r"[^.\[\]]+", key):
+        data = data[int(part)] if isinstance(data, list) else data.get(part) if isinstance(data, dict) else None
+    return data
+
+
+def _literal_values(cls: Any, key: str) -> tuple[Any, ...]:
+    """The allowed values of the Literal a key's type holds (searched through unions and lists)."""
+    annotation: Any = cls
+    for part in re.findall(r"[^.\[\]]+", key):
+        struct = _struct_in(annotation)
+        if struct is not None:
+            annotation = {f.name: f.type for f in msgspec.structs.fields(struct)}.get(part, annotation)
+    stack = [annotation]
+    while stack:
+        current = stack.pop()
+        if typing.get_origin(current) is typing.Literal:
+            return typing.get_args(current)
+        stack.extend(typing.get_args(current))
+    return ()
+
+
+def _check_keys(data: Any, cls: type, prefix: str) -> None:
+    """Unknown keys, named by their path, with a did-you-mean: before types, so a typo is called a typo."""
+    if not isinstance(data, dict):
+        return
+    fields = {f.name: f.type for f in msgspec.structs.fields(cls)}
+    for key, value in data.items():
+        name = f"{prefix}.{key}" if prefix else key
+        if key not in fields:
+            hint = difflib.get_close_matches(key, sorted(fields), n=1)
+            extra = ""
+            if prefix == "kafka" and (key.startswith("kafka.") or key[:1].islower() and any(c.isupper() for c in key)):
+                extra = "; Spark's Kafka source options go in [kafka.options]"
+            raise ConfigurationError(
+                f"unknown key {name!r}" + (f" (did you mean {hint[0]!r}?)" if hint else f"; known: {sorted(fields)}") + extra)
+        kind = _struct_in(fields[key])
+        if kind is not None:
+            _check_keys(value, kind, name)
+        elif key == "tables" and isinstance(value, dict):
+            for table, spec in value.items():
+                _check_keys(spec, Table, f"tables.{table}")
+
+
+def _struct_in(annotation: Any) -> type | None:
+    """The Struct type of a field (also inside `X | None`, not inside `dict[...]`), or None."""
+    union = typing.get_origin(annotation) in (typing.Union, types.UnionType)
+    for candidate in (annotation, *(typing.get_args(annotation) if union else ())):
+        if isinstance(candidate, type) and issubclass(candidate, msgspec.Struct):
+            return candidate
+    return None
+
+
+def _check_routing(routing: Any, topics: list[str] | None, tables: dict[str, str]) -> None:
+    given = [k for k in ("field", "topics", "table") if getattr(routing, k) is not None]
+    if len(given) != 1:
+        raise ConfigurationError(
+            "routing: give exactly one of routing.field (a message field names the table), "
+            "routing.topics (topic -> table) or routing.table (every message to one table)"
+        )
+    if routing.field is not None and not routing.field.strip():
+        raise ConfigurationError("routing.field: give the name of the message field that names the table")
+    if routing.topics is not None:
+        if topics is not None:
+            unmapped = sorted(set(topics) - set(routing.topics))
+            if unmapped:
+                raise ConfigurationError(f"routing.topics: no table for topic(s) {unmapped}; map every topic in kafka.topics")
+        unknown = sorted(set(routing.topics.values()) - set(tables))
+        if unknown:
+            raise ConfigurationError(f"routing.topics: table(s) {unknown} have no [tables.<name>] schema")
+    if routing.table is not None and routing.table not in tables:
+        hint = difflib.get_close_matches(routing.table, sorted(tables), n=1)
+        raise ConfigurationError(f"routing.table: {routing.table!r} has no [tables.{routing.table}] schema"
+                                 + (f" (did you mean {hint[0]!r}?)" if hint else ""))
+
+
+def _check_target(url: str, database: str, options: dict[str, Any]) -> None:
+    """The target's own options, checked by building it (it connects only when the job starts)."""
+    known = target_option_names(url)
+    for key in options:
+        if key not in known:
+            hint = difflib.get_close_matches(key, sorted(known), n=1)
+            raise ConfigurationError(
+                f"unknown key 'target.options.{key}' for {url.split('://', 1)[0]}"
+                + (f" (did you mean {hint[0]!r}?)" if hint else f"; known: {sorted(known)}"))
+    try:
+        target_from_url(url, database, options)
+    except ConfigurationError as error:
+        raise ConfigurationError(f"target: {error}") from None
+    except (TypeError, ValueError) as error:
+        for key, value in options.items():  # name the option that fails on its own
+            try:
+                target_from_url(url, database, {key: value})
+            except (TypeError, ValueError, ConfigurationError):
+                raise ConfigurationError(f"target.options.{key} = {value!r}: {error}") from None
+        raise ConfigurationError(f"target.options: {error}") from None
+
+
+def _check_timeouts(scheme: str, options: dict[str, Any], interval_s: float | None) -> None:
     """A transaction lives about one trigger interval before its commit: shorter server timeouts lose it."""
     if interval_s is None:
         return
-    for key, minimum in (("timeout", interval_s), ("prepared_timeout", 2 * interval_s)):
+    for key, factor in _TIMEOUTS.get(scheme, ()):
+        minimum = factor * interval_s
         if key in options and float(options[key]) < minimum:
             raise ConfigurationError(
                 f"target.options.{key} = {options[key]} s is shorter than {minimum:g} s for a trigger interval of "
@@ -167,85 +275,66 @@ def _check_timeouts(options: dict[str, Any], interval_s: float | None) -> None:
             )
 
 
-def _check_keys(data: dict[str, Any]) -> None:
-    for section, known in _KEYS.items():
-        values = data if section == "" else data.get(section, {})
-        if not isinstance(values, dict):
-            raise ConfigurationError(f"[{section}] must be a table of keys, got {values!r}")
-        for key in values:
-            if key not in known:
-                name = f"{section}.{key}" if section else key
-                hint = difflib.get_close_matches(key, sorted(known), n=1)
-                raise ConfigurationError(
-                    f"unknown key {name!r}" + (f" (did you mean {hint[0]!r}?)" if hint else f"; known: {sorted(known)}")
-                )
-    for table, spec in data.get("tables", {}).items():
-        for key in spec if isinstance(spec, dict) else []:
-            if key not in _TABLE_KEYS:
-                raise ConfigurationError(f"unknown key 'tables.{table}.{key}'; a table has only 'schema'")
-
-
-def _checkpoint(value: Any, base_dir: Path, data_dir: Path) -> str:
+def _checkpoint(value: str | None, base_dir: Path, data_dir: Path) -> str:
     """A Hadoop filesystem URL (hdfs://, s3a://, ...) as given; a local path relative to the file."""
     if value is None:
         return str(data_dir / "checkpoint")
-    if not isinstance(value, str) or not value.strip():
-        raise ConfigurationError(f"sink.checkpoint: {value!r} is not a path or a URL such as hdfs://namenode/checkpoints/job")
+    if not value.strip():
+        raise ConfigurationError("sink.checkpoint: give a path or a URL such as hdfs://namenode/checkpoints/job")
     if re.match(r"^[A-Za-z][A-Za-z0-9+.-]*://", value) and not value.startswith("file://"):
         return value
     return str((base_dir / value.removeprefix("file://")).resolve())
 
 
-def _metadata_columns(value: Any) -> list[str]:
-    """`true` keeps the first default (partition and offset), `false` none, or a list of record fields."""
-    if value is True:
-        return ["partition", "offset"]
-    if value is False:
-        return []
-    if not isinstance(value, list) or not all(isinstance(v, str) for v in value) or len(set(value)) != len(value):
-        raise ConfigurationError(f"sink.metadata_columns: {value!r} must be true, false or a list of {list(METADATA_FIELDS)}")
-    unknown = [v for v in value if v not in METADATA_FIELDS]
-    if unknown:
-        raise ConfigurationError(f"sink.metadata_columns: {unknown} are not Kafka record fields; choose from {list(METADATA_FIELDS)}")
-    return [f for f in METADATA_FIELDS if f in value]
-
-
-def _port(value: Any, key: str) -> int | None:
-    if value is None:
-        return None
-    if not isinstance(value, int) or not 0 <= value <= 65535:
-        raise ConfigurationError(f"{key}: {value!r} is not a TCP port (0-65535; 0 picks a free one)")
+def _size(value: int | str, key: str) -> int:
+    """Bytes, or a size such as "64MiB" / "64m"; at least 1 KiB."""
+    if isinstance(value, str):
+        match = _SIZE.match(value)
+        if not match:
+            raise ConfigurationError(f"{key}: {value!r} is not a size; write e.g. 67108864, \"64MiB\" or \"512KiB\"")
+        value = int(match.group(1)) * _SIZE_UNITS[(match.group(2) or "b").lower()]
+    if value < 1024:
+        raise ConfigurationError(f"{key}: {value!r} is not a byte count of at least 1024")
     return value
 
 
-def _table_schema(name: str, spec: Any) -> str:
-    if not isinstance(spec, dict) or not isinstance(spec.get("schema"), str) or not spec["schema"].strip():
+def _metadata_columns(value: bool | list[str]) -> list[str]:
+    """`true` keeps the first default (partition and offset), `false` none, or the listed record fields."""
+    if isinstance(value, bool):
+        return ["partition", "offset"] if value else []
+    if len(set(value)) != len(value):
+        raise ConfigurationError(f"sink.metadata_columns = {value!r}: a field is listed twice")
+    return list(value)
+
+
+def _spark_value(value: str | int | float | bool) -> str:
+    return ("true" if value else "false") if isinstance(value, bool) else str(value)
+
+
+def _table_schema(name: str, table: Table) -> str:
+    if not table.schema.strip():
         raise ConfigurationError(f"tables.{name}.schema: give the JSON fields as Spark DDL, e.g. schema = \"id BIGINT NOT NULL, name STRING\"")
-    return spec["schema"]
+    return table.schema
 
 
-def _required(section: dict[str, Any], key: str, kind: type | tuple[type, ...], name: str | None = None) -> Any:
-    name = name or key
-    if key not in section:
-        raise ConfigurationError(f"missing key {name!r}")
-    if not isinstance(section[key], kind):
-        expected = " or ".join(k.__name__ for k in kind) if isinstance(kind, tuple) else kind.__name__
-        raise ConfigurationError(f"{name}: expected {expected}, got {section[key]!r}")
-    return section[key]
+def _check_url(url: str, schemes: tuple[str, ...], key: str) -> None:
+    from urllib.parse import urlparse
 
-
-def _check_url(url: Any, schemes: tuple[str, ...], key: str) -> None:
-    parsed = urlparse(str(url))
+    parsed = urlparse(url)
     if parsed.scheme not in schemes:
-        raise ConfigurationError(f"{key}: {url!r} must start with one of {', '.join(s + '://' for s in schemes)}")
+        hint = " (StarRocks and Doris take the FE's HTTP port, e.g. starrocks://fe-host:8030)" if parsed.scheme == "mysql" else ""
+        raise ConfigurationError(f"{key}: {url!r} must start with one of {', '.join(s + '://' for s in schemes)}{hint}")
     if parsed.username or parsed.password:
         raise ConfigurationError(
             f"{key}: do not write credentials in the file; set STREAMING_SINK_TARGET_USER and STREAMING_SINK_TARGET_PASSWORD"
             if key == "target.url" else f"{key}: do not write credentials in the file; put the whole URL in {STATE_URL_ENV}"
         )
-    if parsed.scheme == "chdb" and importlib.util.find_spec("chdb") is None:
-        raise ConfigurationError(
-            f"{key}: {url!r} is ClickHouse embedded in the driver, which needs chdb: "
-            "pip install 'streaming-sink[embedded]' (or give a server's URL)")
-    if parsed.scheme in ("chdb", "file") and (parsed.netloc not in ("", "localhost") or not parsed.path.startswith("/")):
-        raise ConfigurationError(f"{key}: {url!r} needs an absolute path ({parsed.scheme}:///absolute/path)")
+    if parsed.scheme in ("chdb", "file"):
+        if parsed.netloc not in ("", "localhost") or not parsed.path.startswith("/"):
+            raise ConfigurationError(f"{key}: {url!r} needs an absolute path ({parsed.scheme}:///absolute/path)")
+        if parsed.scheme == "chdb" and importlib.util.find_spec("chdb") is None:
+            raise ConfigurationError(
+                f"{key}: {url!r} is ClickHouse embedded in the driver, which needs chdb: "
+                "pip install 'streaming-sink[embedded]' (or give a server's URL)")
+    elif not parsed.hostname:
+        raise ConfigurationError(f"{key}: {url!r} names no host; write e.g. {parsed.scheme}://host:port")

@@ -22,12 +22,13 @@ from typing import Any
 from state import open_store
 
 from .kafka_source import KafkaSource, check_options, check_starting_offsets, probe
-from .metrics import BatchMetrics, serve_metrics
+from .metrics import OBSERVED_NAME, BatchMetrics, progress_listener
 from .routing import struct_column_for
 from .sink import ExactlyOnceSink
 from .targets import ConfigurationError, target_from_url
 
 ROUTE_COLUMN = "__table"
+_BAD_COLUMN = "__streaming_sink_bad"  # only between build_frame's select and its observe
 DEAD_LETTER_COLUMNS = "raw_value STRING, topic STRING, partition INT, offset BIGINT, kafka_timestamp TIMESTAMP, reason STRING"
 #: Kafka record field -> (the column it becomes in every data table, its Spark type).
 METADATA_COLUMNS = {
@@ -46,7 +47,7 @@ class JobSpec:
     topics: list[str] | None  # None: kafka_options subscribe by subscribePattern or assign
     target_url: str
     database: str
-    state_url: str
+    state_url: str = field(repr=False)  # a Redis URL may carry its password
     checkpoint: str
     tables: dict[str, str] | None = None  # table -> Spark DDL of its JSON fields; None: `schema` for every target table
     schema: str | None = None  # one schema shared by all tables (only with table_field and no `tables`)
@@ -62,6 +63,7 @@ class JobSpec:
     accept_empty_state: bool = False  # start once on a deliberately emptied state store (see the runbook)
     create_tables: bool = False  # create missing tables from the schemas (embedded ClickHouse only)
     metrics_port: int | None = None  # serve per-batch figures as Prometheus text on this port
+    metrics_host: str = "127.0.0.1"  # the address the metrics endpoint binds ("0.0.0.0": every interface)
     target_options: dict[str, Any] = field(default_factory=dict)
     spark_conf: dict[str, str] = field(default_factory=dict)
     kafka_options: dict[str, str] = field(default_factory=dict, repr=False)  # Spark's names; may hold a secret
@@ -102,15 +104,19 @@ class JobSpec:
 
 
 def build_sink(spec: JobSpec) -> ExactlyOnceSink:
-    listeners = []
+    """The job's sink; with `metrics_port`, a BatchMetrics among its listeners, already serving."""
+    target = target_from_url(spec.target_url, spec.database, spec.target_options)
+    state = open_store(spec.state_url)
+    listeners: list[Any] = []
     if spec.metrics_port is not None:
-        metrics = BatchMetrics(spec.job_id)
-        server = serve_metrics(metrics, spec.metrics_port)
+        metrics = BatchMetrics(spec.job_id, store=state, expiry_limits=target.expiry_limits(),
+                               trigger_interval_s=trigger_interval_s(spec.trigger))
+        server = metrics.serve(spec.metrics_port, spec.metrics_host)
         logging.getLogger("streaming_sink").info("metrics at http://%s:%d/metrics", *server.server_address[:2])
-        listeners.append(metrics.record)
+        listeners.append(metrics)
     return ExactlyOnceSink(
-        target=target_from_url(spec.target_url, spec.database, spec.target_options),
-        state=open_store(spec.state_url),
+        target=target,
+        state=state,
         job_id=spec.job_id,
         table_column=ROUTE_COLUMN,
         flush_bytes=spec.flush_bytes,
@@ -120,6 +126,23 @@ def build_sink(spec: JobSpec) -> ExactlyOnceSink:
         checkpoint_location=spec.checkpoint,
         accept_empty_state=spec.accept_empty_state,
     )
+
+
+def sink_metrics(sink: ExactlyOnceSink) -> BatchMetrics | None:
+    """The BatchMetrics `build_sink` gave the sink, if it serves metrics."""
+    return next((listener for listener in sink.listeners if isinstance(listener, BatchMetrics)), None)
+
+
+def trigger_interval_s(trigger: str) -> float | None:
+    """The processing-time interval in seconds (None for available-now, or a form Spark reads but we do not)."""
+    from .config import parse_interval  # config imports this module
+
+    if trigger == "available-now":
+        return None
+    try:
+        return parse_interval(trigger, "trigger")
+    except ConfigurationError:
+        return None
 
 
 def resolve_tables(spec: JobSpec, target_tables: set[str] | None) -> dict[str, str]:
@@ -165,7 +188,7 @@ def build_frame(raw, spec: JobSpec, tables: dict[str, str]):
         route.isNull(), F.lit(f"message has no {spec.table_field!r} field" if spec.table_field else "no table for the topic")
     ).when(~route.isin(list(tables)), F.concat(F.lit("unknown table "), route))
     for table, ddl in tables.items():
-        schema = StructType.fromDDL(ddl)
+        schema = spark_schema(ddl, f"tables.{table}.schema")
         parse_schema = StructType(
             [StructField(f.name, f.dataType, True) for f in schema.fields if f.name != spec.table_field]
             + [StructField("__corrupt", StringType(), True)]
@@ -195,11 +218,16 @@ def build_frame(raw, spec: JobSpec, tables: dict[str, str]):
             F.lit("<bad message "), F.col("topic"), F.lit("/"), F.col("partition").cast("string"), F.lit("@"),
             F.col("offset").cast("string"), F.lit(": "), reason, F.lit("; configure a dead-letter table>"),
         )).otherwise(route)
+    # Records in and dead letters also go to Spark's progress (`observedMetrics`, the Spark UI). `observe`
+    # passes rows through unchanged; `bad` rides along as a column only so it is not computed twice.
     return raw.select(
         routed.alias(ROUTE_COLUMN),
         *[F.when(condition & (~bad if name != spec.dead_letter_table else F.lit(True)), struct).alias(struct_column_for(name))
           for name, condition, struct in columns],
-    )
+        bad.alias(_BAD_COLUMN),
+    ).observe(
+        OBSERVED_NAME, F.count(F.lit(1)).alias("records_in"), F.count_if(F.col(_BAD_COLUMN)).alias("dead_letters"),
+    ).drop(_BAD_COLUMN)
 
 
 def table_schemas(spec: JobSpec, tables: dict[str, str]):
@@ -217,16 +245,26 @@ def table_schemas(spec: JobSpec, tables: dict[str, str]):
     return schemas
 
 
+def spark_schema(ddl: str, key: str = "schema"):
+    """Spark DDL as a StructType; a parse error names the configuration key and Spark's own reason."""
+    from pyspark.sql.types import StructType
+
+    try:
+        return StructType.fromDDL(ddl)
+    except Exception as error:  # Spark's ParseException, raised through py4j or Spark Connect
+        reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        raise ConfigurationError(f"{key}: {ddl!r} is not Spark DDL: {reason}") from None
+
+
 def arrow_schema(ddl: str):
     """Spark DDL as the Arrow schema Spark hands to Python (timestamps as UTC instants)."""
     import inspect
 
     from pyspark.sql.pandas.types import to_arrow_schema
-    from pyspark.sql.types import StructType
 
     # pyspark 4.0 converts timestamps to UTC by default; 4.2 wants the zone named
     zone = {"timezone": "UTC"} if "timezone" in inspect.signature(to_arrow_schema).parameters else {}
-    return to_arrow_schema(StructType.fromDDL(ddl), **zone)
+    return to_arrow_schema(spark_schema(ddl), **zone)
 
 
 def check_columns(target, schemas) -> None:
@@ -247,6 +285,8 @@ def run(spec: JobSpec) -> None:
     from .spark_session import build_session
 
     spark = build_session(f"streaming-sink:{spec.job_id}", spec.spark_conf)
+    for table, ddl in (spec.tables or {}).items():  # Spark's parser needs the JVM: checked as soon as it runs
+        spark_schema(ddl, f"tables.{table}.schema")
     source = spec.kafka_source()
     logging.getLogger("streaming_sink").info("kafka: %s", probe(spark, source))
     sink = build_sink(spec)
@@ -264,7 +304,19 @@ def run(spec: JobSpec) -> None:
         writer = writer.trigger(availableNow=True)
     else:
         writer = writer.trigger(processingTime=spec.trigger)
-    writer.start().awaitTermination()
+    # Kafka lag into /metrics and a progress line per trigger, from Spark's progress events
+    listener = progress_listener(sink_metrics(sink))
+    spark.streams.addListener(listener)
+    try:
+        query = writer.start()
+        listener.follow(query.id)
+        query.awaitTermination()
+        # progress reaches listeners asynchronously: let the last batch's arrive before the listener goes
+        last = query.lastProgress
+        if last is not None:
+            listener.wait_for_batch(int(last["batchId"]), timeout_s=30)
+    finally:
+        spark.streams.removeListener(listener)
 
 
 def main(argv: list[str] | None = None) -> int:

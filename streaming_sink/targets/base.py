@@ -11,7 +11,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 import pyarrow as pa
 
@@ -151,3 +151,14 @@ class CommittedNotChosenError(TargetError):
     """
 
     RUNBOOK = "See docs/runbook.md, section 'A transaction the journal did not choose is committed'."
+
+
+def own_names(options: Mapping[str, Any], common_names: Mapping[str, str], target: str) -> dict[str, Any]:
+    """Options under the shared vocabulary renamed to a target's own names; both spellings at once is an error."""
+    renamed: dict[str, Any] = {}
+    for key, value in options.items():
+        own = common_names.get(key, key)
+        if own in renamed:
+            raise ConfigurationError(f"{target}: {key!r} and {own!r} are the same option; give one")
+        renamed[own] = value
+    return renamed

@@ -34,7 +34,7 @@ import pyarrow as pa
 from ..committable import Committable, TxnRef
 from ..encoding import CsvFormat, JsonFormat, WireFormat, columns_header, encode_chunks
 from ..http import AuthenticationError, HttpClient, HttpError, HttpResponse, api_path, excerpt
-from .base import CommitOutcome, CommittedNotChosenError, ConfigurationError, ExpiryLimit, NewRef, PreparedPart, RecordIntent, TableTransaction, Target, TargetError
+from .base import CommitOutcome, CommittedNotChosenError, ConfigurationError, ExpiryLimit, NewRef, PreparedPart, RecordIntent, TableTransaction, Target, TargetError, own_names
 
 log = logging.getLogger(__name__)
 
@@ -60,6 +60,11 @@ _RESERVED_HEADERS = frozenset(
 _LOAD_STATE_PROBE_LABEL = "streaming_sink_connectivity_check"
 _MAX_LABEL_RESOLUTIONS = 3
 _ERROR_LOG_LINES = 5
+
+
+#: The option names shared with StarRocks (docs/configuration.md maps them to the connectors' names) ->
+#: this target's own, older names, which stay accepted.
+COMMON_NAMES = {"properties": "headers", "read_timeout_s": "request_timeout_s", "chunk_bytes": "piece_bytes"}
 
 
 @dataclass(frozen=True)
@@ -94,6 +99,7 @@ class DorisOptions:
 
     @classmethod
     def parse(cls, options: Mapping[str, Any]) -> "DorisOptions":
+        options = own_names(options, COMMON_NAMES, "DorisTarget")
         known = {f.name for f in fields(cls)}
         unknown = sorted(set(options) - known)
         if unknown:
@@ -168,7 +174,7 @@ class DorisTarget(Target):
     @classmethod
     def option_names(cls) -> set[str]:
         """The keyword options the constructor takes besides the address and credentials."""
-        return {f.name for f in fields(DorisOptions)}
+        return {f.name for f in fields(DorisOptions)} | set(COMMON_NAMES)
 
     def __init__(
         self,

@@ -28,7 +28,7 @@ import pyarrow as pa
 from ..committable import Committable, TxnRef
 from ..encoding import DEFAULT_CHUNK_BYTES, CsvFormat, JsonFormat, WireFormat, columns_header, encode_chunks
 from ..http import AuthenticationError, HttpClient, HttpConnectionError, HttpError, HttpResponse, api_path
-from .base import CommitOutcome, CommittedNotChosenError, ConfigurationError, ExpiryLimit, NewRef, PreparedPart, RecordIntent, TableTransaction, Target, TargetError
+from .base import CommitOutcome, CommittedNotChosenError, ConfigurationError, ExpiryLimit, NewRef, PreparedPart, RecordIntent, TableTransaction, Target, TargetError, own_names
 
 log = logging.getLogger(__name__)
 
@@ -53,6 +53,14 @@ DEFAULT_LABEL_KEEP_S = 259200.0  # FE label_keep_max_second (A.4)
 # than this (A.4 marks the setting UNCONFIRMED; the source read counts running + finished ones
 # against label_keep_max_num, default 1000, in DatabaseTransactionMgr.removeExpiredTxns).
 DEFAULT_LABEL_KEEP_NUM = 1000
+
+
+#: The option names shared with Doris (docs/configuration.md maps them to the connectors' names) ->
+#: this target's own, older names, which stay accepted.
+COMMON_NAMES = {
+    "load_timeout_s": "timeout", "prepared_timeout_s": "prepared_timeout", "connect_timeout_s": "connect_timeout",
+    "read_timeout_s": "read_timeout", "retries": "http_retries", "chunk_bytes": "load_chunk_bytes",
+}
 
 
 @dataclass(frozen=True)
@@ -80,6 +88,7 @@ class StarRocksOptions:
 
     @classmethod
     def parse(cls, options: dict[str, Any]) -> "StarRocksOptions":
+        options = own_names(options, COMMON_NAMES, "StarRocksTarget")
         known = set(cls.__dataclass_fields__)
         unknown = sorted(set(options) - known)
         if unknown:
@@ -145,7 +154,7 @@ class StarRocksTarget(Target):
     @classmethod
     def option_names(cls) -> set[str]:
         """The keyword options the constructor takes besides the address and credentials."""
-        return set(StarRocksOptions.__dataclass_fields__)
+        return set(StarRocksOptions.__dataclass_fields__) | set(COMMON_NAMES)
 
     def __init__(
         self,

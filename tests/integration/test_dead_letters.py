@@ -128,12 +128,12 @@ def test_batch_figures_reach_the_metrics_endpoint(spark_session, target, tmp_pat
         sink.process(frame, 0, "q")  # re-run: already committed, counted as such, no rows twice
         text = urllib.request.urlopen(f"http://127.0.0.1:{server.server_address[1]}/metrics", timeout=10).read().decode()
     finally:
-        server.shutdown()
-    assert 'streaming_sink_batches_total{job="dlq",action="written"} 1' in text
-    assert 'streaming_sink_batches_total{job="dlq",action="already-committed"} 1' in text
-    assert 'streaming_sink_rows_total{job="dlq",table="dead_letters"} 5' in text
-    assert 'streaming_sink_records_in_total{job="dlq"} 8' in text
-    assert 'streaming_sink_dead_letters_total{job="dlq"} 5' in text
+        metrics.close()
+    assert 'streaming_sink_batches_total{action="written",job_id="dlq"} 1.0' in text
+    assert 'streaming_sink_batches_total{action="already-committed",job_id="dlq"} 1.0' in text
+    assert 'streaming_sink_rows_total{job_id="dlq",table="dead_letters"} 5.0' in text
+    assert 'streaming_sink_records_in_total{job_id="dlq"} 8.0' in text
+    assert 'streaming_sink_dead_letters_total{job_id="dlq"} 5.0' in text
 
 
 def test_kafka_metadata_columns_a_user_chooses_arrive_as_the_records_carried_them(spark_session, tmp_path):
@@ -162,3 +162,12 @@ def test_kafka_metadata_columns_a_user_chooses_arrive_as_the_records_carried_the
     assert [(i, t, p, o, ts.replace(tzinfo=None), k) for i, t, p, o, ts, k in rows] == [
         (1, "a", 0, 7, T0, "k-1"), (2, "b", 3, 9, T0 + dt.timedelta(microseconds=1), None),
         (3, "b", 1, 0, dt.datetime(1999, 12, 31, 23, 59, 59), "ключ-🔑")]
+
+
+def test_a_schema_spark_cannot_parse_names_its_key(spark_session):
+    from streaming_sink.job import spark_schema
+
+    with pytest.raises(ConfigurationError) as error:
+        spark_schema("id BIGNT NOT NULL, name STRING", "tables.orders.schema")
+    assert str(error.value).startswith("tables.orders.schema: 'id BIGNT NOT NULL, name STRING' is not Spark DDL: ")
+    assert "\n" not in str(error.value)

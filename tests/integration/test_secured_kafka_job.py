@@ -21,26 +21,26 @@ REPO = Path(__file__).resolve().parents[2]
 JAAS_ENV = "ORDERS_KAFKA_JAAS"
 
 
-def write_config(tmp_path: Path, broker, topic: str) -> Path:
+def secured_kafka_toml(broker, topic: str, jaas_env: str = JAAS_ENV) -> str:
+    """[kafka] and [kafka.options] for the broker's SASL_SSL listener, the JAAS config read from `jaas_env`;
+    plus the devstack's Spark conf (its Kafka source jars), as TOML."""
     options = {k: v for k, v in broker.spark_kafka_options(SECURE_USER, "unused").items()
                if k not in ("kafka.bootstrap.servers", "kafka.sasl.jaas.config")}
-    lines = [f'"{k}" = "{v}"' for k, v in options.items()] + [f'"kafka.sasl.jaas.config" = {{ env = "{JAAS_ENV}" }}']
+    lines = [f'"{k}" = "{v}"' for k, v in options.items()] + [f'"kafka.sasl.jaas.config" = {{ env = "{jaas_env}" }}']
     spark = "\n".join(f'"{k}" = "{v}"' for k, v in local_spark_conf().items())
+    return (f'[kafka]\nbootstrap_servers = "{broker.secure_bootstrap}"\ntopics = ["{topic}"]\n'
+            f'[kafka.options]\n{chr(10).join(lines)}\n[spark.conf]\n{spark}\n')
+
+
+def write_config(tmp_path: Path, broker, topic: str) -> Path:
     path = tmp_path / "job.toml"
     path.write_text(f"""
 job_id = "secured"
-[kafka]
-bootstrap_servers = "{broker.secure_bootstrap}"
-topics = ["{topic}"]
-[kafka.options]
-{chr(10).join(lines)}
 [routing]
 table = "orders"
 [tables.orders]
 schema = "id BIGINT NOT NULL, name STRING"
-[spark.conf]
-{spark}
-""")
+{secured_kafka_toml(broker, topic)}""")
     return path
 
 

@@ -40,7 +40,8 @@ def test_embedded_defaults(tmp_path):
     assert spec.dead_letter_table == "dead_letters" and spec.tables == {"orders": "id BIGINT NOT NULL, name STRING"}
 
 
-def test_a_real_target_does_not_create_tables(tmp_path):
+def test_a_real_target_does_not_create_tables(tmp_path, monkeypatch):
+    monkeypatch.setenv("STREAMING_SINK_TARGET_USER", "ingest")
     spec = resolve_config(with_change("target", {"url": "starrocks://fe:8030", "database": "db"}), tmp_path)
     assert not spec.create_tables and spec.target_url == "starrocks://fe:8030"
 
@@ -54,7 +55,7 @@ def test_a_real_target_does_not_create_tables(tmp_path):
         ("job_id", KeyError, "missing key 'job_id'"),
         ("kafka.bootstrap_servers", KeyError, "missing key 'kafka.bootstrap_servers'"),
         ("kafka.topics", [], "kafka.topics: give a non-empty list"),
-        ("kafka.max_offsets_per_trigger", 0, "kafka.max_offsets_per_trigger: 0 must be a positive integer"),
+        ("kafka.max_offsets_per_trigger", 0, "kafka.max_offsets_per_trigger = 0: expected int >= 1"),
         ("tables.orders.schema", "", "tables.orders.schema: give the JSON fields as Spark DDL"),
         ("routing", {"field": "t", "table": "orders"}, "routing: give exactly one of routing.field"),
         ("routing", {"topics": {"other": "orders"}}, "routing.topics: no table for topic(s) ['events']"),
@@ -66,13 +67,16 @@ def test_a_real_target_does_not_create_tables(tmp_path):
         ("state.url", "s3://bucket/state", "state.url: 's3://bucket/state' must start with one of file://"),
         ("state.url", "redis://:pw@h:6379/0", f"state.url: do not write credentials in the file; put the whole URL in {STATE_URL_ENV}"),
         ("trigger.interval", "often", "trigger.interval: 'often' is not an interval"),
-        ("target.options", {"timeout": 5}, "target.options.timeout = 5 s is shorter than 10 s"),
-        ("target.options", {"prepared_timeout": 15}, "target.options.prepared_timeout = 15 s is shorter than 20 s"),
+        ("target", {"url": "starrocks://fe:8030", "options": {"timeout": 5}}, "target.options.timeout = 5 s is shorter than 10 s"),
+        ("target", {"url": "starrocks://fe:8030", "options": {"prepared_timeout": 15}},
+         "target.options.prepared_timeout = 15 s is shorter than 20 s"),
+        ("target", {"url": "doris://fe:8030", "options": {"load_timeout_s": 5}}, "target.options.load_timeout_s = 5 s is shorter than 10 s"),
         ("sink.flush_bytes", 10, "sink.flush_bytes: 10 is not a byte count"),
-        ("sink.metrics_port", 70000, "sink.metrics_port: 70000 is not a TCP port"),
+        ("sink.metrics_port", 70000, "sink.metrics_port = 70000: expected int <= 65535"),
     ],
 )
-def test_configuration_errors_name_the_key(tmp_path, path, value, message):
+def test_configuration_errors_name_the_key(tmp_path, monkeypatch, path, value, message):
+    monkeypatch.setenv("STREAMING_SINK_TARGET_USER", "ingest")
     with pytest.raises(ConfigurationError) as error:
         resolve_config(with_change(path, value), tmp_path)
     assert message in str(error.value)
@@ -103,6 +107,7 @@ def test_intervals():
 def test_the_embedded_clickhouse_without_its_extra_says_how_to_install_it(tmp_path, monkeypatch):
     import importlib.util
 
+    monkeypatch.setenv("STREAMING_SINK_TARGET_USER", "ingest")
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "chdb" else real(name, *a))
     with pytest.raises(ConfigurationError, match=r"target.url: 'chdb://.*' is ClickHouse embedded in the driver, which "

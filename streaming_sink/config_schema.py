@@ -1,0 +1,110 @@
+"""The shape of `job.toml`: every section and key with its type and default, in one place.
+
+The types are strict (`"false"` is not a boolean, `true` is not a port) and drive three things:
+decoding (msgspec), unknown-key detection with did-you-mean (config.py), and the JSON Schema that
+editors use to complete and check the file (`docs/job.schema.json`, `python -m
+streaming_sink.config_schema` writes it). Checks that relate keys to each other live in config.py.
+"""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Annotated, Any, Literal, Union
+
+import msgspec
+
+SCHEMA_PATH = Path(__file__).resolve().parents[1] / "docs" / "job.schema.json"
+
+Port = Annotated[int, msgspec.Meta(ge=0, le=65535, description="a TCP port; 0 picks a free one")]
+Positive = Annotated[int, msgspec.Meta(gt=0)]
+
+
+class _Section(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, omit_defaults=True):
+    """A TOML table: unknown keys are refused."""
+
+
+class Kafka(_Section):
+    bootstrap_servers: Annotated[Union[str, list[str]], msgspec.Meta(description='"host:port[,host:port]" or a list')]
+    topics: Union[list[str], None] = None
+    starting_offsets: Annotated[str, msgspec.Meta(description='earliest, latest or JSON {"topic": {"0": offset}}')] = "earliest"
+    max_offsets_per_trigger: Union[Positive, None] = None
+    options: Annotated[dict[str, Any], msgspec.Meta(
+        description="options of Spark's Kafka source by their Spark names, e.g. \"kafka.security.protocol\"; "
+                    "a value may be { env = \"NAME\" } to read it from the environment")] = {}
+
+
+class Routing(_Section):
+    field: Union[str, None] = None
+    topics: Union[dict[str, str], None] = None
+    table: Union[str, None] = None
+
+
+class Table(_Section):
+    schema: Annotated[str, msgspec.Meta(description="the message's JSON fields as Spark DDL")]
+
+
+class DeadLetters(_Section):
+    table: str
+
+
+class Target(_Section):
+    url: Union[str, None] = None
+    database: str = "default"
+    options: dict[str, Any] = {}
+    create_tables: Union[bool, None] = None
+
+
+class State(_Section):
+    url: Union[str, None] = None
+
+
+class Trigger(_Section):
+    interval: Annotated[str, msgspec.Meta(description='"available-now" or an interval such as "10 seconds"')] = "available-now"
+
+
+class Sink(_Section):
+    flush_bytes: Annotated[Union[int, str], msgspec.Meta(description='bytes, or a size such as "64MiB"')] = 64 * 1024 * 1024
+    checkpoint: Union[str, None] = None
+    metadata_columns: Union[bool, list[Literal["topic", "partition", "offset", "timestamp", "key"]]] = True
+    metrics_port: Union[Port, None] = None
+    metrics_host: str = "127.0.0.1"
+    accept_empty_state: bool = False
+
+
+class Spark(_Section):
+    conf: dict[str, Union[str, int, float, bool]] = {}
+
+
+class JobConfig(_Section):
+    """One packaged job: Kafka topics to target tables, exactly once."""
+
+    job_id: Annotated[str, msgspec.Meta(pattern=r"^[A-Za-z0-9._-]{1,64}$")]
+    tables: dict[str, Table]
+    kafka: Kafka
+    routing: Routing
+    data_dir: Union[str, None] = None
+    dead_letters: Union[DeadLetters, None] = None
+    target: Target = msgspec.field(default_factory=Target)
+    state: State = msgspec.field(default_factory=State)
+    trigger: Trigger = msgspec.field(default_factory=Trigger)
+    sink: Sink = msgspec.field(default_factory=Sink)
+    spark: Spark = msgspec.field(default_factory=Spark)
+
+
+def json_schema() -> dict[str, Any]:
+    schema = msgspec.json.schema(JobConfig)
+    schema["$schema"] = "https://json-schema.org/draft/2020-12/schema"
+    schema["title"] = "streaming-sink job.toml"
+    return schema
+
+
+def main() -> int:
+    """Write the JSON Schema of job.toml (a test keeps the published file equal to this)."""
+    SCHEMA_PATH.write_text(json.dumps(json_schema(), indent=2, sort_keys=True) + "\n")
+    print(f"wrote {SCHEMA_PATH}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
