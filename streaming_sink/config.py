@@ -31,7 +31,7 @@ _SIZE = re.compile(r"^\s*(\d+)\s*(B|KiB|MiB|GiB|KB|MB|GB|k|m|g)?\s*$", re.IGNORE
 _SIZE_UNITS = {"b": 1, "kib": 1024, "mib": 1024 ** 2, "gib": 1024 ** 3, "kb": 1000, "mb": 1000 ** 2, "gb": 1000 ** 3,
                "k": 1024, "m": 1024 ** 2, "g": 1024 ** 3}
 STATE_URL_ENV = "STREAMING_SINK_STATE_URL"  # overrides state.url, for a Redis URL that carries a password
-_TARGET_SCHEMES = ("chdb", "clickhouse", "clickhouses", "http", "https", "starrocks", "doris")
+_TARGET_SCHEMES = ("chdb", "clickhouse", "clickhouses", "http", "https", "starrocks", "starrockss", "doris", "doriss")
 _STATE_SCHEMES = ("file", "redis", "rediss")
 #: Server timeouts (target.options key, seconds) that must outlast the trigger interval times a factor.
 _TIMEOUTS = {"starrocks": (("load_timeout_s", 1), ("timeout", 1), ("prepared_timeout_s", 2), ("prepared_timeout", 2)),
@@ -88,6 +88,7 @@ def resolve_config(data: dict[str, Any], base_dir: Path) -> JobSpec:
     interval_s = None if interval == "available-now" else parse_interval(interval, "trigger.interval")
     options = dict(target.options)
     scheme = target_url.split("://", 1)[0]
+    scheme = {"starrockss": "starrocks", "doriss": "doris"}.get(scheme, scheme)  # the same target over https
     _check_target(target_url, target.database, options)
     _check_timeouts(scheme, options, interval_s)
     create_tables = embedded if target.create_tables is None else target.create_tables

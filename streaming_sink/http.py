@@ -126,6 +126,7 @@ class HttpClient:
         backoff_s: float = 0.5,
         backoff_max_s: float = 8.0,
         max_redirects: int = 5,
+        verify: bool | str = True,
     ) -> None:
         self.base_urls = [url.strip().rstrip("/") for url in base_url.split(",") if url.strip()]
         for url in self.base_urls or [base_url]:
@@ -140,6 +141,7 @@ class HttpClient:
         self.connect_timeout, self.read_timeout = connect_timeout, read_timeout
         self.retries, self.backoff_s, self.backoff_max_s = retries, backoff_s, backoff_max_s
         self.max_redirects = max_redirects
+        self.verify = verify  # https: True (the system's CAs), a CA bundle's path, or False (no check)
         self._local = threading.local()
 
     # -- pickling: sessions stay behind ---------------------------------------------------------
@@ -233,6 +235,7 @@ class HttpClient:
         if session is None:
             session = requests.Session()
             session.trust_env = False  # no proxies or .netrc credentials sneaking in
+            session.verify = self.verify
             self._local.session = session
         return session
 

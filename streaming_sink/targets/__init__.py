@@ -23,7 +23,9 @@ _SCHEMES = {
     "http": ("streaming_sink.targets.clickhouse", "ClickHouseTarget", "http"),
     "https": ("streaming_sink.targets.clickhouse", "ClickHouseTarget", "https"),
     "starrocks": ("streaming_sink.targets.starrocks", "StarRocksTarget", "http"),
+    "starrockss": ("streaming_sink.targets.starrocks", "StarRocksTarget", "https"),
     "doris": ("streaming_sink.targets.doris", "DorisTarget", "http"),
+    "doriss": ("streaming_sink.targets.doris", "DorisTarget", "https"),
 }
 
 

@@ -62,7 +62,7 @@ class ClickHouseTarget(Target):
     @classmethod
     def option_names(cls) -> set[str]:
         """The keyword options the constructor takes besides the address and credentials."""
-        return {"settings"}
+        return {"settings", "verify", "ca_bundle"}
 
     def __init__(
         self,
@@ -71,6 +71,8 @@ class ClickHouseTarget(Target):
         user: str | None = None,
         password: str | None = None,
         settings: dict[str, Any] | None = None,
+        verify: bool = True,
+        ca_bundle: str | None = None,
     ) -> None:
         parsed = urlparse(url)
         if parsed.scheme not in ("chdb", "http", "https"):
@@ -80,6 +82,9 @@ class ClickHouseTarget(Target):
         self.url, self.database = url, database
         self.user, self.password = user, password
         self.settings = dict(settings or {})
+        if parsed.scheme != "https" and (ca_bundle is not None or verify is not True):
+            raise ConfigurationError(f"ClickHouseTarget url {url!r}: verify and ca_bundle are for https (clickhouses://) only")
+        self.verify, self.ca_bundle = verify, ca_bundle  # https: check the certificate, against these CAs
         self._local = threading.local()
         self._ledger_ready = False
         self._ledger_ttl_s: float | None = None  # a legacy ledger's TTL, found when the ledger is checked
@@ -123,6 +128,8 @@ class ClickHouseTarget(Target):
                 username=self.user or "default",
                 password=self.password or "",
                 settings=self.settings,
+                verify=self.verify,
+                ca_cert=self.ca_bundle,
             )
         return self._local.client
 

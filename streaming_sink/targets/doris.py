@@ -96,6 +96,8 @@ class DorisOptions:
     retries: int = 3
     backoff_s: float = 0.5
     commit_parallelism: int = 8
+    verify: bool = True  # https: check the server's certificate
+    ca_bundle: str | None = None  # https: a PEM file of the CAs to trust instead of the system's
 
     @classmethod
     def parse(cls, options: Mapping[str, Any]) -> "DorisOptions":
@@ -192,6 +194,7 @@ class DorisTarget(Target):
                 read_timeout=self.options.request_timeout_s,
                 retries=self.options.retries,
                 backoff_s=self.options.backoff_s,
+                verify=self.options.ca_bundle or self.options.verify,
             )
         except ValueError as error:
             raise ConfigurationError(f"DorisTarget: {error}") from None

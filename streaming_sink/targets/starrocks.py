@@ -85,6 +85,8 @@ class StarRocksOptions:
     backoff_s: float = 0.2
     backoff_max_s: float = 5.0
     commit_parallelism: int = 8
+    verify: bool = True  # https: check the server's certificate
+    ca_bundle: str | None = None  # https: a PEM file of the CAs to trust instead of the system's
 
     @classmethod
     def parse(cls, options: dict[str, Any]) -> "StarRocksOptions":
@@ -173,7 +175,7 @@ class StarRocksTarget(Target):
             self.http = HttpClient(
                 self.fe_url, user, password,
                 connect_timeout=o.connect_timeout, read_timeout=o.read_timeout, retries=o.http_retries,
-                backoff_s=o.backoff_s, backoff_max_s=o.backoff_max_s,
+                backoff_s=o.backoff_s, backoff_max_s=o.backoff_max_s, verify=o.ca_bundle or o.verify,
             )
         except ValueError as error:
             raise ConfigurationError(f"StarRocksTarget fe_url: {error}") from None

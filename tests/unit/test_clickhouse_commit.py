@@ -230,3 +230,17 @@ def test_leftover_transactions_lists_staging_tables_of_one_job(target):
 def ledger_limit(target: ClickHouseTarget) -> float | None:
     (limit,) = [e.seconds for e in target.expiry_limits() if e.what == "commit ledger"]
     return limit
+
+
+def test_https_options_reach_the_client_and_are_refused_without_https(monkeypatch):
+    import clickhouse_connect
+
+    from streaming_sink.targets.base import ConfigurationError
+    from streaming_sink.targets.clickhouse import ClickHouseTarget
+
+    seen: dict = {}
+    monkeypatch.setattr(clickhouse_connect, "get_client", lambda **kwargs: seen.update(kwargs) or object())
+    ClickHouseTarget("https://ch:8443", ca_bundle="/etc/ca.pem").client()
+    assert (seen["secure"], seen["verify"], seen["ca_cert"], seen["port"]) == (True, True, "/etc/ca.pem", 8443)
+    with pytest.raises(ConfigurationError, match="verify and ca_bundle are for https"):
+        ClickHouseTarget("http://ch:8123", verify=False)

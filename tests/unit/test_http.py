@@ -234,3 +234,48 @@ def test_urls_with_credentials_or_without_a_host_are_refused() -> None:
         HttpClient("http://root:pw@fe:8030")
     with pytest.raises(ValueError, match="expected http"):
         HttpClient("fe:8030")
+
+
+def _tls_files(tmp_path) -> tuple[str, str, str]:
+    """A test CA and a certificate it signed for 127.0.0.1: (ca.pem, server.pem, server.key)."""
+    import subprocess
+
+    def openssl(*args: str) -> None:
+        subprocess.run(["openssl", *args], cwd=tmp_path, check=True, capture_output=True)
+
+    (tmp_path / "san.ext").write_text("subjectAltName=IP:127.0.0.1\n")
+    openssl("req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes", "-keyout", "ca.key",
+            "-out", "ca.pem", "-days", "1", "-subj", "/CN=streaming-sink test CA")
+    openssl("req", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes", "-keyout", "server.key",
+            "-out", "server.csr", "-subj", "/CN=127.0.0.1")
+    openssl("x509", "-req", "-in", "server.csr", "-CA", "ca.pem", "-CAkey", "ca.key", "-CAcreateserial",
+            "-out", "server.pem", "-days", "1", "-extfile", "san.ext")
+    return tuple(str(tmp_path / name) for name in ("ca.pem", "server.pem", "server.key"))  # type: ignore[return-value]
+
+
+def test_https_checks_the_certificate_against_the_configured_ca_bundle(tmp_path, monkeypatch) -> None:
+    import ssl
+
+    from streaming_sink.targets import target_from_url
+    from streaming_sink.targets.starrocks import StarRocksTarget
+
+    ca, cert, key = _tls_files(tmp_path)
+    server = Recorder(lambda h, n: answer(h, 200, b"{}"))
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(cert, key)
+    server.server.socket = context.wrap_socket(server.server.socket, server_side=True)
+    url = server.url.replace("http://", "https://")
+    try:
+        assert HttpClient(url, verify=ca).request("GET", "/x").status == 200
+        with pytest.raises(HttpConnectionError, match="CERTIFICATE_VERIFY_FAILED"):
+            HttpClient(url, retries=0).request("GET", "/x")  # the system's CAs do not know the test CA
+        from urllib3.exceptions import InsecureRequestWarning
+
+        with pytest.warns(InsecureRequestWarning):
+            assert HttpClient(url, verify=False).request("GET", "/x").status == 200
+    finally:
+        server.close()
+    assert StarRocksTarget(url, "db", "u", ca_bundle=ca).http.verify == ca
+    monkeypatch.setenv("STREAMING_SINK_TARGET_USER", "u")
+    over_tls = target_from_url("doriss://fe1:8443,fe2:8443", "db", {"verify": False})
+    assert over_tls._client.base_urls == ["https://fe1:8443", "https://fe2:8443"] and over_tls._client.verify is False
