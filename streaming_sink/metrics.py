@@ -186,11 +186,6 @@ class BatchMetrics:
             self._server = None
 
 
-def serve_metrics(metrics: BatchMetrics, port: int, host: str = "127.0.0.1") -> "WSGIServer":
-    """Start the endpoint in a daemon thread; `server.server_address` tells the port (0 = any free one)."""
-    return metrics.serve(port, host)
-
-
 def prepared_timeout(limits: Iterable["ExpiryLimit"]) -> float | None:
     """The server's timeout for a prepared (pre-committed) transaction; None where it never expires."""
     seconds = [

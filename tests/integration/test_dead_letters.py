@@ -113,10 +113,10 @@ def test_table_order_does_not_depend_on_the_process(tmp_path):
 def test_batch_figures_reach_the_metrics_endpoint(spark_session, target, tmp_path):
     import urllib.request
 
-    from streaming_sink.metrics import BatchMetrics, serve_metrics
+    from streaming_sink.metrics import BatchMetrics
 
     metrics = BatchMetrics("dlq")
-    server = serve_metrics(metrics, 0)
+    server = metrics.serve(0)
     try:
         job = spec(tmp_path)
         sink = ExactlyOnceSink(target=target, state=FileStateStore(tmp_path / "state"), job_id=job.job_id,
