@@ -14,10 +14,11 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
+from streaming_sink.errors import StreamingSinkError
 from streaming_sink.committable import JOURNAL_FORMAT, BatchState, Committable, JournalFormatError, TxnRef, check_format
 
 
-class StateStoreError(RuntimeError):
+class StateStoreError(StreamingSinkError, RuntimeError):
     """The state store refused or failed an operation."""
 
 

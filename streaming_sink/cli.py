@@ -26,6 +26,7 @@ from state import StateStore, StateStoreError, open_store
 from state.base import FencedError
 from state.redis import redact_url
 
+from .errors import StreamingSinkError
 from .recovery import OperatorActionRefused, Recovery, abort_batch, apply_recovery, plan_recovery, settle_label
 from .status import job_status, render_status, unknown_job
 from .targets import ConfigurationError, Target, target_from_url
@@ -57,7 +58,7 @@ _STATE_SCHEMES = ("redis", "rediss", "unix", "file")
 _STATE_ENV = "STREAMING_SINK_STATE_URL"
 
 
-class CliError(Exception):
+class CliError(StreamingSinkError):
     """A failure the command has already put into words; `code` is what the process exits with."""
 
     def __init__(self, code: ExitCode, message: str) -> None:

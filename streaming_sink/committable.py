@@ -13,6 +13,8 @@ from dataclasses import dataclass, field, replace
 from enum import Enum
 from typing import Any, Mapping
 
+from .errors import StreamingSinkError
+
 LABEL_MAX_LENGTH = 128
 _LABEL_UNSAFE = re.compile(r"[^A-Za-z0-9_]")
 _HASH_CHARS = 12
@@ -35,7 +37,7 @@ JOURNAL_FORMAT = 1
 _FIELDS_ONCE_IN_EXTRA = ("flush", "flush_rows", "filtered_rows", "unselected_rows")
 
 
-class JournalFormatError(RuntimeError):
+class JournalFormatError(StreamingSinkError, RuntimeError):
     """A journal record this release cannot read: written by a newer release, or not a record at all.
 
     Acting on a misread record could commit or abort the wrong transactions, so nothing is done.

@@ -25,12 +25,14 @@ from typing import Iterator, Union
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from .errors import StreamingSinkError
+
 Tabular = Union[pa.Table, pa.RecordBatch]
 
 DEFAULT_CHUNK_BYTES = 8 * 1024 * 1024
 
 
-class EncodingError(ValueError):
+class EncodingError(StreamingSinkError, ValueError):
     """Data that cannot be written in the chosen wire format; says which column and what to change."""
 
 

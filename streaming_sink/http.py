@@ -27,6 +27,8 @@ from urllib.parse import quote, urljoin, urlsplit
 
 import requests
 
+from .errors import StreamingSinkError
+
 log = logging.getLogger(__name__)
 
 Body = Union[bytes, Callable[[], Iterable[bytes]], None]
@@ -38,7 +40,7 @@ FOLLOWED_REDIRECTS = frozenset({307, 308})
 _EXCERPT = 300
 
 
-class HttpError(RuntimeError):
+class HttpError(StreamingSinkError, RuntimeError):
     """Base of the errors this client raises; the message says what happened and what to do."""
 
 

@@ -26,16 +26,17 @@ from state.base import attempt_epoch, fencing_error
 
 from .committable import BatchState, Committable, TxnRef, label_prefix
 from .crash import crash_point
+from .errors import StopForOperator, StreamingSinkError
 from .targets.base import CommitOutcome, Target
 
 log = logging.getLogger(__name__)
 
 
-class ReplayImpossibleError(RuntimeError):
+class ReplayImpossibleError(StopForOperator):
     """Prepared data is gone and the source will not re-run the batch: stop before losing it silently."""
 
 
-class ReplayAmbiguousError(RuntimeError):
+class ReplayAmbiguousError(StopForOperator):
     """The server forgot a label whose commit may have been sent: replaying could duplicate, skipping could lose."""
 
 
@@ -243,7 +244,7 @@ class RecoveryAction:
     detail: str = ""
 
 
-class OperatorActionRefused(RuntimeError):
+class OperatorActionRefused(StreamingSinkError, RuntimeError):
     """An operator's action that would lose or duplicate rows (aborting a batch with a record, settling a
     label the record does not hold): refused, with the reason."""
 

@@ -8,9 +8,10 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from .targets.base import ConfigurationError
+from .errors import StreamingSinkError
 
 
-class UnknownTableError(ValueError):
+class UnknownTableError(StreamingSinkError, ValueError):
     """A row names a table the target does not have; raised before the writer begins anything for it."""
 
 

@@ -24,6 +24,7 @@ from state import BatchRecord, FileStateStore, StateStore, StateStoreLostError
 
 from .committable import BatchState, Committable
 from .crash import crash_point
+from .errors import BatchDoesNotAddUpError, ReplayLostAgainError, StopForOperator
 from .checkpoint_marker import CheckpointMarker, Position
 from .recovery import Recovery
 from .routing import Router
@@ -39,7 +40,7 @@ QUERY_ID_PROPERTY = "sql.streaming.queryId"
 _JOB_ID = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
 
 
-class ReplayMismatchError(RuntimeError):
+class ReplayMismatchError(StopForOperator):
     """The re-run batch did not deliver the same data as the prepared one: refusing to guess."""
 
 
@@ -156,7 +157,7 @@ class ExactlyOnceSink:
         spark = df.sparkSession
         query_id = spark.sparkContext.getLocalProperty(QUERY_ID_PROPERTY)
         if not query_id:
-            raise RuntimeError(
+            raise ConfigurationError(
                 "ExactlyOnceSink must run as a streaming query's foreachBatch (no streaming query id found)"
             )
         if self._spark is None:
@@ -274,7 +275,7 @@ class ExactlyOnceSink:
         accounted = sum(c.rows + c.filtered_rows + c.unselected_rows for c in committables)
         if records_in != accounted:
             self._abort_unprepared(query_id, batch_id)
-            raise RuntimeError(
+            raise BatchDoesNotAddUpError(
                 f"job {self.job_id} batch {batch_id}: the writers received {records_in} rows but prepared "
                 f"{accounted} (filtered included); refusing to commit a batch that does not add up"
             )
@@ -365,7 +366,7 @@ class ExactlyOnceSink:
         log.warning("job %s batch %s: %s", self.job_id, record.batch_id, record.events[-1])
         still_lost = recovery.commit_pending(record)
         if still_lost:
-            raise RuntimeError(
+            raise ReplayLostAgainError(
                 f"job {self.job_id} batch {record.batch_id}: replayed transactions were lost again "
                 f"({[c.label for c in still_lost]}); the target is discarding prepared data faster than it can be committed"
             )

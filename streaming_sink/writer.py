@@ -20,6 +20,7 @@ import pyarrow as pa
 from state import StateStore
 
 from .committable import Committable, TxnRef, make_label
+from .errors import InvariantBreach
 from .routing import Router
 from .targets.base import TableTransaction, Target
 
@@ -55,7 +56,7 @@ class WriteContext:
         return None
 
 
-class ReplayAlignmentError(RuntimeError):
+class ReplayAlignmentError(InvariantBreach):
     """A replayed partition did not flush the same rows as the prepared one: refusing to guess what to skip."""
 
 

@@ -16,6 +16,7 @@ from typing import Any, Callable, Mapping
 import pyarrow as pa
 
 from ..committable import Committable, TxnRef
+from ..errors import ConfigurationError, StreamingSinkError  # noqa: F401  (ConfigurationError: re-exported)
 
 NewRef = Callable[[int], TxnRef]  # chunk number -> the reference (with its label) of a new server transaction
 RecordIntent = Callable[[TxnRef], None]  # durably records the intent; raises to forbid the begin
@@ -44,12 +45,8 @@ class ExpiryLimit:
     note: str = ""  # what is lost past the limit and which server setting raises it
 
 
-class TargetError(RuntimeError):
+class TargetError(StreamingSinkError, RuntimeError):
     """The target refused an operation in a way retrying will not fix."""
-
-
-class ConfigurationError(ValueError):
-    """A configuration mistake found before any data moved."""
 
 
 @dataclass

@@ -1,0 +1,44 @@
+"""The roots of every error the sink raises, so a caller can catch the sink's failures as one kind.
+
+    StreamingSinkError
+    ├── ConfigurationError (ValueError)      a mistake found before any data moved (KafkaUnreachableError)
+    ├── TargetError (RuntimeError)           the target refused in a way retrying will not fix (targets/base.py)
+    ├── HttpError (RuntimeError)             an HTTP exchange failed (http.py)
+    ├── StateStoreError (RuntimeError)       the journal could not be read or written; FencedError: another
+    │                                        driver holds the job; StateStoreLostError (state/base.py)
+    ├── JournalFormatError (RuntimeError)    a record this release cannot read (committable.py)
+    ├── OperatorActionRefused (RuntimeError) an operator command that would lose or duplicate rows (recovery.py)
+    ├── StopForOperator (RuntimeError)       the job stops and a runbook section says what to decide:
+    │                                        ReplayMismatchError, ReplayImpossibleError, ReplayAmbiguousError
+    ├── InvariantBreach (RuntimeError)       a protocol invariant does not hold; the batch is refused:
+    │                                        BatchDoesNotAddUpError, ReplayAlignmentError, ReplayLostAgainError
+    ├── UnknownTableError (ValueError)       a row names a table the target does not have (routing.py)
+    └── EncodingError (ValueError)           a value the wire format cannot carry (encoding.py)
+
+The builtin second bases keep `except ValueError` / `except RuntimeError` callers working.
+"""
+from __future__ import annotations
+
+
+class StreamingSinkError(Exception):
+    """The root of the sink's errors."""
+
+
+class ConfigurationError(StreamingSinkError, ValueError):
+    """A configuration mistake found before any data moved."""
+
+
+class StopForOperator(StreamingSinkError, RuntimeError):
+    """The job cannot go on without a decision only an operator can make; the message names the runbook section."""
+
+
+class InvariantBreach(StreamingSinkError, RuntimeError):
+    """A protocol invariant does not hold (docs/design.md); the sink refuses the batch rather than guess."""
+
+
+class BatchDoesNotAddUpError(InvariantBreach):
+    """The writers received a number of rows that the prepared transactions do not account for."""
+
+
+class ReplayLostAgainError(InvariantBreach):
+    """Transactions replayed for lost ones were lost again before they could be committed."""

@@ -1,0 +1,36 @@
+"""Every error the sink defines has one root, so a caller can catch the sink's failures as one kind."""
+from __future__ import annotations
+
+import importlib
+import inspect
+import pkgutil
+
+import state
+import streaming_sink
+from streaming_sink.errors import StreamingSinkError
+
+
+def defined_errors() -> list[type[BaseException]]:
+    found = []
+    for package in (streaming_sink, state):
+        for module in pkgutil.walk_packages(package.__path__, package.__name__ + "."):
+            if module.name.endswith((".launch", ".__main__")):
+                continue  # entry points run the job when imported
+            loaded = importlib.import_module(module.name)
+            found += [obj for _, obj in inspect.getmembers(loaded, inspect.isclass)
+                      if issubclass(obj, BaseException) and obj.__module__ == module.name]
+    return found
+
+
+def test_every_error_of_the_sink_has_the_one_root():
+    errors = defined_errors()
+    assert len(errors) >= 20, errors  # the walk found the modules
+    assert [e.__qualname__ for e in errors if not issubclass(e, StreamingSinkError)] == []
+
+
+def test_builtin_bases_stay_for_existing_callers():
+    from streaming_sink.errors import ConfigurationError, InvariantBreach
+    from streaming_sink.targets import ConfigurationError as reexported
+
+    assert reexported is ConfigurationError and issubclass(ConfigurationError, ValueError)
+    assert issubclass(InvariantBreach, RuntimeError)
