@@ -18,14 +18,18 @@ __all__ = [
     "StateStore",
     "StateStoreError",
     "StateStoreLostError",
+    "STORE_SCHEMES",
     "open_store",
 ]
+
+#: The URL schemes `open_store` takes (the one list config and CLI check against).
+STORE_SCHEMES = ("file", "redis", "rediss", "unix")
 
 
 def open_store(url: str) -> StateStore:
     """A store from its URL: `redis://host:port/db` (or `rediss://`) or `file:///absolute/path`."""
     parsed = urlparse(url)
-    if parsed.scheme in ("redis", "rediss", "unix"):
+    if parsed.scheme in STORE_SCHEMES[1:]:
         return RedisStateStore(url)
     if parsed.scheme == "file":
         if parsed.netloc not in ("", "localhost") or not parsed.path:

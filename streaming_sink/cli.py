@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any, Callable, NoReturn
 from urllib.parse import unquote, urlsplit
 
-from state import StateStore, StateStoreError, open_store
+from state import STORE_SCHEMES, StateStore, StateStoreError, open_store
 from state.base import FencedError
 from state.redis import redact_url
 
@@ -54,7 +54,6 @@ EXIT_CODES_HELP = """exit codes:
 
 # The rule ExactlyOnceSink enforces for job ids (and the file store for its folder names).
 _JOB_ID = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
-_STATE_SCHEMES = ("redis", "rediss", "unix", "file")
 _STATE_ENV = "STREAMING_SINK_STATE_URL"
 
 
@@ -202,7 +201,7 @@ def _resolve(args: argparse.Namespace, target: str) -> None:
 def _open_state(url: str) -> StateStore:
     """The store, or a usage error that says how to write the URL (never echoing a password)."""
     scheme = urlsplit(url).scheme
-    if scheme not in _STATE_SCHEMES:
+    if scheme not in STORE_SCHEMES:
         shown = redact_url(url) if scheme else re.sub(r"^.*@", "***@", url)
         if not scheme:
             hint = f"; for this folder: file://{Path(url).expanduser().resolve()}" if "@" not in url else ""

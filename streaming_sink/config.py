@@ -20,22 +20,18 @@ from pathlib import Path
 from typing import Any
 
 import msgspec
+from state import STORE_SCHEMES
 
 from .config_schema import JobConfig, Table
 from .job import JobSpec
 from .kafka_source import check_options, check_starting_offsets
-from .targets import ConfigurationError, target_from_url, target_option_names
+from .targets import REGISTRY, ConfigurationError, target_from_url, target_kind, target_option_names
 
 _INTERVAL = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|milliseconds?|s|secs?|seconds?|m|mins?|minutes?|h|hours?|d|days?)\s*$")
 _SIZE = re.compile(r"^\s*(\d+)\s*(B|KiB|MiB|GiB|KB|MB|GB|k|m|g)?\s*$", re.IGNORECASE)
 _SIZE_UNITS = {"b": 1, "kib": 1024, "mib": 1024 ** 2, "gib": 1024 ** 3, "kb": 1000, "mb": 1000 ** 2, "gb": 1000 ** 3,
                "k": 1024, "m": 1024 ** 2, "g": 1024 ** 3}
 STATE_URL_ENV = "STREAMING_SINK_STATE_URL"  # overrides state.url, for a Redis URL that carries a password
-_TARGET_SCHEMES = ("chdb", "clickhouse", "clickhouses", "http", "https", "starrocks", "starrockss", "doris", "doriss")
-_STATE_SCHEMES = ("file", "redis", "rediss")
-#: Server timeouts (target.options key, seconds) that must outlast the trigger interval times a factor.
-_TIMEOUTS = {"starrocks": (("load_timeout_s", 1), ("timeout", 1), ("prepared_timeout_s", 2), ("prepared_timeout", 2)),
-             "doris": (("load_timeout_s", 1),)}
 
 
 def load_config(path: str | Path) -> JobSpec:
@@ -80,21 +76,20 @@ def resolve_config(data: dict[str, Any], base_dir: Path) -> JobSpec:
     target = config.target
     embedded = target.url is None
     target_url = target.url or f"chdb://{data_dir / 'clickhouse'}"
-    _check_url(target_url, _TARGET_SCHEMES, "target.url")
+    _check_url(target_url, tuple(REGISTRY), "target.url")
     state_url = config.state.url or f"file://{data_dir / 'state'}"
-    _check_url(state_url, _STATE_SCHEMES, "state.url")
+    _check_url(state_url, STORE_SCHEMES, "state.url")
     state_url = os.environ.get(STATE_URL_ENV, state_url)
     interval = config.trigger.interval
     interval_s = None if interval == "available-now" else parse_interval(interval, "trigger.interval")
     options = dict(target.options)
-    scheme = target_url.split("://", 1)[0]
-    scheme = {"starrockss": "starrocks", "doriss": "doris"}.get(scheme, scheme)  # the same target over https
+    kind = target_kind(target_url)
     _check_target(target_url, target.database, options)
-    _check_timeouts(scheme, options, interval_s)
+    _check_timeouts(kind.trigger_timeouts, options, interval_s)
     create_tables = embedded if target.create_tables is None else target.create_tables
-    if create_tables and scheme in ("starrocks", "doris"):
+    if create_tables and not kind.creates_tables:
         raise ConfigurationError(f"target.create_tables: the sink creates tables only in ClickHouse; create them "
-                                 f"in {scheme} first and remove the key")
+                                 f"in {kind.product} first and remove the key")
 
     sink = config.sink
     spec = JobSpec(
@@ -247,7 +242,7 @@ def _check_target(url: str, database: str, options: dict[str, Any]) -> None:
         if key not in known:
             hint = difflib.get_close_matches(key, sorted(known), n=1)
             raise ConfigurationError(
-                f"unknown key 'target.options.{key}' for {url.split('://', 1)[0]}"
+                f"unknown key 'target.options.{key}' for {target_kind(url).product}"
                 + (f" (did you mean {hint[0]!r}?)" if hint else f"; known: {sorted(known)}"))
     try:
         target_from_url(url, database, options)
@@ -262,11 +257,11 @@ def _check_target(url: str, database: str, options: dict[str, Any]) -> None:
         raise ConfigurationError(f"target.options: {error}") from None
 
 
-def _check_timeouts(scheme: str, options: dict[str, Any], interval_s: float | None) -> None:
+def _check_timeouts(timeouts: tuple[tuple[str, float], ...], options: dict[str, Any], interval_s: float | None) -> None:
     """A transaction lives about one trigger interval before its commit: shorter server timeouts lose it."""
     if interval_s is None:
         return
-    for key, factor in _TIMEOUTS.get(scheme, ()):
+    for key, factor in timeouts:
         minimum = factor * interval_s
         if key in options and float(options[key]) < minimum:
             raise ConfigurationError(

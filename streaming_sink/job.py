@@ -25,7 +25,7 @@ from .kafka_source import KafkaSource, check_options, check_starting_offsets, pr
 from .metrics import OBSERVED_NAME, BatchMetrics, progress_listener
 from .routing import struct_column_for
 from .sink import ExactlyOnceSink
-from .targets import ConfigurationError, target_from_url
+from .targets import ConfigurationError, target_from_url, target_kind
 
 ROUTE_COLUMN = "__table"
 _BAD_COLUMN = "__streaming_sink_bad"  # only between build_frame's select and its observe
@@ -91,6 +91,8 @@ class JobSpec:
         unknown = sorted(set(self.metadata_columns) - set(METADATA_COLUMNS))
         if unknown:
             raise ConfigurationError(f"metadata_columns: {unknown} are not Kafka record fields; choose from {list(METADATA_COLUMNS)}")
+        if self.create_tables and not target_kind(self.target_url).creates_tables:
+            raise ConfigurationError(f"create_tables: {target_kind(self.target_url).product} tables are never created by the sink")
         self.kafka_options = check_options(self.kafka_options, "kafka_options")
         check_starting_offsets(self.starting_offsets, "starting_offsets")
 

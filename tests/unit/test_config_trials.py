@@ -143,3 +143,16 @@ def test_one_option_vocabulary_for_starrocks_and_doris(tmp_path, monkeypatch, ur
                                                                    "read_timeout" if "starrocks" in url else "request_timeout_s": 6}})), tmp_path)
     with pytest.raises(ConfigurationError, match="target.options.load_timeout_s = 300 s is shorter than 600 s"):
         resolve_config(changed(("target", {"url": url, "options": {"load_timeout_s": 300}}), TEN_MINUTES), tmp_path)
+
+
+def test_the_target_registry_is_the_one_list_of_schemes_and_capabilities():
+    from streaming_sink.job import JobSpec
+    from streaming_sink.targets import REGISTRY
+
+    assert {kind.product for kind in REGISTRY.values()} == {"clickhouse", "starrocks", "doris"}
+    assert all(kind.target_class().kind == kind.product for kind in REGISTRY.values())
+    assert [s for s, k in REGISTRY.items() if k.creates_tables] == ["chdb", "clickhouse", "clickhouses", "http", "https"]
+    spec = JobSpec(job_id="j", bootstrap="b:1", topics=["t"], target_url="doris://fe:8030", database="d",
+                   state_url="file:///tmp/s", checkpoint="/tmp/c", tables={"t": "id INT"}, table="t", create_tables=True)
+    with pytest.raises(ConfigurationError, match="create_tables: doris tables are never created by the sink"):
+        spec.validate()
