@@ -19,7 +19,7 @@ a RUNNING or PRECOMMITTED holder is aborted and the chunk loaded again under the
 never adopt data whose load we did not see answered); a FINISHED holder means the label was
 committed already, which the protocol never does before the batch is prepared: a loud error.
 
-Wire facts (paths, headers, messages) are those of /work/shared/protocol.md part B.
+Wire facts (paths, headers, messages): docs/protocol.md, the "Doris: ..." sections.
 """
 from __future__ import annotations
 
@@ -38,7 +38,7 @@ from .base import CommitOutcome, CommittedNotChosenError, ConfigurationError, Ex
 
 log = logging.getLogger(__name__)
 
-# Messages of the FE's 2PC handling (protocol.md B.1 'FE 2PC messages'), matched loosely on purpose:
+# Messages of the FE's 2PC handling (docs/protocol.md, Doris: 2PC messages), matched loosely on purpose:
 # versions differ in prefixes ("TStatus: errCode = 2, detailMessage = ") and trailing punctuation.
 _ALREADY_COMMITTED = re.compile(r"is already (committed|visible)\b", re.IGNORECASE)
 _ALREADY_ABORTED = re.compile(r"is already aborted", re.IGNORECASE)
@@ -48,7 +48,8 @@ _LABEL_NOT_FOUND = re.compile(r"running transaction not found", re.IGNORECASE)
 _LABEL_HOLDER = re.compile(r"has already been used, relate to txn \[(\d+)\]")
 # An FE or BE that cannot address a 2PC operation by label (before 2.1) says one of these.
 _NO_LABEL_2PC = re.compile(r"No transaction id selected|convert txn_id \[\] failed")
-# Transient refusals that a later attempt may pass (protocol.md C.2; D-DTM running-txn limit).
+# Transient refusals that a later attempt may pass: the write-lock timeout (docs/protocol.md, Doris: commit
+# and abort) and the running-txn limit (docs/protocol.md, Doris: timeouts and label retention; D-DTM).
 _RETRYABLE_2PC = re.compile(r"write lock timeout", re.IGNORECASE)
 _RETRYABLE_LOAD = re.compile(r"current running txns on db|too many running txns|write lock timeout", re.IGNORECASE)
 
@@ -149,7 +150,10 @@ class DorisOptions:
 
 @dataclass
 class _Answer:
-    """A `_stream_load_2pc` answer: lowercase `status`/`msg` keys (protocol.md B.1)."""
+    """A `_stream_load_2pc` answer: lowercase `status`/`msg` keys.
+
+    docs/protocol.md, Doris: commit and abort.
+    """
 
     status: str
     msg: str
@@ -233,11 +237,12 @@ class DorisTarget(Target):
     # -- writing ---------------------------------------------------------------------------------
 
     def expiry_limits(self) -> list[ExpiryLimit]:
-        """Server defaults (protocol.md B.1, C.8-9): a pre-committed transaction is aborted after
-        `stream_load_default_precommit_timeout_second` (3600 s); a finished stream-load label is
-        forgotten after `streaming_label_keep_max_second` (12 h) or, from 2.0/2.1, as soon as more than
-        `label_num_threshold` (2000) newer finished transactions exist in its database, whichever
-        comes first (apache/doris DatabaseTransactionMgr.removeUselessTxns)."""
+        """Server defaults (docs/protocol.md, Doris: timeouts and label retention): a pre-committed
+        transaction is aborted after `stream_load_default_precommit_timeout_second` (3600 s); a
+        finished stream-load label is forgotten after `streaming_label_keep_max_second` (12 h) or,
+        from 2.0/2.1, as soon as more than `label_num_threshold` (2000) newer finished transactions
+        exist in its database, whichever comes first (apache/doris
+        DatabaseTransactionMgr.removeUselessTxns)."""
         return [
             ExpiryLimit(
                 "pre-committed transactions (FE default)", 3600.0,
@@ -258,8 +263,8 @@ class DorisTarget(Target):
     def leftover_transactions(self, label_prefix: str) -> list[str] | None:
         """None: Doris does not list open transactions to the sink's user over HTTP.
 
-        Stream load and `_stream_load_2pc` address one label or txn id at a time (protocol.md B.1);
-        `GET /api/show_proc` (`/transactions/<db id>/running`) lists them but requires the ADMIN
+        Stream load and `_stream_load_2pc` address one label or txn id at a time (docs/protocol.md,
+        Doris: commit and abort); `GET /api/show_proc` (`/transactions/<db id>/running`) lists them but requires the ADMIN
         privilege (ShowAction.show_proc); SHOW TRANSACTION and SHOW PROC need the MySQL protocol.
         """
         return None

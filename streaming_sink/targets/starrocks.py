@@ -1,4 +1,4 @@
-"""StarRocks target: the Stream Load transaction interface (protocol.md part A), one label per transaction.
+"""StarRocks target: the Stream Load transaction interface, one label per transaction.
 
 * begin    = `POST /api/transaction/begin` with `timeout`, at the first flush of a (table, writer
   attempt), after the intent is recorded; never for a table with no rows;
@@ -15,6 +15,8 @@
 Every request goes to the FE, which answers with a 307 to a BE for data-phase operations: the HTTP
 client follows it itself and re-sends credentials and body (streaming_sink/http.py). Logical
 errors come back as HTTP 200 with a `Status` field; `OK` is the only success.
+
+Wire facts (paths, headers, answers, label states): docs/protocol.md, the "StarRocks: ..." sections.
 """
 from __future__ import annotations
 
@@ -32,12 +34,13 @@ from .base import CommitOutcome, CommittedNotChosenError, ConfigurationError, Ex
 
 log = logging.getLogger(__name__)
 
-# Label states (protocol.md A.4, A.7).
+# Label states (docs/protocol.md, StarRocks: label states; StarRocks: get_load_state).
 UNKNOWN, PREPARE, PREPARED, COMMITTED, VISIBLE, ABORTED = "UNKNOWN", "PREPARE", "PREPARED", "COMMITTED", "VISIBLE", "ABORTED"
 _DONE = (COMMITTED, VISIBLE)
 _GONE = (ABORTED, UNKNOWN)
-# The newest FE answers a commit of an evicted label from a terminal-state cache (protocol.md A.3,
-# SR-TWCH): "Can not commit ABORTED transaction, label is L" says it was rolled back.
+# The newest FE answers a commit of an evicted label from a terminal-state cache (SR-TWCH;
+# docs/protocol.md, StarRocks: commit and rollback answers): "Can not commit ABORTED transaction,
+# label is L" says it was rolled back.
 _CACHED_ABORTED = "Can not commit ABORTED transaction"
 
 # Headers the target owns; `properties` may not override them.
@@ -47,11 +50,12 @@ _MANAGED_HEADERS = frozenset(
      "transaction_type"}
 )
 _PROBE_LABEL = "streaming_sink_connectivity_probe"
-DEFAULT_PREPARED_TIMEOUT_S = 86400.0  # FE prepared_transaction_default_timeout_second (protocol.md A.5)
-DEFAULT_LABEL_KEEP_S = 259200.0  # FE label_keep_max_second (A.4)
+DEFAULT_PREPARED_TIMEOUT_S = 86400.0  # FE prepared_transaction_default_timeout_second (docs/protocol.md, StarRocks: timeouts)
+DEFAULT_LABEL_KEEP_S = 259200.0  # FE label_keep_max_second (docs/protocol.md, StarRocks: label retention)
 # Newer FEs also forget the oldest finished labels of a database once it holds more transactions
-# than this (A.4 marks the setting UNCONFIRMED; the source read counts running + finished ones
-# against label_keep_max_num, default 1000, in DatabaseTransactionMgr.removeExpiredTxns).
+# than this (docs/protocol.md, StarRocks: label retention, marks the setting UNCONFIRMED; the source
+# read counts running + finished ones against label_keep_max_num, default 1000, in
+# DatabaseTransactionMgr.removeExpiredTxns).
 DEFAULT_LABEL_KEEP_NUM = 1000
 
 
@@ -219,10 +223,11 @@ class StarRocksTarget(Target):
     def leftover_transactions(self, label_prefix: str) -> list[str] | None:
         """None: StarRocks does not list open transactions to the sink's user over HTTP.
 
-        The transaction API addresses one label at a time (protocol.md A.1). `GET /api/show_proc`
-        (`/transactions/<db id>/running`) lists them but requires the admin role (ShowProcAction);
-        the BE's `/api/transaction/list` (A.7) shows only the data-phase contexts of that one BE, and
-        a prepared transaction has none (A.2: the BE drops it at prepare). SHOW PROC and
+        The transaction API addresses one label at a time (docs/protocol.md, StarRocks: endpoints).
+        `GET /api/show_proc` (`/transactions/<db id>/running`) lists them but requires the admin role
+        (ShowProcAction); the BE's `/api/transaction/list` (docs/protocol.md, StarRocks: get_load_state)
+        shows only the data-phase contexts of that one BE, and a prepared transaction has none (the BE
+        drops it at prepare: docs/protocol.md, StarRocks: routing). SHOW PROC and
         information_schema.loads need the MySQL protocol.
         """
         return None

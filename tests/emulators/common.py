@@ -1,8 +1,8 @@
 """What the StarRocks and Doris emulators share, so nothing is written twice.
 
-The emulators are test doubles of the *wire protocol* described in /work/shared/protocol.md
-(cited below by its source keys, e.g. SR-RBA, D-DTM, or by section, e.g. C.6). This module holds
-the parts that do not depend on the product:
+The emulators are test doubles of the *wire protocol* described in docs/protocol.md (cited below
+by its source keys, e.g. SR-RBA, D-DTM, or by section name, e.g. "StarRocks: responses"). This
+module holds the parts that do not depend on the product:
 
 * ``Clock``: a controllable clock; every timeout and label retention is measured on it.
 * ``Faults`` / ``Knob``: fault-injection knobs armed for the next N matching requests.
@@ -315,7 +315,7 @@ def decode_cell(value: Any, ctype: ColumnType) -> Any:
 
 
 # --------------------------------------------------------------------------------------------
-# Load formats (protocol.md A.1 "Data-format headers")
+# Load formats (docs/protocol.md, StarRocks: load formats)
 # --------------------------------------------------------------------------------------------
 
 
@@ -375,7 +375,7 @@ class LoadFormat:
             value = get(key)
             if value:
                 if len(value) != 1:
-                    raise LoadError(f"{key} must be a single byte")  # A.1: single-byte
+                    raise LoadError(f"{key} must be a single byte")  # StarRocks: load formats
                 setattr(out, key, value)
         if get("skip_header"):
             try:
@@ -416,7 +416,7 @@ class ParseResult:
         self.errors.extend(other.errors)
 
     def too_many_filtered(self, max_filter_ratio: float) -> bool:
-        """C.6 / SR-BE-EXE: filtered / (total - unselected) > max_filter_ratio fails the load."""
+        """SR-BE-EXE (StarRocks: responses): filtered / (total - unselected) > max_filter_ratio fails."""
         considered = self.total - self.unselected
         if self.filtered == 0 or considered <= 0:
             return False
@@ -637,7 +637,7 @@ def parse_payload(body: bytes, fmt: LoadFormat, schema: TableSchema,
 
 COMMITTED, VISIBLE, ABORTED = "COMMITTED", "VISIBLE", "ABORTED"
 FINAL_STATES = frozenset({VISIBLE, ABORTED})
-TIMEOUT_REASON = "timeout by txn manager"  # C.8, SR-T-prepared_timeout, D-DTM
+TIMEOUT_REASON = "timeout by txn manager"  # SR-T-prepared_timeout, D-DTM (StarRocks: timeouts)
 
 
 @dataclass
@@ -882,7 +882,7 @@ class Store:
 
 
 class Request:
-    """One parsed request. The body is read lazily so a 307 never waits for it (C.13)."""
+    """One parsed request. The body is read lazily so a 307 never waits for it (Common: redirects)."""
 
     def __init__(self, handler: "_Handler", role: str) -> None:
         self._h = handler
@@ -1042,7 +1042,7 @@ class _Server(ThreadingHTTPServer):
 
 
 def redirect(req: Request, be_port: int, close: bool = False) -> Response:
-    """307 to the BE: ``http://127.0.0.1:<be_port><path>?<query>``, empty body (SR-RBA, C.13).
+    """307 to the BE: ``http://127.0.0.1:<be_port><path>?<query>``, empty body (SR-RBA; Common: redirects).
 
     Like the servers (which build the URI with an empty query then append the original query),
     the Location always carries the ``?`` and keeps path and query byte for byte; it never
@@ -1136,7 +1136,7 @@ class BaseEmulator:
         self.start()
 
     def restart_be(self) -> None:
-        """BE restart: stream contexts are lost, FE state is kept (C.15)."""
+        """BE restart: stream contexts are lost, FE state is kept (StarRocks: routing)."""
         self._shutdown([self._be])
         with self.lock:
             self._reset_be_memory()
@@ -1211,7 +1211,7 @@ class BaseEmulator:
             elif txn.state == COMMITTED and txn.visible_at is not None and now >= txn.visible_at:
                 self._publish(txn)
         for db in self.store.finished_databases():
-            # A.4 label retention / D-DTM isExpired: like the FE, walk the finished txns oldest
+            # StarRocks: label retention / D-DTM isExpired: like the FE, walk the finished txns oldest
             # first and stop at the first one still kept.
             for txn in list(itertools.takewhile(
                     lambda t: t.finish_time is not None and now - t.finish_time > t.keep_s,
@@ -1227,7 +1227,7 @@ class BaseEmulator:
         """Label eviction by count: while a database holds more than ``limit`` transactions, forget
         its oldest finished (VISIBLE/ABORTED) ones, whatever their age. ``count_running`` says
         whether running transactions count towards the limit (StarRocks) or only finished ones do
-        (Doris). The label then reads UNKNOWN and its txn id "not found", as after A.4 retention."""
+        (Doris). The label then reads UNKNOWN and its txn id "not found", as after retention by age."""
         for db in self.store.finished_databases():
             excess = (self.store.finished_count(db) - limit
                       + (self.store.running_count(db) if count_running else 0))
@@ -1460,9 +1460,9 @@ class Exchange:
 def send(method: str, url: str, *, auth: Optional[tuple[str, str]] = ("root", ""),
          headers: Optional[dict[str, str]] = None, data: Any = b"", follow: bool = True,
          timeout: float = 10.0, max_hops: int = 3) -> Exchange:
-    """Send with ``requests``, following 307s by hand and re-sending auth and body (C.13).
+    """Send with ``requests``, following 307s by hand and re-sending auth and body (Common: redirects).
 
-    ``requests`` would drop ``Authorization`` on the FE->BE hop (A.2 'Python caution').
+    ``requests`` would drop ``Authorization`` on the FE->BE hop (docs/protocol.md, Common: redirects).
     """
     import requests  # imported lazily: the emulators themselves need only the stdlib
 

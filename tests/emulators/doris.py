@@ -1,10 +1,11 @@
-"""Apache Doris FE + BE emulator: Stream Load with two-phase commit (protocol.md part B).
+"""Apache Doris FE + BE emulator: Stream Load with two-phase commit.
 
 A test double of the wire protocol, built on ``common.py`` like the StarRocks emulator. One
 ``PUT /api/{db}/{table}/_stream_load`` with ``two_phase_commit: true`` is one transaction that
 ends PRECOMMITTED; ``PUT /api/{db}[/{table}]/_stream_load_2pc`` with ``txn_operation`` commits
 or aborts it by ``txn_id`` (or by ``label`` from 2.1). The FE 307-redirects both to the BE, which
-answers them, as in D-LA / D-2PC. Source keys of protocol.md are cited next to each behaviour.
+answers them, as in D-LA / D-2PC. The wire facts are in docs/protocol.md, the "Doris: ..."
+sections; their names and source keys are cited next to each behaviour.
 
 Run standalone: ``python -m tests.emulators.doris --data-dir DIR``.
 """
@@ -21,11 +22,11 @@ from tests.emulators.common import (
 
 PREPARE, PRECOMMITTED = "PREPARE", "PRECOMMITTED"
 
-# B.1 'Label-exists response': ExistingJobStatus by the state of the label's txn.
+# Doris: label already exists: ExistingJobStatus by the state of the label's txn.
 EXISTING_JOB_STATUS = {PREPARE: "RUNNING", PRECOMMITTED: "PRECOMMITTED", COMMITTED: "FINISHED",
                        VISIBLE: "FINISHED"}
 
-# B.1 'FE 2PC messages' (D-DTM, D-RT, DF TestResponseUtil): (operation, state) -> the action
+# Doris: 2PC messages (D-DTM, D-RT, DF TestResponseUtil): (operation, state) -> the action
 # to take, or the failure message. "{id}" is the txn id, "{reason}" the abort reason.
 TWO_PC: dict[tuple[str, str], str] = {
     ("commit", PRECOMMITTED): "@commit",
@@ -51,20 +52,20 @@ KNOBS = {
 
 @dataclass
 class DorisProfile:
-    """Server configuration and version-dependent wording (protocol.md D 'Version profiles')."""
+    """Server configuration and version-dependent wording (docs/protocol.md, Doris: versions)."""
 
     version: str = "2.1.8"
     streaming_label_keep_max_second: float = 43200           # D-DTM: 12 h for stream loads
-    # Label eviction by count (protocol.md B.1 'Timeouts and retention', C.9): once a database holds
+    # Label eviction by count (docs/protocol.md, Doris: timeouts and label retention): once a database holds
     # more than this many finished (VISIBLE/ABORTED) stream-load txns, the oldest are forgotten at
     # once, whatever their age (`DatabaseTransactionMgr.removeUselessTxns` in apache/doris: it pops
     # the finished-txn deque while its size exceeds Config.label_num_threshold, and only when the
     # threshold is > 0, so -1 (documented) and 0 both disable it; it keeps one deque for stream
     # loads and one for other loads, and every emulated txn is a stream load). Default 2000. When None it
-    # is derived from the version: its first release is UNCONFIRMED (2.0 or 2.1, B.1), so 2.0 is
+    # is derived from the version: its first release is UNCONFIRMED (2.0 or 2.1), so 2.0 is
     # assumed and older FEs get no limit.
     label_num_threshold: Optional[int] = None
-    stream_load_default_precommit_timeout_second: int = 3600  # B.1, doris-flink #510
+    stream_load_default_precommit_timeout_second: int = 3600  # doris-flink #510
     stream_load_default_timeout_second: Optional[int] = None  # 600 in 1.1, 259200 from 1.2
     max_running_txn_num_per_db: int = 1000                    # D-DTM Config (100/1000/10000)
     two_pc_error_status: Optional[str] = None   # FE-side 2PC failures; derived when None
@@ -77,7 +78,7 @@ class DorisProfile:
         if self.label_num_threshold is None:
             self.label_num_threshold = 2000 if v >= (2, 0) else -1
         if self.two_pc_error_status is None:
-            # B.1: "Fail" (docs/1.x and the 2.0-era PR #20647 example), ANALYSIS_ERROR in 2.x
+            # Doris: commit and abort: "Fail" (docs/1.x and the 2.0-era PR #20647 example), ANALYSIS_ERROR in 2.x
             # BE Status::to_json. Which 2.x minor switched is UNCONFIRMED; 2.1 is assumed.
             self.two_pc_error_status = "ANALYSIS_ERROR" if v >= (2, 1) else "Fail"
         if self.internal_error_status is None:
@@ -94,7 +95,7 @@ class DorisProfile:
 
     def fe_message(self, text: str) -> str:
         """An FE error as relayed by the BE: 'errCode = 2, detailMessage = ' (1.x/2.0) or with
-        'TStatus: ' in front (2.1+; B.1, doris-flink #510)."""
+        'TStatus: ' in front (2.1+; Doris: commit and abort, doris-flink #510)."""
         prefix = "TStatus: " if self.v >= (2, 1) else ""
         return f"{prefix}errCode = 2, detailMessage = {text}"
 
@@ -164,7 +165,7 @@ class DorisEmulator(BaseEmulator):
 
     @staticmethod
     def _rest_failed(message: str) -> Response:
-        """Old httpv2 RestBaseResult failure (D-LA; the 2.1.9 measurement in C.14 sources)."""
+        """Old httpv2 RestBaseResult failure (D-LA; Doris: pre-commit load)."""
         return Response.json({"status": "FAILED", "msg": message}, indent=None)
 
     def _unauthorized(self) -> Response:
@@ -182,7 +183,7 @@ class DorisEmulator(BaseEmulator):
     def _load_json(self, label: str, two_pc: bool, status: str, message: str,
                    txn: Optional[Txn] = None, existing: Optional[str] = None,
                    error_url: str = "") -> Response:
-        """Stream-load answer with capitalised keys (B.1, D-DOC, DF HttpTestUtil)."""
+        """Stream-load answer with capitalised keys (Doris: pre-commit load; D-DOC, DF HttpTestUtil)."""
         body: dict[str, Any] = {"TxnId": txn.txn_id if txn is not None else -1, "Label": label}
         if self.profile.v >= (2, 0):
             body["Comment"] = ""
@@ -206,7 +207,7 @@ class DorisEmulator(BaseEmulator):
         return Response.json(body, indent=4)
 
     def _label_exists_message(self, label: str, txn_id: int) -> str:
-        """B.1 'Label-exists response' message variants by version."""
+        """Doris: label already exists: the message variants by version."""
         text = f"Label [{label}] has already been used, relate to txn [{txn_id}]"
         if self.profile.v >= (2, 0):
             return f"[LABEL_ALREADY_EXISTS]{self.profile.fe_message(text)}"
@@ -215,7 +216,7 @@ class DorisEmulator(BaseEmulator):
     # -- FE ----------------------------------------------------------------------------------
 
     def _fe_stream_load(self, req: Request) -> Response:
-        """D-LA: password first, then ``Expect: 100-continue`` (C.14), then 307 to a BE."""
+        """D-LA: password first, then ``Expect: 100-continue`` (Doris: pre-commit load), then 307 to a BE."""
         if not self.credentials_ok(req):
             return self._unauthorized()
         if not req.expect_continue:
@@ -233,7 +234,7 @@ class DorisEmulator(BaseEmulator):
         return redirect(req, self.be_port)
 
     def _fe_get_load_state(self, req: Request) -> Response:
-        """B.1 'Label state query'. The envelope is UNCONFIRMED (ResponseEntityBuilder.ok)."""
+        """Doris: label states (get_load_state). The envelope is UNCONFIRMED (ResponseEntityBuilder.ok)."""
         if not self.credentials_ok(req):
             return self._unauthorized()
         db, label = req.segments[1], req.query.get("label", "")
@@ -278,7 +279,7 @@ class DorisEmulator(BaseEmulator):
                 return self._load_json(label, two_pc, "Fail", p.be_message(
                     "ANALYSIS_ERROR", p.fe_message(f"Unknown table '{table}' in {db}")))
             owner = self.store.label_txn(db, label)
-            if owner is not None and owner.state != ABORTED:  # reuse only after abort (C.11)
+            if owner is not None and owner.state != ABORTED:  # reuse only after abort (Doris: label states)
                 return self._load_json(label, two_pc, "Label Already Exists",
                                        self._label_exists_message(label, owner.txn_id),
                                        existing=EXISTING_JOB_STATUS[owner.state])
@@ -292,7 +293,7 @@ class DorisEmulator(BaseEmulator):
             txn = self.store.new_txn(db=db, table=table, label=label, state=PREPARE,
                                      timeout_s=timeout, deadline=self.clock.now() + timeout,
                                      keep_s=p.streaming_label_keep_max_second, two_phase=two_pc)
-        # A probe with an empty body is a valid load (B.2 lingering abort): 0 rows, Success.
+        # A probe with an empty body is a valid load (Doris: the Flink connector): 0 rows, Success.
         body = req.body()
         try:
             parsed = parse_payload(body, fmt, schema)
@@ -306,7 +307,7 @@ class DorisEmulator(BaseEmulator):
                 return self._load_json(label, two_pc, "Fail", p.be_message(
                     "CANCELLED", f"transaction [{txn.txn_id}] is aborted: {txn.reason}"), txn)
             txn.load_bytes = len(body)
-            if parsed.too_many_filtered(fmt.max_filter_ratio):  # C.6 (wording UNCONFIRMED)
+            if parsed.too_many_filtered(fmt.max_filter_ratio):  # rows rejected (wording UNCONFIRMED)
                 url = self._error_url(txn.txn_id, parsed.errors)
                 txn.total_rows, txn.filtered_rows = parsed.total, parsed.filtered
                 txn.loaded_rows, txn.error_url = len(parsed.rows), url
@@ -315,7 +316,7 @@ class DorisEmulator(BaseEmulator):
                     "DATA_QUALITY_ERROR", "too many filtered rows"), txn, error_url=url)
             self._attach(txn, parsed, len(body))
             url = self._error_url(txn.txn_id, parsed.errors) if parsed.errors else ""
-            if two_pc:  # B.1 phase 1: PRECOMMITTED, invisible, expires after 3600 s
+            if two_pc:  # Doris: pre-commit load: PRECOMMITTED, invisible, expires after 3600 s
                 now = self.clock.now()
                 txn.state = PRECOMMITTED
                 txn.prepare_time = now
@@ -347,7 +348,7 @@ class DorisEmulator(BaseEmulator):
                                          f"convert txn_id [{raw_id}] failed")
             txn_id = int(raw_id)
         operation = req.header("txn_operation")
-        if operation not in ("commit", "abort"):  # exact lowercase (B.1)
+        if operation not in ("commit", "abort"):  # exact lowercase (Doris: commit and abort)
             return self._two_pc_json(p.internal_error_status or "",
                                      "transaction operation should be 'commit' or 'abort'")
         fail = p.two_pc_error_status or "Fail"
@@ -359,7 +360,7 @@ class DorisEmulator(BaseEmulator):
                 return self._two_pc_json(fail, p.fe_message(f"unknown database, database={db}"))
             if txn_id is not None:
                 txn = self.store.txns.get(txn_id)
-                if txn is None or txn.evicted or txn.db != db:  # C.9, doris #13341
+                if txn is None or txn.evicted or txn.db != db:  # forgotten: doris #13341
                     return self._two_pc_json(
                         fail, p.fe_message(f"transaction [{txn_id}] not found"))
             else:
@@ -376,7 +377,7 @@ class DorisEmulator(BaseEmulator):
                     action.format(id=txn.txn_id, reason=txn.reason)))
             if action == "@abort":
                 self._abort(txn, "User Abort")
-            elif self.faults.write_lock_timeout.take(call) is not None:  # C.2
+            elif self.faults.write_lock_timeout.take(call) is not None:  # write-lock timeout
                 return self._two_pc_json(fail, p.fe_message(
                     f"get tableList write lock timeout, tableList=({txn.db}.{txn.table})"))
             else:

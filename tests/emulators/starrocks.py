@@ -1,9 +1,10 @@
 """StarRocks FE + BE emulator: the Stream Load transaction interface and plain Stream Load.
 
-A test double of the wire protocol in /work/shared/protocol.md part A (source keys cited next to
-each behaviour). The FE answers routing, validation and the commit/rollback of PREPARED or
-finished transactions; everything with a data phase is 307-redirected to the BE, which keeps a
-per-label stream context with try-lock semantics, like the real BE (SR-BE-TM).
+A test double of the wire protocol in docs/protocol.md, the "StarRocks: ..." sections (their
+names and source keys are cited next to each behaviour). The FE answers routing, validation and
+the commit/rollback of PREPARED or finished transactions; everything with a data phase is
+307-redirected to the BE, which keeps a per-label stream context with try-lock semantics, like
+the real BE (SR-BE-TM).
 
 Usage::
 
@@ -29,7 +30,7 @@ from tests.emulators.common import (
 PREPARE, PREPARED = "PREPARE", "PREPARED"
 TXN_OPS = ("begin", "load", "prepare", "commit", "rollback")
 
-# A.4 / SR-TWCH: what the FE does with commit/rollback, by the state of the label's txn.
+# StarRocks: label states / SR-TWCH: what the FE does with commit/rollback, by the state of the label's txn.
 # "to_be" is the 307 to the coordinator BE (data phase still open: one-phase commit/rollback).
 FE_FINISH: dict[tuple[str, str], str] = {
     ("commit", PREPARE): "to_be",
@@ -68,22 +69,23 @@ KNOBS = {
 
 @dataclass
 class StarRocksProfile:
-    """Server configuration and version-dependent behaviour (protocol.md D 'Version profiles')."""
+    """Server configuration and version-dependent behaviour (docs/protocol.md, StarRocks: versions)."""
 
     version: str = "3.5.4"
     label_keep_max_second: float = 259200            # SR-CFG, 3 days
-    # Label eviction by count: protocol.md A.4 says newer FEs also evict finished txns by count
-    # and marks the setting's name UNCONFIRMED. This knob is the emulator's own name for it. In
+    # Label eviction by count: newer FEs also evict finished txns by count, under a setting whose
+    # name is UNCONFIRMED (docs/protocol.md, StarRocks: label retention). This knob is the
+    # emulator's own name for it. In
     # one StarRocks source read (fe/.../transaction/DatabaseTransactionMgr.java, a
     # StarRocksException-era version), `removeExpiredTxns` forgets the oldest finished txns of a
     # database while its running + finished txns exceed Config.label_keep_max_num (default 1000,
     # documented "for load jobs managed by LoadManager"); the release that added it is UNCONFIRMED,
     # so it is off (None) unless a test sets it.
     finished_label_limit: Optional[int] = None
-    stream_load_default_timeout_second: int = 600    # SR-CFG / A.5
-    max_stream_load_timeout_second: int = 259200     # A.5 (which max applies is UNCONFIRMED)
-    prepared_transaction_default_timeout_second: int = 86400  # A.5, SR-T-prepared_timeout
-    max_running_txn_num_per_db: int = 1000           # A.6, SR-CFG 3.x
+    stream_load_default_timeout_second: int = 600    # SR-CFG (StarRocks: timeouts)
+    max_stream_load_timeout_second: int = 259200     # StarRocks: timeouts (which max: UNCONFIRMED)
+    prepared_transaction_default_timeout_second: int = 86400  # SR-T-prepared_timeout
+    max_running_txn_num_per_db: int = 1000           # SR-CFG 3.x
     terminal_state_cache: bool = False               # SR-TWCH new; release UNCONFIRMED: off
     exception_class: Optional[str] = None            # derived from version when None
     in_processing_message: Optional[str] = None      # derived from version when None
@@ -91,18 +93,18 @@ class StarRocksProfile:
     def __post_init__(self) -> None:
         v = version_tuple(self.version)
         if self.exception_class is None:
-            # A.3(a): UserException in older releases, StarRocksException after the rename.
+            # StarRocks: responses (FE answers): UserException in older releases, StarRocksException after the rename.
             # The release of the rename is UNCONFIRMED; 3.4 is assumed.
             self.exception_class = ("com.starrocks.common.StarRocksException" if v >= (3, 4)
                                     else "com.starrocks.common.UserException")
         if self.in_processing_message is None:
-            # A.3(b): the older wording; the switch release is UNCONFIRMED (3.2 assumed).
+            # StarRocks: responses (TXN_IN_PROCESSING): the older wording; the switch release is UNCONFIRMED (3.2 assumed).
             self.in_processing_message = ("Transaction is in processing" if v >= (3, 2)
                                           else "Transaction in processing, please retry later")
 
     @property
     def supports_prepared_timeout(self) -> bool:
-        return version_tuple(self.version) >= (3, 5, 4)  # A.1, SR-DOC, PR #61539
+        return version_tuple(self.version) >= (3, 5, 4)  # StarRocks: headers; SR-DOC, PR #61539
 
 
 @dataclass
@@ -119,7 +121,7 @@ class StreamContext:
     lock: threading.Lock = field(default_factory=threading.Lock)
     chunks: list[bytes] = field(default_factory=list)
     fmt: Optional[LoadFormat] = None
-    has_sink: bool = False  # a load created the pipe; prepare/commit without it is an error (C.5)
+    has_sink: bool = False  # a load created the pipe; prepare/commit without it is an error
     load_bytes: int = 0
     aborted: bool = False
     uid: str = field(default_factory=lambda: uuid.uuid4().hex)
@@ -253,7 +255,7 @@ class StarRocksEmulator(BaseEmulator):
         return Response.json(body, indent=None)
 
     def _unauthorized(self) -> Response:
-        """A.1 / SR-RBA: HTTP 401 with ``WWW-Authenticate`` and a RestBaseResult body."""
+        """SR-RBA (Common: HTTP conventions): HTTP 401 with ``WWW-Authenticate`` and a RestBaseResult body."""
         resp = self._rest_result(f"Access denied for user '{self.user}'. "
                                  f"Please check the user name and password.")
         resp.status = 401
@@ -313,7 +315,7 @@ class StarRocksEmulator(BaseEmulator):
                     return self._fe_failed(f'For input string: "{value}"',
                                            "java.lang.NumberFormatException")
         if req.header("transaction_type").lower() == "multi":
-            # Deviation: v4 multi-table transactions (A.1) are out of scope for the emulator.
+            # Deviation: v4 multi-table transactions (StarRocks: headers) are out of scope for the emulator.
             return self._fe_failed("emulator: transaction_type=multi is not supported")
         with self.lock:
             if db not in self.store.dbs:
@@ -368,22 +370,22 @@ class StarRocksEmulator(BaseEmulator):
         return self._fe_route_to_be(req, call, txn.db, txn.label, txn)
 
     def _fin_fe_commit(self, req: Request, call: Call, txn: Txn) -> Response:
-        """SR-GTM commitPreparedTransaction, with the C.1 and C.2 faults."""
+        """SR-GTM commitPreparedTransaction, with the publish and write-lock timeout faults."""
         txn.commit_count += 1
         timeout_ms = int(req.header("timeout") or 0) * 1000 or 20000  # SR-TLA default 20000 ms
-        if self.faults.write_lock_timeout.take(call) is not None:  # C.2: stays PREPARED
+        if self.faults.write_lock_timeout.take(call) is not None:  # stays PREPARED
             self.store.save(txn)
             return self._fe_failed(f"get database write lock timeout, database={txn.db}, "
                                    f"timeoutMillis={timeout_ms}")
         params = self.faults.publish_timeout.take(call)
-        if params is not None:  # C.1: FAILED, yet COMMITTED and later VISIBLE
+        if params is not None:  # FAILED, yet COMMITTED and later VISIBLE
             self._commit(txn, visible_after=float(params.get("visible_after", 0)))
             return self._fe_failed(f"publish timeout: {timeout_ms}")
         self._commit(txn)
         return self._fe_result("OK", "", txn)
 
     def _fin_already_committed(self, req: Request, call: Call, txn: Txn) -> Response:
-        txn.commit_count += 1  # C.3: idempotent re-commit is OK
+        txn.commit_count += 1  # idempotent re-commit is OK (SR-T-basic_txn)
         self.store.save(txn)
         return self._fe_result("OK", f"Transaction {txn.txn_id} has already committed, "
                                      f"label is {txn.label}", txn)
@@ -409,7 +411,7 @@ class StarRocksEmulator(BaseEmulator):
     # -- FE: other endpoints -----------------------------------------------------------------
 
     def _fe_get_load_state(self, req: Request, call: Call) -> Response:
-        """A.7 / SR-GLS: the label's state and abort reason; UNKNOWN once evicted."""
+        """StarRocks: get_load_state / SR-GLS: the label's state and abort reason; UNKNOWN once evicted."""
         if not self.credentials_ok(req):
             return self._unauthorized()
         label = req.query.get("label", "")
@@ -424,7 +426,7 @@ class StarRocksEmulator(BaseEmulator):
         return self._rest_result(None, state=state, reason=reason)
 
     def _fe_stream_load(self, req: Request, call: Call) -> Response:
-        """SR-LA: PUT only; requires ``Expect: 100-continue`` on HTTP/1.1 (C.14); forced close."""
+        """SR-LA: PUT only; requires ``Expect: 100-continue`` on HTTP/1.1 (StarRocks: plain Stream Load); forced close."""
         if req.method != "PUT":
             return Response.text("Method Not Allowed", 405)
         if not self.credentials_ok(req):
@@ -485,7 +487,7 @@ class StarRocksEmulator(BaseEmulator):
         db, table = req.header("db"), req.header("table")
         with self.lock:
             # The FE side of begin (loadTxnBegin RPC); its errors are passed through.
-            # Status names for these FE errors are UNCONFIRMED (A.3 last table row).
+            # Status names for these FE errors are UNCONFIRMED (StarRocks: responses, last row of the BE table).
             if auth != (self.user, self.password):
                 return self._be_reply("ANALYSIS_ERROR", f"Access denied for user '{auth[0]}'")
             if db not in self.store.dbs:
@@ -516,7 +518,7 @@ class StarRocksEmulator(BaseEmulator):
         return self._be_reply("OK", "", label, {"TxnId": txn.txn_id, "BeginTxnTimeMs": 0})
 
     def _running_limit_error(self, db: str) -> str:
-        """A.6: begin fails past max_running_txn_num_per_db (exact wording UNCONFIRMED)."""
+        """StarRocks: concurrency and limits: begin fails past max_running_txn_num_per_db (exact wording UNCONFIRMED)."""
         running = self.store.running_count(db)
         limit = self.profile.max_running_txn_num_per_db
         if running >= limit:
@@ -526,7 +528,7 @@ class StarRocksEmulator(BaseEmulator):
 
     def _lock_context(self, req: Request, call: Call, label: str, not_exists: str
                       ) -> tuple[Optional[StreamContext], Optional[Response]]:
-        """Find the label's context and try-lock it (SR-BE-CTX ``try_lock``, A.6)."""
+        """Find the label's context and try-lock it (SR-BE-CTX ``try_lock``; StarRocks: concurrency and limits)."""
         with self.lock:
             ctx = self._contexts.get(label)
             if ctx is None:
@@ -617,7 +619,7 @@ class StarRocksEmulator(BaseEmulator):
                 txn = self.store.txns.get(ctx.txn_id)
                 if ctx.aborted or txn is None or txn.state != PREPARE:
                     return self._be_reply("ABORTED", "transaction is aborted")
-                if not ctx.has_sink:  # C.5
+                if not ctx.has_sink:  # StarRocks: responses (no data loaded)
                     message = f"transaction {ctx.brief()} hasn't send any data yet"
                     self._rollback_ctx(ctx, message)
                     return self._be_reply("INTERNAL_ERROR", message)
@@ -631,14 +633,14 @@ class StarRocksEmulator(BaseEmulator):
                 if ctx.aborted or txn.state != PREPARE:
                     return self._be_reply("ABORTED", "transaction is aborted")
                 fmt = ctx.fmt or LoadFormat()
-                if parsed.too_many_filtered(fmt.max_filter_ratio):  # C.6: fails late
+                if parsed.too_many_filtered(fmt.max_filter_ratio):  # fails late (StarRocks: responses)
                     url = self._error_url(txn.txn_id, parsed.errors)
                     txn.error_url = url
                     self._rollback_ctx(ctx, "too many filtered rows")
                     return self._be_reply("INTERNAL_ERROR", "too many filtered rows",
                                           error_url=url)
                 self._attach(txn, parsed, ctx.load_bytes)
-                del self._contexts[label]  # step 4: the BE forgets the txn (C.4)
+                del self._contexts[label]  # step 4: the BE forgets the txn (StarRocks: routing)
                 ctx.aborted = True
                 url = self._error_url(txn.txn_id, parsed.errors) if parsed.errors else ""
                 if call.op == "prepare":
@@ -654,7 +656,7 @@ class StarRocksEmulator(BaseEmulator):
                     return self._be_reply("OK", "", label, self._row_counts(txn), error_url=url)
                 txn.commit_count += 1
                 params = self.faults.publish_timeout.take(call)
-                if params is not None:  # A.3: committed, not yet visible
+                if params is not None:  # PUBLISH_TIMEOUT: committed, not yet visible
                     self._commit(txn, visible_after=float(params.get("visible_after", 0)))
                     return self._be_reply("PUBLISH_TIMEOUT", "transaction commit successfully, "
                                           "BUT data will be visible later", error_url=url)
@@ -670,7 +672,7 @@ class StarRocksEmulator(BaseEmulator):
             return self._be_reply("INVALID_ARGUMENT", "empty label")
         with self.lock:
             ctx = self._contexts.get(label)
-            if ctx is None:  # C.15: e.g. after a BE restart
+            if ctx is None:  # StarRocks: routing: e.g. after a BE restart
                 return self._be_reply("TXN_NOT_EXISTS",
                                       f"transaction with label {label} not exists")
             if ctx.db != req.header("db"):
