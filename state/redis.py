@@ -2,7 +2,8 @@
 
 Layout under `streaming-sink:{job}:` — `epoch`, `owner`, `index` (set of "query_id|batch_id"),
 `batch:{q}:{n}` (record JSON), `gate:{q}:{n}` (which writer attempts may still record intents),
-`done:{q}:{n}` (set of labels), `intents:{q}:{n}` (hash label -> TxnRef JSON). Run Redis with AOF (`appendfsync always` or `everysec`) for durability; a script
+`done:{q}:{n}` (set of labels), `intents:{q}:{n}` (hash label -> TxnRef JSON). Run Redis with AOF
+(`appendfsync always` or `everysec`) for durability; a script
 is atomic on one Redis instance (not written for Redis Cluster: keys share no hash slot).
 """
 from __future__ import annotations

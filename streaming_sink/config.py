@@ -309,7 +309,8 @@ def _spark_value(value: str | int | float | bool) -> str:
 
 def _table_schema(name: str, table: Table) -> str:
     if not table.schema.strip():
-        raise ConfigurationError(f"tables.{name}.schema: give the JSON fields as Spark DDL, e.g. schema = \"id BIGINT NOT NULL, name STRING\"")
+        raise ConfigurationError(
+            f"tables.{name}.schema: give the JSON fields as Spark DDL, e.g. schema = \"id BIGINT NOT NULL, name STRING\"")
     return table.schema
 
 

@@ -85,7 +85,7 @@ def expiry_checks(limits: list[ExpiryLimit], outage_tolerance_s: float) -> list[
     """Judge each limit by age against the planned outage; a limit by count only warns, since how soon
     it is reached depends on the database's traffic, not on the outage."""
     checks = []
-    for limit in sorted(limits, key=lambda l: l.what):
+    for limit in sorted(limits, key=lambda limit: limit.what):
         name, note = f"timeout {limit.what}", limit.note or _DEFAULT_CONSEQUENCE
         tolerance = f"the planned outage tolerance {outage_tolerance_s:g} s"
         by_count = (

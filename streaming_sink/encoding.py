@@ -258,7 +258,8 @@ def _nested_as_json(column: pa.Array) -> pa.Array:
         return str(value)
 
     return pa.array(
-        [None if value is None else json.dumps(value, default=default, ensure_ascii=False, separators=(",", ":")) for value in column.to_pylist()],
+        [None if value is None else json.dumps(value, default=default, ensure_ascii=False, separators=(",", ":"))
+         for value in column.to_pylist()],
         pa.string(),
     )
 

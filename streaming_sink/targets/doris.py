@@ -34,7 +34,10 @@ import pyarrow as pa
 from ..committable import Committable, TxnRef
 from ..encoding import CsvFormat, JsonFormat, WireFormat, columns_header, encode_chunks
 from ..http import AuthenticationError, HttpClient, HttpError, HttpResponse, api_path, excerpt
-from .base import CommitOutcome, CommittedNotChosenError, ConfigurationError, ExpiryLimit, NewRef, PreparedPart, RecordIntent, TableTransaction, Target, TargetError, own_names
+from .base import (
+    CommitOutcome, CommittedNotChosenError, ConfigurationError, ExpiryLimit, NewRef, PreparedPart, RecordIntent,
+    TableTransaction, Target, TargetError, own_names,
+)
 
 log = logging.getLogger(__name__)
 

@@ -73,7 +73,8 @@ def test_bad_messages_go_to_dead_letters_with_reasons_and_counts_reconcile(spark
     client = target.client()
     orders = client.query(f"SELECT id, name, amount, kafka_offset FROM {DB}.orders ORDER BY id").result_rows
     payments = client.query(f"SELECT id, method, kafka_offset FROM {DB}.payments ORDER BY id").result_rows
-    dead = client.query(f"SELECT offset, reason, raw_value, topic, partition, kafka_timestamp FROM {DB}.dead_letters ORDER BY offset").result_rows
+    dead = client.query(f"SELECT offset, reason, raw_value, topic, partition, kafka_timestamp FROM {DB}.dead_letters "
+                        "ORDER BY offset").result_rows
     assert orders == [(1, "a", 1.5, 0), (5, "c", None, 7)]
     assert payments == [(2, "card", 1)]
     expected_dead = [(offset, reason) for offset, (_, reason) in enumerate(MESSAGES) if reason]

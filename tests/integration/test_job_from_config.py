@@ -29,7 +29,8 @@ def test_into_starrocks_with_redis_through_a_kill(tmp_path, kafka_broker, redis_
 
     columns = {
         "orders": [("id", "BIGINT"), ("name", "VARCHAR(64)"), ("amount", "DOUBLE"), ("kafka_partition", "INT"), ("kafka_offset", "BIGINT")],
-        "payments": [("id", "BIGINT"), ("method", "VARCHAR(64)"), ("amount", "DOUBLE"), ("kafka_partition", "INT"), ("kafka_offset", "BIGINT")],
+        "payments": [("id", "BIGINT"), ("method", "VARCHAR(64)"), ("amount", "DOUBLE"), ("kafka_partition", "INT"),
+                     ("kafka_offset", "BIGINT")],
         DEAD_LETTERS: [("raw_value", "VARCHAR(1024)"), ("topic", "VARCHAR(256)"), ("partition", "INT"), ("offset", "BIGINT"),
                        ("kafka_timestamp", "DATETIME"), ("reason", "VARCHAR(256)")],
     }

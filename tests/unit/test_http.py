@@ -21,7 +21,7 @@ AUTH = "Basic " + base64.b64encode(b"root:pw").decode()
 class Recorder:
     """A programmable server: `script(handler)` answers; every request is recorded."""
 
-    def __init__(self, script: Callable[["_Handler", int], None]) -> None:
+    def __init__(self, script: Callable[[BaseHTTPRequestHandler, int], None]) -> None:
         self.script = script
         self.requests: list[dict[str, Any]] = []
         recorder = self

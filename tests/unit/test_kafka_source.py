@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 
 from streaming_sink.config import resolve_config
-from streaming_sink.kafka_source import KafkaSource, check_starting_offsets
+from streaming_sink.kafka_source import check_starting_offsets
 from streaming_sink.spark_session import KNOWN_BAD_KAFKA_SOURCE, check_kafka_source, session_conf, worker_python
 from streaming_sink.targets.base import ConfigurationError
-from tests.unit.test_config import GOOD, with_change
+from tests.unit.test_config import with_change
 
 SECURED = {
     "kafka.security.protocol": "SASL_SSL",

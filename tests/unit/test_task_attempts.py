@@ -7,10 +7,8 @@ collide and two writers share one transaction. `taskAttemptId()` is unique in th
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Iterator
 
 import pyarrow as pa
-import pytest
 
 from state import FileStateStore
 from streaming_sink.execution import task_writer
