@@ -32,8 +32,8 @@ class BatchState(str, Enum):
 #: releases then refuse those records instead of misreading them. Records without "v" are version 1.
 JOURNAL_FORMAT = 1
 
-#: The protocol's fields that records of before format v1 kept in `extra` (see `Committable.decode`),
-#: and that targets still report in `PreparedPart.extra` (see `Committable.typed_from_extra`).
+#: The protocol's fields that records of before format v1 kept in `extra`
+#: (see `Committable.typed_from_extra`).
 _FIELDS_ONCE_IN_EXTRA = ("flush", "flush_rows", "filtered_rows", "unselected_rows")
 
 
@@ -156,11 +156,8 @@ class Committable(TxnRef):
         ).typed_from_extra()
 
     def typed_from_extra(self) -> "Committable":
-        """This committable with protocol fields found in `extra` moved to their attributes.
-
-        Targets report rejected rows in `PreparedPart.extra` (its only free-form channel); the writer
-        calls this so that the journal holds them typed.
-        """
+        """This committable with protocol fields that records before format v1 kept in `extra` moved to
+        their attributes."""
         extra = dict(self.extra)
         moved = {k: extra.pop(k) for k in _FIELDS_ONCE_IN_EXTRA if k in extra}
         return replace(

@@ -158,7 +158,7 @@ class PartitionWriter:
             for index, part in enumerate(parts):
                 flush, rows = written[index] if one_per_flush else (None, None)
                 # the target's counts of rejected rows arrive in `extra`; the journal holds them typed
-                committables.append(replace(part.committable(checksum).typed_from_extra(), flush=flush, flush_rows=rows))
+                committables.append(replace(part.committable(checksum), flush=flush, flush_rows=rows))
         return PartitionResult(self._partition, self._attempt, self._checksum.hexdigest(), self._checksum.rows, committables)
 
     def abort(self) -> None:

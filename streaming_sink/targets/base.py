@@ -57,13 +57,17 @@ class PreparedPart:
     txn_id: str | None
     rows: int
     bytes: int
-    extra: dict[str, Any] = field(default_factory=dict)
+    extra: dict[str, Any] = field(default_factory=dict)  # diagnostics only; nothing decides on them
+    # rows the server rejected under the user's max_filter_ratio: accounted for, not lost
+    filtered_rows: int = 0
+    unselected_rows: int = 0
 
     def committable(self, checksum: str) -> Committable:
         r = self.ref
         return Committable(
             r.target, r.database, r.table, r.label, r.partition, r.attempt,
             txn_id=self.txn_id, rows=self.rows, bytes=self.bytes, checksum=checksum, extra=self.extra,
+            filtered_rows=self.filtered_rows, unselected_rows=self.unselected_rows,
         )
 
 

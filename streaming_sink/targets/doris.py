@@ -175,6 +175,8 @@ class _PartState:
     rows: int = 0
     bytes: int = 0
     extra: dict[str, Any] = field(default_factory=dict)
+    filtered_rows: int = 0  # rejected under max_filter_ratio: accounted for, not lost
+    unselected_rows: int = 0
 
 
 class DorisTarget(Target):
@@ -337,7 +339,7 @@ class DorisTarget(Target):
         part.rows, part.bytes = loaded, chunk.nbytes
         part.extra = {"load_bytes": int(answer.get("LoadBytes", 0))}
         if filtered or unselected:
-            part.extra.update(filtered_rows=filtered, unselected_rows=unselected)
+            part.filtered_rows, part.unselected_rows = filtered, unselected
             log.warning(
                 "Doris label %s: %d of %d rows filtered (within max_filter_ratio), %d unselected; rejected rows: %s",
                 ref.label, filtered, total, unselected, answer.get("ErrorURL", "(no ErrorURL)"),
@@ -555,7 +557,8 @@ class _DorisTransaction(TableTransaction):
         unfinished = [p.ref.label for p in self._parts if p.txn_id is None]
         if unfinished:
             raise TargetError(f"Doris labels {unfinished} never finished loading; the transaction cannot be prepared")
-        return [PreparedPart(p.ref, str(p.txn_id), p.rows, p.bytes, dict(p.extra)) for p in self._parts]
+        return [PreparedPart(p.ref, str(p.txn_id), p.rows, p.bytes, dict(p.extra), p.filtered_rows, p.unselected_rows)
+                for p in self._parts]
 
     def abort(self) -> None:
         """Abort every chunk: by txn id where the load answered, by label where its outcome is unknown."""

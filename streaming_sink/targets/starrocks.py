@@ -402,7 +402,7 @@ class _StarRocksTransaction(TableTransaction):
         self._format_headers: dict[str, str] | None = None
         self._rows = 0
         self._bytes = 0
-        self._rejected: dict[str, int] = {}  # rows the server filtered/unselected, as the prepare reported
+        self._rejected = (0, 0)  # rows the server filtered and unselected, as the prepare reported
 
     # -- TableTransaction ------------------------------------------------------------------------
 
@@ -446,7 +446,7 @@ class _StarRocksTransaction(TableTransaction):
             target._backoff(attempts, f"prepare of {ref.label}: {answer.brief}, label still PREPARE")
         txn_id = answer.body.get("TxnId", self._txn_id)
         part = PreparedPart(ref, None if txn_id is None else str(txn_id), self._rows, self._bytes)
-        part.extra.update(self._rejected)  # the sink counts them as accounted for, not as lost
+        part.filtered_rows, part.unselected_rows = self._rejected  # the sink counts them as accounted for, not lost
         return [part]
 
     def abort(self) -> None:
@@ -527,7 +527,7 @@ class _StarRocksTransaction(TableTransaction):
                 "a transaction that does not hold exactly what was written. Check `row_delimiter`/`enclose` options."
             )
         if filtered or unselected:
-            self._rejected = {"filtered_rows": filtered, "unselected_rows": unselected}
+            self._rejected = (filtered, unselected)
             log.warning(
                 "StarRocks label %s: %d rows were filtered and %d unselected by the server (max_filter_ratio allows it); "
                 "they will not be visible. Rejected rows: %s",

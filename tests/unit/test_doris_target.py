@@ -451,7 +451,7 @@ def test_max_filter_ratio_and_strict_mode_are_passed_through(emu: DorisEmulator)
     txn = Writer(emu, "tolerant").begin(tolerant, "typed")
     txn.write(table)
     (part,) = txn.prepare()
-    assert (part.rows, part.extra["filtered_rows"]) == (3, 1)
+    assert (part.rows, part.filtered_rows) == (3, 1)
     lenient = make_target(emu, strict_mode=False)  # a value that does not convert becomes NULL
     txn = Writer(emu, "lenient").begin(lenient, "typed")
     txn.write(table)

@@ -218,7 +218,7 @@ def test_a_store_refuses_a_newer_record_instead_of_acting_on_it(tmp_path: Path) 
 
 
 class FilteringTarget(Target):
-    """Reports what a StarRocks or Doris load does under max_filter_ratio: rows rejected, counted in `extra`."""
+    """Reports what a StarRocks or Doris load does under max_filter_ratio: rows rejected, counted apart."""
 
     kind, database = "filtering", "db"
 
@@ -259,8 +259,7 @@ class _FilteringTransaction(TableTransaction):
         rejected = sum(1 for i in ids if i < 0)
         part.rows += len(ids) - rejected
         part.extra["load_bytes"] += chunk.nbytes
-        if rejected:
-            part.extra["filtered_rows"] = part.extra.get("filtered_rows", 0) + rejected
+        part.filtered_rows += rejected
 
     def prepare(self) -> list[PreparedPart]:
         return self._parts

@@ -358,7 +358,7 @@ def test_filtered_rows_allowed_by_max_filter_ratio_are_counted_and_logged(sr, ca
     with caplog.at_level(logging.WARNING):
         committable = writer.prepare()
     assert committable.rows == 1 and "1 rows were filtered" in caplog.text
-    assert (committable.extra["filtered_rows"], committable.extra["unselected_rows"]) == (1, 0)  # accounted, not lost
+    assert (committable.filtered_rows, committable.unselected_rows) == (1, 0)  # accounted, not lost
 
 
 # -- abort -----------------------------------------------------------------------------------------
