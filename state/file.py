@@ -101,7 +101,7 @@ class FileStateStore(StateStore):
         if not labels:
             return
         with self._locked(job_id, epoch):
-            def drop(data: dict) -> None:
+            def drop(data: dict[str, str]) -> None:
                 for label in labels:
                     data.pop(label, None)
 

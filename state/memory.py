@@ -9,7 +9,7 @@ from __future__ import annotations
 import copy
 import threading
 import time
-from typing import Any
+from typing import Any, NoReturn
 
 from streaming_sink.committable import TxnRef
 
@@ -29,7 +29,7 @@ class MemoryStateStore(StateStore):
         self._done: dict[Key, set[str]] = {}
         self._intents: dict[Key, dict[str, str]] = {}
 
-    def __getstate__(self) -> dict:
+    def __getstate__(self) -> NoReturn:
         raise TypeError("MemoryStateStore lives in one process; Spark tasks need the Redis or file store")
 
     # -- faults a test can inflict ------------------------------------------------------------------

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import re
 import time
-from typing import Any
+from typing import Any, cast
 from urllib.parse import urlsplit, urlunsplit
 
 import redis
@@ -92,6 +92,8 @@ class RedisStateStore(StateStore):
         self._raw_url = url
         self.url = redact_url(url)
         self._prefix = prefix
+        # decode_responses=True: every reply is str. redis-py types replies `bytes | str` whatever the client
+        # decodes, so the reads below cast to str (`cast` only informs the type checker; nothing is converted).
         self._client = redis.Redis.from_url(self._raw_url, socket_timeout=socket_timeout, decode_responses=True)
         self._script = self._client.register_script(_FENCED_SCRIPT)
         self._take_epoch_script = self._client.register_script(_TAKE_EPOCH_SCRIPT)
@@ -99,10 +101,10 @@ class RedisStateStore(StateStore):
     def __repr__(self) -> str:
         return f"RedisStateStore({self.url!r})"
 
-    def __getstate__(self) -> dict:
+    def __getstate__(self) -> dict[str, str]:
         return {"url": self._raw_url, "prefix": self._prefix}
 
-    def __setstate__(self, state: dict) -> None:
+    def __setstate__(self, state: dict[str, str]) -> None:
         self.__init__(state["url"], state["prefix"])  # type: ignore[misc]
 
     def _key(self, job_id: str, *parts: object) -> str:
@@ -166,7 +168,7 @@ class RedisStateStore(StateStore):
         )
 
     def intents(self, job_id: str, query_id: str, batch_id: int) -> list[TxnRef]:
-        values = self._client.hvals(self._key(job_id, "intents", query_id, batch_id))
+        values = cast(list[str], self._client.hvals(self._key(job_id, "intents", query_id, batch_id)))  # see _client
         return sorted((TxnRef.from_json(v) for v in values), key=lambda r: r.label)
 
     def remove_intents(self, job_id: str, epoch: int, query_id: str, batch_id: int, labels: list[str]) -> None:
@@ -186,14 +188,14 @@ class RedisStateStore(StateStore):
         )
 
     def get_batch(self, job_id: str, query_id: str, batch_id: int) -> BatchRecord | None:
-        value = self._client.get(self._key(job_id, "batch", query_id, batch_id))
+        value = cast("str | None", self._client.get(self._key(job_id, "batch", query_id, batch_id)))  # see _client
         return BatchRecord.from_json(value) if value else None
 
     def mark_done(self, job_id: str, epoch: int, query_id: str, batch_id: int, label: str) -> None:
         self._fenced(job_id, epoch, [["SADD", self._key(job_id, "done", query_id, batch_id), label]])
 
     def done_labels(self, job_id: str, query_id: str, batch_id: int) -> set[str]:
-        return set(self._client.smembers(self._key(job_id, "done", query_id, batch_id)))
+        return set(cast(set[str], self._client.smembers(self._key(job_id, "done", query_id, batch_id))))  # see _client
 
     def job_ids(self) -> list[str]:
         jobs: set[str] = set()
@@ -206,8 +208,8 @@ class RedisStateStore(StateStore):
         return sorted(jobs)
 
     def batch_keys(self, job_id: str) -> list[tuple[str, int]]:
-        keys = []
-        for member in self._client.smembers(self._key(job_id, "index")):
+        keys: list[tuple[str, int]] = []
+        for member in cast(set[str], self._client.smembers(self._key(job_id, "index"))):  # see _client
             query_id, batch = member.rsplit("|", 1)
             keys.append((query_id, int(batch)))
         return sorted(keys, key=lambda k: (k[1], k[0]))

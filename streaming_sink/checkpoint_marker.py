@@ -84,7 +84,8 @@ class CheckpointMarker:
             return None
         stream = fs.open(path)
         try:
-            return self._spark.sparkContext._jvm.org.apache.commons.io.IOUtils.toString(stream, "UTF-8")
+            text: str = self._spark.sparkContext._jvm.org.apache.commons.io.IOUtils.toString(stream, "UTF-8")  # py4j: a Java String
+            return text
         finally:
             stream.close()
 

@@ -13,17 +13,19 @@ with the same checksum (`_replay_identity`).
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Callable, Iterator
+from typing import TYPE_CHECKING, Callable, Iterable, Iterator
 
 import pyarrow as pa
 
 from state import StateStore
 
+from .errors import InvariantBreach
 from .routing import Router
 from .targets.base import Target
 from .writer import ContentChecksum, PartitionResult, PartitionWriter, WriteContext
 
 if TYPE_CHECKING:
+    from pyspark import TaskContext
     from pyspark.sql import DataFrame
 
 Identity = dict[int, int]  # Spark partition number -> writer partition number
@@ -39,6 +41,16 @@ class SparkWriterRunner:
         if target.runs_writers_in_driver:
             return _write_in_driver(df, target, router, context, store, identity)
         return _write_in_tasks(df, target, router, context, store, identity)
+
+
+def _task_context() -> "TaskContext":
+    """The running task's context. The functions that ask run only in Spark tasks, which always have one."""
+    from pyspark import TaskContext
+
+    task = TaskContext.get()
+    if task is None:
+        raise InvariantBreach("no Spark TaskContext: the sink's task functions run only in Spark tasks")
+    return task
 
 
 def _writer_partition(identity: Identity | None, spark_partition: int) -> int:
@@ -60,13 +72,11 @@ def _replay_identity(df: "DataFrame", context: WriteContext, store: StateStore) 
         return None
 
     def digest(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        from pyspark import TaskContext
-
         checksum = ContentChecksum()
         for batch in batches:
             checksum.update(batch)
         yield pa.RecordBatch.from_pylist(
-            [{"partition": TaskContext.get().partitionId(), "checksum": checksum.hexdigest()}], schema=_CHECKSUM_SCHEMA
+            [{"partition": _task_context().partitionId(), "checksum": checksum.hexdigest()}], schema=_CHECKSUM_SCHEMA
         )
 
     current = {row["partition"]: row["checksum"] for row in df.mapInArrow(digest, "partition int, checksum string").collect()}
@@ -97,9 +107,7 @@ def task_writer(
     """
 
     def write_partition(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        from pyspark import TaskContext
-
-        task = TaskContext.get()
+        task = _task_context()
         try:
             partition = _writer_partition(identity, task.partitionId())
             # taskAttemptId is unique in the application; attemptNumber repeats across stage attempts (R7)
@@ -120,9 +128,7 @@ def _write_in_driver(
     df: "DataFrame", target: Target, router: Router, context: WriteContext, store: StateStore, identity: Identity | None
 ) -> list[PartitionResult]:
     def to_ipc(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        from pyspark import TaskContext
-
-        partition = TaskContext.get().partitionId()
+        partition = _task_context().partitionId()
         for batch in batches:
             if batch.num_rows:
                 sink = pa.BufferOutputStream()
@@ -138,7 +144,7 @@ def _write_in_driver(
     blobs = df.mapInArrow(to_ipc, "partition int, ipc binary").toLocalIterator(prefetchPartitions=False)
     try:
         for row in blobs:
-            if row["partition"] != current:
+            if writer is None or row["partition"] != current:  # the first row always opens a writer (no partition is -1)
                 if writer is not None:
                     results.append(writer.finish())
                 current = row["partition"]
@@ -155,7 +161,7 @@ def _write_in_driver(
     return results
 
 
-def _one_per_partition(results) -> list[PartitionResult]:
+def _one_per_partition(results: Iterable[PartitionResult]) -> list[PartitionResult]:
     """Spark returns one successful attempt per partition; keep exactly one even if it did not."""
     chosen: dict[int, PartitionResult] = {}
     for result in results:

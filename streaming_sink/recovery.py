@@ -19,7 +19,7 @@ import threading
 import time
 from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 from dataclasses import dataclass, replace
-from typing import Callable, Iterable
+from typing import Callable, Collection, Iterable
 
 from state import BatchRecord, StateStore
 from state.base import attempt_epoch, fencing_error
@@ -143,7 +143,7 @@ class Recovery:
         crash_point("after-committed-record", record.batch_id)
         return committed
 
-    def abort_intents(self, query_id: str, batch_id: int, keep: set[str] = frozenset()) -> int:
+    def abort_intents(self, query_id: str, batch_id: int, keep: Collection[str] = frozenset()) -> int:
         """Abort every intent of the batch whose label is not in `keep`; forget all of them.
 
         Never a transaction of a newer epoch (its driver owns it), and never once fenced (R4).
@@ -291,7 +291,7 @@ def settle_label(recovery: "Recovery", query_id: str, batch_id: int, label: str,
     recovery.store.put_batch(recovery.job_id, recovery.epoch, record)
 
 
-def leftover_labels(store: StateStore, target: Target, job_id: str, query_ids: set[str] = frozenset()) -> list[str]:
+def leftover_labels(store: StateStore, target: Target, job_id: str, query_ids: Collection[str] = frozenset()) -> list[str]:
     """Server-side transactions of this job that no record or intent names (R6); [] where the target cannot list.
 
     Looks under every query the store knows, and `query_ids` (the running query, after a store loss).

@@ -49,12 +49,13 @@ class Router:
         if values.null_count:
             raise UnknownTableError(f"{values.null_count} rows have a null {self.table_column!r}: no table to route to")
         tables = [t for t in pc.unique(values).to_pylist()]
-        unknown = sorted(set(map(str, tables)) - self.known_tables) if self.known_tables is not None else []
-        if unknown:
-            raise UnknownTableError(
-                f"rows route to unknown table(s) {unknown} by column {self.table_column!r}; "
-                f"the target has {sorted(self.known_tables)}"
-            )
+        if self.known_tables is not None:  # None: the target cannot tell, its `begin` refuses a wrong name
+            unknown = sorted(set(map(str, tables)) - self.known_tables)
+            if unknown:
+                raise UnknownTableError(
+                    f"rows route to unknown table(s) {unknown} by column {self.table_column!r}; "
+                    f"the target has {sorted(self.known_tables)}"
+                )
         keep = [name for name in batch.schema.names if name != self.table_column]
         for table in tables:
             rows = batch.filter(pc.equal(values, table))

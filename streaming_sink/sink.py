@@ -165,9 +165,14 @@ class ExactlyOnceSink:
             self._check_store_reaches_writers(spark.sparkContext.master)
         self.process(df, int(batch_id), query_id)
 
-    def _check_store_reaches_writers(self, master: str) -> None:
-        """A file store is local to one machine: writers in tasks on other hosts would not see it (O3)."""
-        if isinstance(self.state, FileStateStore) and not self.target.runs_writers_in_driver and not master.startswith("local"):
+    def _check_store_reaches_writers(self, master: str | None) -> None:
+        """A file store is local to one machine: writers in tasks on other hosts would not see it (O3).
+
+        Only a `local` master runs the tasks on this machine; None (a running SparkContext always has a master)
+        is not known to be local."""
+        if isinstance(self.state, FileStateStore) and not self.target.runs_writers_in_driver and (
+            master is None or not master.startswith("local")
+        ):
             raise ConfigurationError(
                 f"the file state store {self.state.url} is local to this machine, but {self.target.kind} writers run "
                 f"in Spark tasks on the cluster ({master}); use a Redis state store that the driver and every executor reach"
@@ -230,8 +235,8 @@ class ExactlyOnceSink:
     # -- steps -----------------------------------------------------------------------------------
 
     def _write(
-        self, df: Any, query_id: str, batch_id: int, replay: frozenset | None = None,
-        committed_flushes: frozenset = frozenset(),
+        self, df: Any, query_id: str, batch_id: int, replay: frozenset[tuple[str, int]] | None = None,
+        committed_flushes: frozenset[tuple[str, int, int, int]] = frozenset(),
     ) -> list[PartitionResult]:
         write_pass = self._write_pass(query_id, batch_id)
         self._write_passes = ((query_id, batch_id), write_pass + 1)
@@ -340,7 +345,9 @@ class ExactlyOnceSink:
                 "same table and partition were lost, and they do not say which rows they hold; reloading the partition "
                 "would duplicate them. See docs/runbook.md, section 8 'Replay mismatch'."
             )
-        committed = frozenset((c.table, c.partition, c.flush, c.flush_rows) for c in survivors)
+        committed = frozenset(  # every survivor, after the check above: each says its flush and rows
+            (c.table, c.partition, c.flush, c.flush_rows) for c in survivors if c.flush is not None and c.flush_rows is not None
+        )
         record.open_attempt = f"e{self.epoch}w{self._write_pass(record.query_id, record.batch_id)}"
         self.state.put_batch(self.job_id, self.epoch, record)  # the replay's writers, and only they, may begin
         results = self._write(df, record.query_id, record.batch_id, replay=plan, committed_flushes=committed)

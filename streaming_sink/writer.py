@@ -22,7 +22,7 @@ from state import StateStore
 from .committable import Committable, TxnRef, make_label
 from .errors import InvariantBreach
 from .routing import Router
-from .targets.base import TableTransaction, Target
+from .targets.base import NewRef, TableTransaction, Target
 
 log = logging.getLogger(__name__)
 
@@ -191,7 +191,7 @@ class PartitionWriter:
         self._transactions[table].write(pa.Table.from_batches(batches))
         self._confirm_intents()
 
-    def _new_ref_for(self, table: str):
+    def _new_ref_for(self, table: str) -> NewRef:
         context = self._context
 
         def new_ref(chunk: int) -> TxnRef:
