@@ -26,7 +26,9 @@ from state import STORE_SCHEMES, StateStore, StateStoreError, open_store
 from state.base import FencedError
 from state.redis import redact_url
 
+from .committable import JournalFormatError
 from .errors import StreamingSinkError
+from .kafka_source import KafkaUnreachableError  # PySpark is imported only when a probe runs
 from .recovery import OperatorActionRefused, Recovery, abort_batch, apply_recovery, plan_recovery, settle_label
 from .status import job_status, render_status, unknown_job
 from .targets import ConfigurationError, Target, target_from_url
@@ -359,10 +361,9 @@ def describe_error(error: BaseException) -> tuple[ExitCode, str]:
         return ExitCode.REFUSED, f"refusing: {error}"
     if isinstance(error, FencedError):  # a driver (or another operator) took the job's epoch meanwhile
         return ExitCode.REFUSED, f"refusing: {error}"
-    names = {cls.__name__ for cls in type(error).__mro__}  # by name: no import of PySpark (kafka_source) for this
-    if "JournalFormatError" in names:  # acting on a misread record could commit or abort the wrong transactions
+    if isinstance(error, JournalFormatError):  # acting on a misread record could commit or abort the wrong transactions
         return ExitCode.REFUSED, f"refusing: {error}; use the streaming-sink release that wrote the journal"
-    if "KafkaUnreachableError" in names:
+    if isinstance(error, KafkaUnreachableError):
         return ExitCode.SERVICE, f"Kafka: {error}"
     if isinstance(error, ConfigurationError):
         return ExitCode.USAGE, f"configuration error: {error}"

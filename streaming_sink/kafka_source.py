@@ -73,12 +73,15 @@ class KafkaSource:
         """The Kafka client settings Spark derives from the options (the `kafka.` prefix removed)."""
         return {key[len("kafka."):]: value for key, value in self.reader_options().items() if key.startswith("kafka.")}
 
+    def option(self, name: str) -> str | None:
+        """An option's value by its Spark name, which Spark reads case-insensitively."""
+        return next((value for key, value in self.options.items() if key.lower() == name.lower()), None)
+
     def describe(self) -> str:
         """Where the job reads, without any setting that may hold a secret."""
-        lowered = {k.lower(): v for k, v in self.options.items()}
+        pattern = self.option("subscribePattern")
         what = (f"topics {self.topics}" if self.topics is not None else
-                f"subscribePattern {lowered['subscribepattern']!r}" if "subscribepattern" in lowered else
-                f"assign {lowered.get('assign')}")
+                f"subscribePattern {pattern!r}" if pattern is not None else f"assign {self.option('assign')}")
         protocol = self.options.get("kafka.security.protocol", "PLAINTEXT")
         return f"{self.bootstrap_servers} ({protocol}), {what}"
 
@@ -86,13 +89,15 @@ class KafkaSource:
 def check_options(raw: Mapping[str, Any], key_prefix: str = "kafka.options") -> dict[str, str]:
     """Spark option name -> string value; an unknown, owned or unsafe name is a ConfigurationError."""
     known = {name.lower(): name for name in SPARK_SOURCE_OPTIONS}
+    owned_keys = {k.lower(): v for k, v in OWNED_OPTIONS.items()}
+    refusals = {k.lower(): v for k, v in _REFUSED.items()}
     options: dict[str, str] = {}
     for name, value in raw.items():
         where = f'{key_prefix}."{name}"' if "." in name else f"{key_prefix}.{name}"
-        owned = {k.lower(): v for k, v in OWNED_OPTIONS.items()}.get(name.lower())
+        owned = owned_keys.get(name.lower())
         if owned:
             raise ConfigurationError(f"{where}: set it with the key {owned!r} instead")
-        refused = {k.lower(): v for k, v in _REFUSED.items()}.get(name.lower())
+        refused = refusals.get(name.lower())
         if refused:
             raise ConfigurationError(f"{where} is not allowed: {refused}")
         if not name.lower().startswith("kafka.") and name.lower() not in known:
@@ -156,8 +161,8 @@ def assigned_topics(source: KafkaSource) -> list[str] | None:
     """The topics the job reads when they are known before reading (not with a pattern)."""
     if source.topics is not None:
         return source.topics
-    lowered = {k.lower(): v for k, v in source.options.items()}
-    return sorted(json.loads(lowered["assign"])) if "assign" in lowered else None
+    assign = source.option("assign")
+    return sorted(json.loads(assign)) if assign is not None else None
 
 
 def probe(spark: Any, source: KafkaSource, timeout_s: float = 30.0) -> str:
@@ -190,7 +195,7 @@ def probe(spark: Any, source: KafkaSource, timeout_s: float = 30.0) -> str:
         if missing:
             raise KafkaUnreachableError(f"Kafka at {source.describe()}: topic(s) {missing} do not exist")
         return f"{source.describe()}: reachable, topics exist"
-    pattern = {k.lower(): v for k, v in source.options.items()}["subscribepattern"]
+    pattern = source.option("subscribePattern") or ""
     matched = sorted(n for n in names if re.fullmatch(pattern, n))
     return f"{source.describe()}: reachable, pattern matches {len(matched)} topic(s) now {matched[:5]}"
 
