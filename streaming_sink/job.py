@@ -278,7 +278,7 @@ def check_columns(target, schemas) -> None:
         missing = [name for name in schema.names if name not in existing]
         if missing:
             raise ConfigurationError(
-                f"table {table!r} has no column(s) {missing} that the job writes (it has {existing}); "
+                f"table {table!r} has no column(s) {missing} that the job writes (it has {list(existing)}); "
                 f"add them to the table or remove them from tables.{table}.schema"
             )
 

@@ -111,8 +111,10 @@ class Target(ABC):
         credentials, so configuration mistakes fail before any data moves.
         """
 
-    def table_columns(self, table: str) -> list[str] | None:
-        """The table's column names, where the load protocol can tell (None: it cannot)."""
+    def table_columns(self, table: str) -> dict[str, str] | None:
+        """The table's columns in table order, name -> type as the target spells it (`VARCHAR(10)`,
+        `Nullable(Int32)`), where the target can tell (None: it cannot). The job checks names and
+        values against them before anything is sent."""
         return None
 
     def expiry_limits(self) -> list[ExpiryLimit]:

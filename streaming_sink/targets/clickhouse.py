@@ -156,12 +156,12 @@ class ClickHouseTarget(Target):
         """Nothing expires, unless the ledger was made by an older version (as found by `routable_tables`)."""
         return [ExpiryLimit("prepared staging tables", None), ExpiryLimit("commit ledger", self._ledger_ttl_s)]
 
-    def table_columns(self, table: str) -> list[str] | None:
+    def table_columns(self, table: str) -> dict[str, str] | None:
         rows = self.client().query(
-            "SELECT name FROM system.columns WHERE database = {db:String} AND table = {t:String} ORDER BY position",
+            "SELECT name, type FROM system.columns WHERE database = {db:String} AND table = {t:String} ORDER BY position",
             parameters={"db": self.database, "t": table},
         ).result_rows
-        return [r[0] for r in rows]
+        return {name: kind for name, kind in rows}
 
     def create_table(self, table: str, schema: pa.Schema) -> None:
         """Create a MergeTree table for an Arrow schema if it is missing (the embedded quick start)."""
