@@ -1,8 +1,8 @@
 """One writer partition of one micro-batch: route, buffer per table, flush into transactions, prepare.
 
 The writer runs in a Spark task (network targets) or in the driver (embedded targets). It holds at
-most `flush_bytes` of Arrow data per table before sending it, so its memory does not grow with the
-batch. It records an intent in the state store before any transaction begins (through the
+most `flush_bytes` of Arrow data, across all its tables, before sending the largest buffer, so its
+memory grows neither with the batch nor with the number of tables. It records an intent in the state store before any transaction begins (through the
 target's `record_intent` callback), confirms it after the begin (a writer that began after the
 driver's final abort aborts its own transaction), and returns committables carrying the partition's
 checksum.
@@ -128,13 +128,22 @@ class PartitionWriter:
     def add(self, batch: pa.RecordBatch) -> None:
         self._checksum.update(batch)
         for table, rows in self._router.split(batch):
-            if rows.num_rows == 0 or not self._context.wanted(table, self._partition):
+            if rows.num_rows == 0:
                 continue
-            self._buffers.setdefault(table, []).append(rows)
+            # A replay keeps only the tables it reloads, but counts every table's bytes as the first
+            # pass did, so flushes fall on the same rows and committed ones can be recognised.
+            if self._context.wanted(table, self._partition):
+                self._buffers.setdefault(table, []).append(rows)
             self._buffered_bytes[table] = self._buffered_bytes.get(table, 0) + rows.nbytes
             self.peak_buffered_bytes = max(self.peak_buffered_bytes, sum(self._buffered_bytes.values()))
-            if self._buffered_bytes[table] >= self._context.flush_bytes:
-                self._flush(table)
+            self._flush_over_budget()
+
+    def _flush_over_budget(self) -> None:
+        """One bound for the whole writer, whatever the number of tables: while the buffers together
+        hold `flush_bytes` or more, send the largest (ties by name, so a replay flushes the same rows)."""
+        while self._buffered_bytes and sum(self._buffered_bytes.values()) >= self._context.flush_bytes:
+            largest = max(self._buffered_bytes.items(), key=lambda item: (item[1], item[0]))[0]
+            self._flush(largest)
 
     def add_all(self, batches: Iterable[pa.RecordBatch]) -> "PartitionResult":
         """Write every batch and prepare; on any failure abort what this writer began, then re-raise."""
@@ -147,7 +156,7 @@ class PartitionWriter:
             raise
 
     def finish(self) -> PartitionResult:
-        for table in list(self._buffers):
+        for table in sorted(self._buffered_bytes):
             self._flush(table)
         committables = []
         checksum = self._checksum.hexdigest()
@@ -171,11 +180,12 @@ class PartitionWriter:
 
     def _flush(self, table: str) -> None:
         batches = self._buffers.pop(table, [])
-        self._buffered_bytes.pop(table, None)
-        if not batches:
+        if self._buffered_bytes.pop(table, None) is None:
             return
         flush = self._flushes.get(table, 0)
         self._flushes[table] = flush + 1
+        if not batches:
+            return  # a table this replay does not reload: counted, not sent
         rows = sum(b.num_rows for b in batches)
         committed = self._context.committed_rows(table, self._partition, flush)
         if committed is not None:
