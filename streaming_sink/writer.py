@@ -2,10 +2,10 @@
 
 The writer runs in a Spark task (network targets) or in the driver (embedded targets). It holds at
 most `flush_bytes` of Arrow data, across all its tables, before sending the largest buffer, so its
-memory grows neither with the batch nor with the number of tables. It records an intent in the state store before any transaction begins (through the
-target's `record_intent` callback), confirms it after the begin (a writer that began after the
-driver's final abort aborts its own transaction), and returns committables carrying the partition's
-checksum.
+memory grows neither with the batch nor with the number of tables. It records an intent in the
+state store before any transaction begins (through the target's `record_intent` callback),
+confirms it after the begin (a writer that began after the driver's final abort aborts its own
+transaction), and returns committables carrying the partition's checksum.
 """
 from __future__ import annotations
 
