@@ -78,7 +78,9 @@ class DorisOptions:
     * `tables`: tables rows may be routed to; without it any name goes and Doris refuses unknown ones.
     * `format`: "csv" (with the `enclose`/`escape` headers, which Doris added in 2.0 as far as we know:
       use "json" on older servers) or "json" (one object per line, `read_json_by_line`).
-    * `max_filter_ratio`, `strict_mode`: passed through as the Stream Load headers of the same names.
+    * `max_filter_ratio`, `strict_mode`: the Stream Load headers of the same names. Strict mode is on
+      unless turned off: a value its column cannot hold filters the row (and fails the load, as the
+      ratio is 0 unless set) instead of becoming a NULL counted as loaded.
     * `load_timeout_s`: the load's `timeout` header (the server default is 3 days from Doris 1.2).
     * `headers`: more Stream Load headers passed through as they are (`where`, `partitions`, ...).
     * `abort_by_label`: None detects whether the server takes labels on `_stream_load_2pc` (2.1+);
@@ -90,7 +92,7 @@ class DorisOptions:
     tables: tuple[str, ...] | None = None
     format: str = "csv"
     max_filter_ratio: float | None = None
-    strict_mode: bool | None = None
+    strict_mode: bool = True
     load_timeout_s: int | None = None
     headers: tuple[tuple[str, str], ...] = ()
     abort_by_label: bool | None = None
@@ -143,8 +145,7 @@ class DorisOptions:
         headers = fmt.headers() if isinstance(fmt, CsvFormat) else {"format": "json", "read_json_by_line": "true"}
         if self.max_filter_ratio is not None:
             headers["max_filter_ratio"] = repr(float(self.max_filter_ratio))
-        if self.strict_mode is not None:
-            headers["strict_mode"] = "true" if self.strict_mode else "false"
+        headers["strict_mode"] = "true" if self.strict_mode else "false"
         if self.load_timeout_s is not None:
             headers["timeout"] = str(int(self.load_timeout_s))
         headers.update(dict(self.headers))

@@ -50,7 +50,7 @@ _CACHED_ABORTED = "Can not commit ABORTED transaction"
 _MANAGED_HEADERS = frozenset(
     {"label", "db", "table", "format", "columns", "column_separator", "row_delimiter", "enclose", "escape",
      "strip_outer_array", "ignore_json_size", "timeout", "prepared_timeout", "authorization", "expect",
-     "transaction_type"}
+     "transaction_type", "strict_mode"}
 )
 _PROBE_LABEL = "streaming_sink_connectivity_probe"
 DEFAULT_PREPARED_TIMEOUT_S = 86400.0  # FE prepared_transaction_default_timeout_second (docs/protocol.md, StarRocks: timeouts)
@@ -84,6 +84,9 @@ class StarRocksOptions:
     prepared_timeout: int | None = None  # prepare: seconds it may stay PREPARED (StarRocks 3.5.4+)
     publish_timeout: int | None = None  # commit: seconds the FE waits for publish before answering
     load_chunk_bytes: int = DEFAULT_CHUNK_BYTES  # Arrow bytes per load request
+    # A value the column cannot hold filters its row (counted against max_filter_ratio, which is 0 unless
+    # set in properties) instead of becoming NULL and counting as loaded (docs/protocol.md, Common: strict mode)
+    strict_mode: bool = True
     properties: tuple[tuple[str, str], ...] = ()  # extra Stream Load headers, e.g. max_filter_ratio
     connect_timeout: float = 10.0
     read_timeout: float = 300.0
@@ -113,7 +116,7 @@ class StarRocksOptions:
             if clash:
                 raise ConfigurationError(
                     f"StarRocksTarget properties {clash} are set by the sink itself; use the named options "
-                    "(format, column_separator, enclose, escape, timeout, prepared_timeout) instead"
+                    "(format, column_separator, enclose, escape, strict_mode, timeout, prepared_timeout) instead"
                 )
             values["properties"] = tuple(sorted(props.items()))
         parsed = cls(**values)
@@ -147,6 +150,7 @@ class StarRocksOptions:
         else:  # one JSON array per request, as the StarRocks connectors send it
             headers = {"format": "json", "strip_outer_array": "true", "ignore_json_size": "true"}
         headers["columns"] = columns_header(schema)
+        headers["strict_mode"] = "true" if self.strict_mode else "false"
         headers.update(dict(self.properties))
         return headers
 

@@ -434,8 +434,9 @@ def bad_numbers(emu: DorisEmulator) -> pa.Table:
 
 
 def test_filtered_rows_beyond_the_ratio_fail_clearly(emu: DorisEmulator) -> None:
+    """Strict mode is the default (review B1): "x" for an INT filters its row instead of loading as NULL."""
     table = bad_numbers(emu)
-    txn = Writer(emu).begin(make_target(emu, strict_mode=True), "typed")
+    txn = Writer(emu).begin(make_target(emu), "typed")
     with pytest.raises(TargetError) as failure:
         txn.write(table)
     text = str(failure.value)

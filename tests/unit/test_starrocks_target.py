@@ -352,6 +352,22 @@ def test_rows_the_server_filters_fail_the_prepare_with_the_rejected_rows_url(sr)
         writer.prepare()
 
 
+def test_strict_mode_is_on_unless_turned_off_so_a_bad_value_never_loads_as_null(sr) -> None:
+    """Review B1: with the server's default (strict mode off) `"12x"` for an INT column becomes NULL and
+    counts as loaded. The target sends strict_mode=true unless the user turns it off."""
+    def load(target: StarRocksTarget, label: str) -> Writer:
+        writer = Writer(target, label=label)
+        writer.txn.write(pa.table({"id": ["12x", "7"], "name": ["bad", "good"]}))
+        return writer
+
+    with pytest.raises(TargetError, match="too many filtered rows"):
+        load(make_target(sr), "strict").prepare()
+    lenient = make_target(sr, strict_mode=False)
+    committable = load(lenient, "lenient").prepare()
+    assert lenient.commit(committable) is CommitOutcome.COMMITTED
+    assert sorted(sr.visible_rows(DB, TABLE), key=str) == sorted([(None, "bad"), (7, "good")], key=str)
+
+
 def test_filtered_rows_allowed_by_max_filter_ratio_are_counted_and_logged(sr, caplog) -> None:
     target = make_target(sr, properties={"max_filter_ratio": "0.5"})
     writer = Writer(target).write((1, "x" * 40), (2, "fits"))
