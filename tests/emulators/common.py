@@ -19,10 +19,12 @@ import datetime as dt
 import decimal
 import itertools
 import json
+import math
 import os
 import re
 import socket
 import sqlite3
+import struct
 import threading
 import traceback
 import uuid
@@ -179,139 +181,587 @@ GENERIC_KNOBS: dict[str, str] = {
 # Column types and typed conversion
 # --------------------------------------------------------------------------------------------
 
-_INT_RANGES = {
-    "TINYINT": 8, "SMALLINT": 16, "INT": 32, "INTEGER": 32, "BIGINT": 64, "LARGEINT": 128,
+_INT_BITS = {"TINYINT": 8, "SMALLINT": 16, "INT": 32, "BIGINT": 64, "LARGEINT": 128}
+# Spellings both products accept for one type, mapped to the name the emulator reasons with.
+_ALIASES = {
+    "INTEGER": "INT", "BOOL": "BOOLEAN", "TEXT": "STRING", "NUMERIC": "DECIMAL", "DECIMALV3": "DECIMAL",
+    "DECIMALV2": "DECIMAL", "DATEV2": "DATE", "DATETIMEV2": "DATETIME", "JSONB": "JSON", "BINARY": "VARBINARY",
 }
-_STRING_TYPES = {"VARCHAR", "CHAR", "STRING", "TEXT", "JSON"}
-_FLOAT_TYPES = {"FLOAT", "DOUBLE"}
-_TYPE_RE = re.compile(r"^\s*([A-Za-z]+)\s*(?:\(([^)]*)\))?\s*(NOT\s+NULL|NULL)?\s*$", re.I)
+_SCALARS = set(_INT_BITS) | {"BOOLEAN", "FLOAT", "DOUBLE", "DECIMAL", "CHAR", "VARCHAR", "STRING", "DATE", "DATETIME",
+                             "JSON", "VARBINARY"}
+_NESTED = {"ARRAY", "MAP", "STRUCT"}
+_TYPE_TOKEN = re.compile(r"\s*([A-Za-z_][A-Za-z0-9_]*|\(|\)|<|>|,|:|\d+)")
 
 
 @dataclass(frozen=True)
 class ColumnType:
-    """A table column type: base name, optional (length|precision,scale) and nullability."""
+    """A column type: canonical base name, (length | precision, scale | fraction digits), element types, nullability.
+
+    ``declared`` keeps the name as written (e.g. DECIMALV2, DATETIMEV2), which the ``_schema`` endpoints report.
+    ARRAY<T> has one child, MAP<K,V> two, STRUCT<a T, b U> one per field with ``field_names``.
+    """
 
     base: str
     args: tuple[int, ...] = ()
     nullable: bool = True
+    children: tuple["ColumnType", ...] = ()
+    field_names: tuple[str, ...] = ()
+    declared: str = ""
 
     @classmethod
     def parse(cls, text: str) -> "ColumnType":
-        m = _TYPE_RE.match(text)
-        if not m:
+        body = re.sub(r"\s+NOT\s+NULL\s*$|\s+NULL\s*$", "", text.strip(), flags=re.I)
+        nullable = not re.search(r"\bNOT\s+NULL\s*$", text.strip(), flags=re.I)
+        tokens = [t for t in _TYPE_TOKEN.findall(body)]
+        if "".join(tokens).replace(" ", "") != re.sub(r"\s+", "", body):
             raise ValueError(f"unsupported column type {text!r}")
-        base = m.group(1).upper()
-        args = tuple(int(a) for a in m.group(2).split(",")) if m.group(2) else ()
-        nullable = not (m.group(3) and m.group(3).upper().startswith("NOT"))
-        known = set(_INT_RANGES) | _STRING_TYPES | _FLOAT_TYPES | {
-            "BOOLEAN", "BOOL", "DATE", "DATETIME", "DECIMAL", "DECIMALV3", "NUMERIC"}
-        if base not in known:
+        try:
+            ctype, rest = cls._parse_tokens(tokens)
+        except (IndexError, ValueError) as exc:
+            raise ValueError(f"unsupported column type {text!r}: {exc}") from None
+        if rest:
             raise ValueError(f"unsupported column type {text!r}")
-        return cls(base, args, nullable)
+        return ColumnType(ctype.base, ctype.args, nullable, ctype.children, ctype.field_names, ctype.declared)
+
+    @classmethod
+    def _parse_tokens(cls, tokens: list[str]) -> tuple["ColumnType", list[str]]:
+        name, rest = tokens[0].upper(), tokens[1:]
+        base = _ALIASES.get(name, name)
+        if base not in _SCALARS | _NESTED:
+            raise ValueError(f"unknown type {name}")
+        args: list[int] = []
+        if rest and rest[0] == "(":
+            rest = rest[1:]
+            while rest[0] != ")":
+                if rest[0] != ",":
+                    args.append(int(rest[0]))
+                rest = rest[1:]
+            rest = rest[1:]
+        children: list[ColumnType] = []
+        names: list[str] = []
+        if base in _NESTED:
+            if not rest or rest[0] != "<":
+                raise ValueError(f"{base} needs element types")
+            rest = rest[1:]
+            while True:
+                if base == "STRUCT":
+                    names.append(rest[0])
+                    rest = rest[1:]
+                    if rest[0] == ":":
+                        rest = rest[1:]
+                child, rest = cls._parse_tokens(rest)
+                children.append(child)
+                if rest[0] == ",":
+                    rest = rest[1:]
+                    continue
+                if rest[0] != ">":
+                    raise ValueError("expected '>'")
+                rest = rest[1:]
+                break
+            expected = {"ARRAY": 1, "MAP": 2}.get(base)
+            if expected is not None and len(children) != expected:
+                raise ValueError(f"{base} takes {expected} element type(s)")
+        return cls(base, tuple(args), True, tuple(children), tuple(names), name), rest
+
+    @property
+    def length(self) -> Optional[int]:
+        """CHAR/VARCHAR/VARBINARY length in bytes, if declared."""
+        return self.args[0] if self.args and self.base in ("CHAR", "VARCHAR", "VARBINARY") else None
+
+    @property
+    def precision_scale(self) -> tuple[int, int]:
+        """DECIMAL(p[,s]); without arguments DECIMAL(10,0), as in MySQL and both products."""
+        return (self.args[0] if self.args else 10, self.args[1] if len(self.args) > 1 else 0)
+
+    def spelled(self) -> str:
+        """Upper-case spelling with arguments, e.g. DECIMAL(10,2), MAP<VARCHAR(10),INT>."""
+        text = self.base + (f"({','.join(str(a) for a in self.args)})" if self.args else "")
+        if self.base == "STRUCT":
+            text += "<" + ",".join(f"{n} {c.spelled()}" for n, c in zip(self.field_names, self.children)) + ">"
+        elif self.children:
+            text += "<" + ",".join(c.spelled() for c in self.children) + ">"
+        return text
 
 
 class ConversionError(ValueError):
-    """A value that does not convert to its column type."""
-
-
-_DT_FORMATS = ("%Y-%m-%d %H:%M:%S.%f", "%Y-%m-%d %H:%M:%S", "%Y-%m-%dT%H:%M:%S.%f",
-               "%Y-%m-%dT%H:%M:%S", "%Y-%m-%d")
-
-
-def convert_value(value: Any, ctype: ColumnType) -> Any:
-    """Convert a parsed CSV string or JSON value to ``ctype``'s Python type, or raise."""
-    base = ctype.base
-    if base in _INT_RANGES:
-        if isinstance(value, bool):
-            value = int(value)
-        if isinstance(value, float):
-            if not value.is_integer():
-                raise ConversionError(f"{value!r} is not an integer")
-            value = int(value)
-        if isinstance(value, str):
-            text = value.strip()
-            if not re.fullmatch(r"[+-]?\d+", text):
-                raise ConversionError(f"{value!r} is not an integer")
-            value = int(text)
-        if not isinstance(value, int):
-            raise ConversionError(f"{value!r} is not an integer")
-        bits = _INT_RANGES[base]
-        if not -(2 ** (bits - 1)) <= value < 2 ** (bits - 1):
-            raise ConversionError(f"{value} is out of range for {base}")
-        return value
-    if base in _FLOAT_TYPES:
-        if isinstance(value, bool) or not isinstance(value, (int, float, str)):
-            raise ConversionError(f"{value!r} is not a number")
-        try:
-            return float(value)
-        except ValueError as exc:
-            raise ConversionError(f"{value!r} is not a number") from exc
-    if base in ("DECIMAL", "DECIMALV3", "NUMERIC"):
-        if isinstance(value, bool) or not isinstance(value, (int, float, str)):
-            raise ConversionError(f"{value!r} is not a decimal")
-        try:
-            number = decimal.Decimal(str(value).strip())
-        except decimal.InvalidOperation as exc:
-            raise ConversionError(f"{value!r} is not a decimal") from exc
-        if not number.is_finite():
-            raise ConversionError(f"{value!r} is not a decimal")
-        # DECIMAL(p[,s]); without arguments the MySQL default DECIMAL(10,0).
-        precision = ctype.args[0] if ctype.args else 10
-        scale = ctype.args[1] if len(ctype.args) > 1 else 0
-        number = number.quantize(decimal.Decimal(1).scaleb(-scale), rounding=decimal.ROUND_HALF_UP)
-        integer_digits = len(str(abs(int(number)))) if int(number) != 0 else 0
-        if integer_digits > precision - scale:
-            raise ConversionError(f"{value!r} overflows DECIMAL({precision},{scale})")
-        return number
-    if base in ("BOOLEAN", "BOOL"):
-        if isinstance(value, bool):
-            return value
-        if isinstance(value, (int, float)) and value in (0, 1):
-            return bool(value)
-        if isinstance(value, str) and value.strip().lower() in ("true", "false", "1", "0"):
-            return value.strip().lower() in ("true", "1")
-        raise ConversionError(f"{value!r} is not a boolean")
-    if base in ("DATE", "DATETIME"):
-        if not isinstance(value, str):
-            raise ConversionError(f"{value!r} is not a date/datetime")
-        text = value.strip()
-        for fmt in _DT_FORMATS:
-            try:
-                parsed = dt.datetime.strptime(text, fmt)
-            except ValueError:
-                continue
-            return parsed.date() if base == "DATE" else parsed
-        raise ConversionError(f"{value!r} is not a date/datetime")
-    # strings
-    if isinstance(value, str):
-        text = value
-    else:
-        text = json.dumps(value, separators=(",", ":"), ensure_ascii=False)
-    if base in ("VARCHAR", "CHAR") and ctype.args and len(text.encode("utf-8")) > ctype.args[0]:
-        # Over-long strings are filtered whatever strict_mode says (they cannot become NULL
-        # silently). UNCONFIRMED detail; StarRocks/Doris document length errors as row errors.
-        raise _TooLong(f"the length of input {len(text.encode())} exceeds {base}({ctype.args[0]})")
-    return text
+    """A value that does not convert to its column type (strict mode filters the row, else NULL)."""
 
 
 class _TooLong(ConversionError):
-    """A string longer than its column; filtered even when strict_mode is off."""
+    """A string longer than its column; what follows depends on the product (``ConversionRules``)."""
+
+    def __init__(self, message: str, truncated: Any) -> None:
+        super().__init__(message)
+        self.truncated = truncated
 
 
-def encode_cell(value: Any) -> Any:
-    """A typed value as JSON (for persistence and the admin API)."""
+@dataclass(frozen=True)
+class ConversionRules:
+    """The product-dependent parts of value conversion (docs/protocol.md, "Common: strict mode" and
+    "Common: value conversion").
+
+    ``long_string``: what a too-long CHAR/VARCHAR becomes with strict mode off: "null" (StarRocks: a failed
+    conversion), "filter" (Doris before 4.0: a data-quality error whatever strict mode says) or "truncate"
+    (Doris 4.x docs). With strict mode on it is always filtered.
+    ``string_max_bytes``: StarRocks STRING is VARCHAR(65533).
+    ``datetime_default_scale``: fraction digits of a bare DATETIME: StarRocks keeps microseconds (6), Doris
+    DATETIME means DATETIME(0).
+    """
+
+    long_string: str = "null"
+    string_max_bytes: Optional[int] = None
+    datetime_default_scale: int = 6
+
+
+STARROCKS_RULES = ConversionRules(long_string="null", string_max_bytes=65533, datetime_default_scale=6)
+DORIS_RULES = ConversionRules(long_string="filter", datetime_default_scale=0)
+
+_INT_TEXT = re.compile(r"[+-]?\d+")
+_DECIMAL_TEXT = re.compile(r"[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?")
+_FLOAT_TEXT = re.compile(r"[+-]?((\d+\.?\d*|\.\d+)([eE][+-]?\d+)?|inf|infinity|nan)", re.I)
+_DATE_FORMATS = ("%Y-%m-%d", "%Y%m%d", "%Y/%m/%d")
+_DATETIME_RE = re.compile(
+    r"(\d{4})-?(\d{1,2})-?(\d{1,2})(?:[ T](\d{1,2}):(\d{1,2}):(\d{1,2})(?:\.(\d{1,9}))?)?")
+
+
+def _fail(value: Any, what: str) -> ConversionError:
+    return ConversionError(f"{value!r} is not a valid {what}")
+
+
+def _to_int(value: Any, ctype: ColumnType) -> int:
+    """Common: value conversion (integers): decimal digits only; out of range is a failed conversion."""
+    if isinstance(value, bool):
+        value = int(value)
+    elif isinstance(value, float):
+        if not value.is_integer():
+            raise _fail(value, ctype.base)
+        value = int(value)
+    elif isinstance(value, decimal.Decimal):
+        if value != value.to_integral_value():
+            raise _fail(value, ctype.base)
+        value = int(value)
+    elif isinstance(value, str):
+        text = value.strip()
+        if not _INT_TEXT.fullmatch(text):
+            raise _fail(value, ctype.base)
+        value = int(text)
+    if not isinstance(value, int):
+        raise _fail(value, ctype.base)
+    bits = _INT_BITS[ctype.base]
+    if not -(2 ** (bits - 1)) <= value < 2 ** (bits - 1):
+        raise ConversionError(f"{value} is out of range for {ctype.base}")
+    return value
+
+
+def _to_float(value: Any, ctype: ColumnType) -> float:
+    """Common: value conversion (FLOAT/DOUBLE): nan, inf, infinity (any case, signed) are values; a literal that
+    overflows to infinity is a failed conversion. FLOAT keeps float32 precision."""
+    if isinstance(value, bool) or not isinstance(value, (int, float, decimal.Decimal, str)):
+        raise _fail(value, ctype.base)
+    if isinstance(value, str):
+        text = value.strip()
+        if not _FLOAT_TEXT.fullmatch(text):
+            raise _fail(value, ctype.base)
+        number = float(text)
+        spelled_inf = "i" in text.lower()
+    else:
+        try:
+            number = float(value)
+        except OverflowError:
+            raise ConversionError(f"{value!r} overflows {ctype.base}") from None
+        spelled_inf = isinstance(value, float) and math.isinf(value)
+    if ctype.base == "FLOAT" and math.isfinite(number):
+        try:  # round to the nearest float32, as the servers' parsers do; beyond the largest one it overflows
+            number = struct.unpack("<f", struct.pack("<f", number))[0]
+        except OverflowError:
+            number = math.copysign(math.inf, number)
+    if math.isinf(number) and not spelled_inf:
+        raise ConversionError(f"{value!r} overflows {ctype.base}")
+    return number
+
+
+def _to_decimal(value: Any, ctype: ColumnType) -> decimal.Decimal:
+    """Common: value conversion (DECIMAL): extra scale is rounded half up; too many integer digits fail."""
+    if isinstance(value, bool) or not isinstance(value, (int, float, decimal.Decimal, str)):
+        raise _fail(value, "DECIMAL")
+    if isinstance(value, str):
+        text = value.strip()
+        if not _DECIMAL_TEXT.fullmatch(text):
+            raise _fail(value, "DECIMAL")
+        number = decimal.Decimal(text)
+    elif isinstance(value, float):
+        if not math.isfinite(value):
+            raise _fail(value, "DECIMAL")
+        number = decimal.Decimal(repr(value))
+    else:
+        number = decimal.Decimal(value)
+    precision, scale = ctype.precision_scale
+    with decimal.localcontext() as ctx:
+        ctx.prec = 200
+        number = number.quantize(decimal.Decimal(1).scaleb(-scale), rounding=decimal.ROUND_HALF_UP)
+        too_big = abs(number) >= decimal.Decimal(10) ** (precision - scale)  # abs() rounds to the context's digits
+    if too_big:
+        raise ConversionError(f"{value!r} overflows DECIMAL({precision},{scale})")
+    return number
+
+
+def _to_bool(value: Any) -> bool:
+    """Common: value conversion (BOOLEAN): true/false in any case, or 1/0."""
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and value in (0, 1):
+        return bool(value)
+    if isinstance(value, str) and value.strip().lower() in ("true", "false", "1", "0"):
+        return value.strip().lower() in ("true", "1")
+    raise _fail(value, "BOOLEAN")
+
+
+def _round_fraction(moment: dt.datetime, scale: int) -> dt.datetime:
+    """Keep ``scale`` fraction digits, rounding half up (Doris DATETIME(p); rounding is UNCONFIRMED)."""
+    if scale >= 6:
+        return moment
+    unit = 10 ** (6 - scale)
+    micros = (moment.microsecond + unit // 2) // unit * unit
+    return moment.replace(microsecond=0) + dt.timedelta(microseconds=micros)
+
+
+def _to_datetime(value: Any, ctype: ColumnType, rules: ConversionRules) -> Any:
+    """Common: value conversion (DATE, DATETIME): yyyy-MM-dd or yyyyMMdd, optionally ' HH:mm:ss[.f]' or 'T...';
+    0001-01-01..9999-12-31 (year 0 exists on the servers but not in Python: refused here)."""
+    if isinstance(value, dt.datetime):
+        moment = value.astimezone(dt.timezone.utc).replace(tzinfo=None) if value.tzinfo else value
+    elif isinstance(value, dt.date):
+        moment = dt.datetime(value.year, value.month, value.day)
+    elif isinstance(value, str):
+        match = _DATETIME_RE.fullmatch(value.strip())
+        if not match:
+            raise _fail(value, ctype.base)
+        year, month, day, hour, minute, second, fraction = match.groups()
+        try:
+            moment = dt.datetime(int(year), int(month), int(day), int(hour or 0), int(minute or 0),
+                                 int(second or 0), int((fraction or "0")[:6].ljust(6, "0")))
+        except ValueError:
+            raise _fail(value, ctype.base) from None
+        if fraction and len(fraction) > 6 and int(fraction[6]) >= 5:
+            moment += dt.timedelta(microseconds=1)
+    else:
+        raise _fail(value, ctype.base)
+    if ctype.base == "DATE":
+        return moment.date()
+    scale = ctype.args[0] if ctype.args else rules.datetime_default_scale
+    try:
+        return _round_fraction(moment, scale)
+    except OverflowError:
+        raise _fail(value, ctype.base) from None
+
+
+def _to_string(value: Any, ctype: ColumnType, rules: ConversionRules) -> str:
+    """Common: value conversion (CHAR, VARCHAR, STRING): lengths count UTF-8 bytes; JSON values that are not
+    strings keep their JSON text."""
+    if isinstance(value, str):
+        text = value
+    elif isinstance(value, bytes):
+        text = value.decode("utf-8", errors="replace")
+    elif isinstance(value, (dt.date, decimal.Decimal)):
+        text = str(value)
+    else:
+        text = json.dumps(value, separators=(",", ":"), ensure_ascii=False)
+    limit = ctype.length if ctype.base != "STRING" else rules.string_max_bytes
+    encoded = text.encode("utf-8")
+    if limit is not None and len(encoded) > limit:
+        truncated = encoded[:limit].decode("utf-8", errors="ignore")
+        raise _TooLong(f"the length of input {len(encoded)} exceeds {ctype.spelled()}", truncated)
+    return text
+
+
+def _no_constants(token: str) -> Any:
+    raise ValueError(f"{token} is not JSON")
+
+
+def parse_json_text(text: str) -> Any:
+    """Strict JSON: NaN and Infinity are not JSON (the servers' parsers refuse them)."""
+    return json.loads(text, parse_constant=_no_constants)
+
+
+def _parse_complex_text(text: str) -> Any:
+    """The text form of ARRAY, MAP and STRUCT values in CSV loads: ``[1,2]``, ``{"k":1}``, ``{k:1}``.
+
+    Strings may be quoted with " or '; unquoted tokens are kept as text (``null`` is NULL) and converted by the
+    element type. Maps and structs come back as lists of (key, value) pairs, in text order.
+    """
+    pos = 0
+
+    def skip() -> None:
+        nonlocal pos
+        while pos < len(text) and text[pos].isspace():
+            pos += 1
+
+    def token() -> Any:
+        nonlocal pos
+        skip()
+        if pos >= len(text):
+            raise ValueError("unexpected end")
+        ch = text[pos]
+        if ch == "[":
+            pos += 1
+            items: list[Any] = []
+            skip()
+            if text.startswith("]", pos):
+                pos += 1
+                return items
+            while True:
+                items.append(token())
+                skip()
+                if text.startswith(",", pos):
+                    pos += 1
+                    continue
+                if text.startswith("]", pos):
+                    pos += 1
+                    return items
+                raise ValueError("expected , or ]")
+        if ch == "{":
+            pos += 1
+            pairs: list[tuple[Any, Any]] = []
+            skip()
+            if text.startswith("}", pos):
+                pos += 1
+                return _Pairs(pairs)
+            while True:
+                key = token()
+                skip()
+                if not text.startswith(":", pos):
+                    raise ValueError("expected :")
+                pos += 1
+                pairs.append((key, token()))
+                skip()
+                if text.startswith(",", pos):
+                    pos += 1
+                    continue
+                if text.startswith("}", pos):
+                    pos += 1
+                    return _Pairs(pairs)
+                raise ValueError("expected , or }")
+        if ch in "\"'":
+            end = pos + 1
+            out: list[str] = []
+            while end < len(text) and text[end] != ch:
+                if text[end] == "\\" and end + 1 < len(text):
+                    end += 1
+                out.append(text[end])
+                end += 1
+            if end >= len(text):
+                raise ValueError("unterminated string")
+            pos = end + 1
+            return _Quoted("".join(out))
+        end = pos
+        while end < len(text) and text[end] not in ",:]}":
+            end += 1
+        raw = text[pos:end].strip()
+        pos = end
+        return None if raw.lower() == "null" else raw
+
+    value = token()
+    skip()
+    if pos != len(text):
+        raise ValueError("trailing text")
+    return value
+
+
+class _Quoted(str):
+    """A quoted string inside a complex-type literal (so ``"null"`` stays text)."""
+
+
+class _Pairs(list):  # type: ignore[type-arg]
+    """Key/value pairs of a ``{...}`` literal, in order."""
+
+
+def _to_nested(value: Any, ctype: ColumnType, rules: ConversionRules) -> Any:
+    """Common: value conversion (ARRAY, MAP, STRUCT): any element that fails fails the whole value."""
+    if isinstance(value, str) and not isinstance(value, _Quoted):
+        try:
+            value = _parse_complex_text(value)
+        except ValueError as exc:
+            raise ConversionError(f"{value!r} is not a valid {ctype.spelled()}: {exc}") from None
+    if ctype.base == "ARRAY":
+        if not isinstance(value, (list, tuple)) or isinstance(value, _Pairs):
+            raise _fail(value, ctype.spelled())
+        return [_element(v, ctype.children[0], rules) for v in value]
+    if isinstance(value, dict):
+        pairs = list(value.items())
+    elif isinstance(value, _Pairs) or (isinstance(value, list) and all(
+            isinstance(p, tuple) and len(p) == 2 for p in value)):
+        pairs = list(value)  # pyarrow gives MAP values as (key, value) tuples
+    else:
+        raise _fail(value, ctype.spelled())
+    if ctype.base == "MAP":
+        out: dict[Any, Any] = {}
+        for key, item in pairs:
+            converted = _element(key, ctype.children[0], rules)
+            if converted is None:
+                raise ConversionError(f"NULL map key in {value!r}")
+            out[_hashable(converted)] = _element(item, ctype.children[1], rules)
+        return out
+    given = {str(k).lower(): v for k, v in pairs}
+    if set(given) - {n.lower() for n in ctype.field_names}:
+        raise ConversionError(f"unknown STRUCT field in {value!r}")
+    return {name: _element(given.get(name.lower()), child, rules)
+            for name, child in zip(ctype.field_names, ctype.children)}
+
+
+def _hashable(value: Any) -> Any:
+    return tuple(value) if isinstance(value, list) else value
+
+
+def _element(value: Any, ctype: ColumnType, rules: ConversionRules) -> Any:
+    if value is None:
+        return None
+    try:
+        return convert_value(value, ctype, rules)
+    except _TooLong:
+        raise ConversionError(f"{value!r} is too long for {ctype.spelled()}") from None
+
+
+def convert_value(value: Any, ctype: ColumnType, rules: ConversionRules = STARROCKS_RULES) -> Any:
+    """Convert one CSV field (str), JSON value or Arrow value to ``ctype``'s Python type, or raise.
+
+    The rules are docs/protocol.md, "Common: value conversion"; ``_TooLong`` carries the truncated value for the
+    products that truncate.
+    """
+    base = ctype.base
+    if base in _INT_BITS:
+        return _to_int(value, ctype)
+    if base in ("FLOAT", "DOUBLE"):
+        return _to_float(value, ctype)
+    if base == "DECIMAL":
+        return _to_decimal(value, ctype)
+    if base == "BOOLEAN":
+        return _to_bool(value)
+    if base in ("DATE", "DATETIME"):
+        return _to_datetime(value, ctype, rules)
+    if base in _NESTED:
+        return _to_nested(value, ctype, rules)
+    if base == "JSON":
+        if isinstance(value, str) and not isinstance(value, _Quoted):
+            try:
+                return parse_json_text(value)
+            except ValueError:
+                raise _fail(value, "JSON") from None
+        if isinstance(value, (dict, list, str, int, float, bool)) and not (
+                isinstance(value, float) and not math.isfinite(value)):
+            return value
+        raise _fail(value, "JSON")
+    if base == "VARBINARY":
+        data = value if isinstance(value, bytes) else str(value).encode("utf-8") if isinstance(value, str) else None
+        if data is None:
+            raise _fail(value, base)
+        if ctype.length is not None and len(data) > ctype.length:
+            raise _TooLong(f"the length of input {len(data)} exceeds {ctype.spelled()}", data[:ctype.length])
+        return data
+    return _to_string(value, ctype, rules)
+
+
+def schema_properties(schema: "TableSchema", product: str, **extra: str) -> list[dict[str, str]]:
+    """The ``properties`` of a ``_schema`` answer: name, type, comment, decimals' precision and scale
+    (docs/protocol.md, "Common: table schema endpoint"); ``extra`` adds the product's own fields."""
+    props = []
+    for name, ctype in schema.columns:
+        prop: dict[str, str] = {}
+        if ctype.base == "DECIMAL":
+            precision, scale = ctype.precision_scale
+            prop.update(precision=str(precision), scale=str(scale))
+        prop.update(type=schema_type_name(ctype, product), comment="", name=name, **extra)
+        props.append(prop)
+    return props
+
+
+def schema_type_name(ctype: ColumnType, product: str) -> str:
+    """The ``type`` the FE ``_schema`` endpoint reports: the primitive type's name, without lengths or element
+    types (docs/protocol.md, "Common: table schema endpoint")."""
+    base, declared = ctype.base, ctype.declared
+    if base == "DECIMAL":
+        if declared == "DECIMALV2":
+            return "DECIMALV2"
+        precision = ctype.precision_scale[0]
+        return ("DECIMAL32" if precision <= 9 else "DECIMAL64" if precision <= 18
+                else "DECIMAL128" if precision <= 38 else "DECIMAL256")
+    if product == "starrocks":
+        if base in _NESTED:
+            return "INVALID_TYPE"  # complex types have no primitive type (inference, UNCONFIRMED)
+        return "VARCHAR" if base == "STRING" else base
+    if base == "DATE":
+        return "DATEV2"
+    if base == "DATETIME":
+        return "DATETIMEV2"
+    return base
+
+
+def to_storage(value: Any, ctype: ColumnType) -> Any:
+    """A typed value as plain JSON (persistence and the admin API); ``from_storage`` reverses it exactly."""
+    if value is None:
+        return None
+    base = ctype.base
+    if base in ("DATE", "DATETIME"):
+        return value.isoformat(sep=" ") if isinstance(value, dt.datetime) else value.isoformat()
+    if base == "DECIMAL":
+        return str(value)
+    if base in ("FLOAT", "DOUBLE"):
+        return value if math.isfinite(value) else repr(value)
+    if base == "VARBINARY":
+        return base64.b64encode(value).decode("ascii")
+    if base == "JSON":
+        return json.dumps(value, ensure_ascii=False)
+    if base == "ARRAY":
+        return [to_storage(v, ctype.children[0]) for v in value]
+    if base == "MAP":
+        return [[to_storage(list(k) if isinstance(k, tuple) else k, ctype.children[0]),
+                 to_storage(v, ctype.children[1])] for k, v in value.items()]
+    if base == "STRUCT":
+        return {n: to_storage(value.get(n), c) for n, c in zip(ctype.field_names, ctype.children)}
+    return value
+
+
+def from_storage(value: Any, ctype: ColumnType) -> Any:
+    """Inverse of ``to_storage``."""
+    if value is None:
+        return None
+    base = ctype.base
+    if base == "DATE":
+        return dt.date.fromisoformat(value)
+    if base == "DATETIME":
+        return dt.datetime.fromisoformat(value)
+    if base == "DECIMAL":
+        return decimal.Decimal(value)
+    if base in ("FLOAT", "DOUBLE"):
+        return float(value)
+    if base == "VARBINARY":
+        return base64.b64decode(value)
+    if base == "JSON":
+        return json.loads(value)
+    if base == "ARRAY":
+        return [from_storage(v, ctype.children[0]) for v in value]
+    if base == "MAP":
+        return {_hashable(from_storage(k, ctype.children[0])): from_storage(v, ctype.children[1]) for k, v in value}
+    if base == "STRUCT":
+        return {n: from_storage(value.get(n), c) for n, c in zip(ctype.field_names, ctype.children)}
+    return value
+
+
+def encode_cell(value: Any, ctype: Optional[ColumnType] = None) -> Any:
+    """A typed value as JSON; without its type, a best effort (kept for older callers)."""
+    if ctype is not None:
+        return to_storage(value, ctype)
     if isinstance(value, (dt.datetime, dt.date)):
         return value.isoformat(sep=" ") if isinstance(value, dt.datetime) else value.isoformat()
     if isinstance(value, decimal.Decimal):
         return str(value)
+    if isinstance(value, bytes):
+        return base64.b64encode(value).decode("ascii")
     return value
 
 
 def decode_cell(value: Any, ctype: ColumnType) -> Any:
-    """Inverse of ``encode_cell`` for a value known to have converted once."""
-    if value is None:
-        return None
-    return convert_value(value, ctype)
+    """Inverse of ``encode_cell`` with a type."""
+    return from_storage(value, ctype)
 
 
 # --------------------------------------------------------------------------------------------
@@ -352,14 +802,15 @@ class LoadFormat:
     strict_mode: bool = False
 
     @classmethod
-    def from_headers(cls, headers: Any) -> "LoadFormat":
+    def from_headers(cls, headers: Any, formats: tuple[str, ...] = ("csv", "json")) -> "LoadFormat":
+        """``formats``: what the emulated product and version accept (Doris 2.1+ adds arrow)."""
         def get(name: str) -> Optional[str]:
             value = headers.get(name)
             return value if value is None else str(value)
 
         fmt = (get("format") or "csv").strip().lower()
-        if fmt not in ("csv", "json"):
-            # Compressed CSV variants exist on the servers; the emulator does not decompress.
+        if fmt not in formats:
+            # Compressed CSV, parquet and orc exist on the servers; the emulator does not read them.
             raise LoadError(f"unknown data format: {fmt}")
         for unsupported in ("jsonpaths", "json_root", "where", "partial_update"):
             if get(unsupported):
@@ -394,6 +845,7 @@ class LoadFormat:
                 out.max_filter_ratio = float(get("max_filter_ratio") or 0)
             except ValueError as exc:
                 raise LoadError("max_filter_ratio must be a number") from exc
+        # Common: strict mode: off unless the header says "true" (both products document false as the default).
         out.strict_mode = _truthy(get("strict_mode"))
         return out
 
@@ -511,7 +963,7 @@ def split_csv(text: str, fmt: LoadFormat) -> list[list[Optional[str]]]:
 
 def _iter_json_values(text: str) -> Iterator[Any]:
     """Concatenated / newline-separated JSON documents, one after another."""
-    decoder = json.JSONDecoder()
+    decoder = json.JSONDecoder(parse_constant=_no_constants)
     i, n = 0, len(text)
     while True:
         while i < n and text[i].isspace():
@@ -525,36 +977,39 @@ def _iter_json_values(text: str) -> Iterator[Any]:
 class TableSchema:
     """A table's columns, with name lookup that ignores case like the servers do."""
 
-    def __init__(self, columns: list[tuple[str, str]]) -> None:
+    def __init__(self, columns: list[tuple[str, str]], rules: ConversionRules = STARROCKS_RULES) -> None:
         self.columns = [(name, ColumnType.parse(ctype)) for name, ctype in columns]
         self.raw = [(name, ctype) for name, ctype in columns]
+        self.rules = rules
         self._index = {name.lower(): i for i, (name, _) in enumerate(self.columns)}
 
     def index(self, name: str) -> Optional[int]:
         return self._index.get(name.lower())
 
     def convert_row(self, values: dict[int, Any], strict: bool) -> list[Any]:
-        """Typed row from {column index: raw value}; raises ConversionError if filtered.
+        """Typed row from {column index: raw value}; raises ConversionError if the row is filtered.
 
-        Non-strict mode turns a failed conversion into NULL; strict mode filters the row; a NULL
-        in a NOT NULL column is always filtered (STREAM_LOAD docs, strict_mode).
+        docs/protocol.md, "Common: strict mode": with strict mode off a failed conversion becomes NULL, with it on
+        the row is filtered; a NULL (given or produced) in a NOT NULL column is always filtered. Too-long strings
+        follow ``ConversionRules.long_string`` when strict mode is off.
         """
         out: list[Any] = []
         for i, (name, ctype) in enumerate(self.columns):
             raw = values.get(i)
-            if raw is None:
-                value = None
-            else:
+            value = None
+            if raw is not None:
                 try:
-                    value = convert_value(raw, ctype)
-                except _TooLong:
-                    raise
+                    value = convert_value(raw, ctype, self.rules)
+                except _TooLong as exc:
+                    if strict or self.rules.long_string == "filter":
+                        raise ConversionError(f"column {name}: {exc}") from exc
+                    value = exc.truncated if self.rules.long_string == "truncate" else None
                 except ConversionError as exc:
                     if strict:
                         raise ConversionError(f"column {name}: {exc}") from exc
-                    value = None
             if value is None and not ctype.nullable:
-                raise ConversionError(f"NULL value in non-nullable column '{name}'")
+                reason = "NULL value" if raw is None else f"value {raw!r} that did not convert"
+                raise ConversionError(f"{reason} in non-nullable column '{name}'")
             out.append(value)
         return out
 
@@ -571,12 +1026,48 @@ class TableSchema:
         return out
 
 
+def _arrow_rows(body: bytes) -> list[dict[str, Any]]:
+    """Rows of an Arrow IPC stream (docs/protocol.md, "Doris: Arrow and Parquet loads"), as {field name: value}."""
+    if not body:
+        return []  # an empty body is an empty load (the Flink connector's probes send none)
+    import pyarrow as pa  # lazily: only arrow loads need it
+
+    import pyarrow.compute as pc
+
+    try:
+        table = pa.ipc.open_stream(pa.BufferReader(body)).read_all()
+    except (pa.ArrowInvalid, OSError) as exc:
+        raise LoadError(f"failed to read the arrow stream: {exc}") from None
+    # A zoned timestamp becomes the DATETIME of its wall time in the BE's fixed zone +08:00, not in
+    # the zone it names nor the load's `timezone` (docs/protocol.md, "Doris: Arrow and Parquet loads").
+    for index, column in enumerate(table.schema):
+        if pa.types.is_timestamp(column.type) and column.type.tz is not None:
+            wall = pc.local_timestamp(table.column(index).cast(pa.timestamp(column.type.unit, "+08:00")))
+            table = table.set_column(index, column.name, wall)
+    return table.to_pylist()
+
+
+def _map_by_name(obj: dict[str, Any], schema: TableSchema, wanted: list[int]) -> dict[int, Any]:
+    lowered = {str(k).lower(): v for k, v in obj.items()}
+    return {i: lowered.get(schema.columns[i][0].lower()) for i in wanted}
+
+
 def parse_payload(body: bytes, fmt: LoadFormat, schema: TableSchema,
                   skip_header: bool = True) -> ParseResult:
     """Parse one load body into typed rows, counting filtered rows instead of failing."""
     result = ParseResult()
-    text = body.decode("utf-8", errors="replace")
     mapping = schema.mapping(fmt)
+    wanted = mapping if fmt.columns is not None else list(range(len(schema.columns)))
+    if fmt.format == "arrow":  # columns by field name, values by the same rules as JSON values
+        for obj in _arrow_rows(body):
+            result.total += 1
+            try:
+                result.rows.append(schema.convert_row(_map_by_name(obj, schema, wanted), fmt.strict_mode))
+            except ConversionError as exc:
+                result.filtered += 1
+                result.errors.append(f"{exc}. Row: {obj!r}"[:400])
+        return result
+    text = body.decode("utf-8", errors="replace")
     if fmt.format == "csv":
         records = split_csv(text, fmt)
         if skip_header and fmt.skip_header:
@@ -595,10 +1086,10 @@ def parse_payload(body: bytes, fmt: LoadFormat, schema: TableSchema,
                 result.filtered += 1
                 result.errors.append(f"{exc}. Row: {record!r}")
         return result
-    # json: objects mapped to columns by name (no jsonpaths)
+    # json: objects mapped to columns by name (no jsonpaths); NaN/Infinity tokens are not JSON
     try:
         documents = list(_iter_json_values(text))
-    except json.JSONDecodeError as exc:
+    except ValueError as exc:
         result.total += 1
         result.filtered += 1
         result.errors.append(f"invalid JSON: {exc}")
@@ -614,17 +1105,14 @@ def parse_payload(body: bytes, fmt: LoadFormat, schema: TableSchema,
             objects.extend(doc)
         else:
             objects.append(doc)
-    wanted = mapping if fmt.columns is not None else list(range(len(schema.columns)))
     for obj in objects:
         result.total += 1
         if not isinstance(obj, dict):
             result.filtered += 1
             result.errors.append(f"JSON value is not an object: {obj!r}")
             continue
-        lowered = {str(k).lower(): v for k, v in obj.items()}
-        values = {i: lowered.get(schema.columns[i][0].lower()) for i in wanted}
         try:
-            result.rows.append(schema.convert_row(values, fmt.strict_mode))
+            result.rows.append(schema.convert_row(_map_by_name(obj, schema, wanted), fmt.strict_mode))
         except ConversionError as exc:
             result.filtered += 1
             result.errors.append(f"{exc}. Row: {json.dumps(obj)[:200]}")
@@ -693,9 +1181,10 @@ class Store:
     Callers hold the emulator lock.
     """
 
-    def __init__(self, path: str, clock: Clock) -> None:
+    def __init__(self, path: str, clock: Clock, rules: ConversionRules = STARROCKS_RULES) -> None:
         self.path = path
         self.clock = clock
+        self.rules = rules
         os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
         self._conn = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
         self._conn.execute("PRAGMA journal_mode=WAL")
@@ -735,13 +1224,13 @@ class Store:
         self.next_visible_seq = int(meta.get("next_visible_seq", self.next_visible_seq))
         self.dbs = {name: int(i) for name, i in self._conn.execute("SELECT name, id FROM dbs")}
         for db, name, columns in self._conn.execute("SELECT db, name, columns FROM tables"):
-            self.tables[(db, name)] = TableSchema([tuple(c) for c in json.loads(columns)])
+            self.tables[(db, name)] = TableSchema([tuple(c) for c in json.loads(columns)], self.rules)
         rows = dict(self._conn.execute("SELECT txn_id, rows FROM txn_rows"))
         for txn_id, blob in self._conn.execute("SELECT txn_id, meta FROM txns ORDER BY txn_id"):
             txn = Txn(**json.loads(blob))
             schema = self.tables.get((txn.db, txn.table))
             if txn_id in rows and schema is not None:
-                txn.rows = [[decode_cell(v, ctype) for v, (_, ctype) in zip(row, schema.columns)]
+                txn.rows = [[from_storage(v, ctype) for v, (_, ctype) in zip(row, schema.columns)]
                             for row in json.loads(rows[txn_id])]
             self._index(txn)
         for db, ids in self._finished.items():  # finish order, not txn-id order
@@ -780,8 +1269,10 @@ class Store:
             self._conn.execute("BEGIN")
             self._conn.execute("INSERT OR REPLACE INTO txns VALUES (?, ?)", (txn.txn_id, meta))
             if with_rows:
+                schema = self.tables.get((txn.db, txn.table))
+                types = [c for _, c in schema.columns] if schema is not None else []
                 self._conn.execute("INSERT OR REPLACE INTO txn_rows VALUES (?, ?)", (
-                    txn.txn_id, json.dumps([[encode_cell(v) for v in r] for r in txn.rows])))
+                    txn.txn_id, json.dumps([[encode_cell(v, c) for v, c in zip(r, types)] for r in txn.rows])))
             elif txn.state == ABORTED and txn.rows:
                 txn.rows = []
                 self._conn.execute("DELETE FROM txn_rows WHERE txn_id = ?", (txn.txn_id,))
@@ -810,7 +1301,7 @@ class Store:
     def create_table(self, db: str, table: str, columns: list[tuple[str, str]]) -> None:
         if db not in self.dbs:
             raise KeyError(f"unknown database {db!r}")
-        schema = TableSchema(list(columns))
+        schema = TableSchema(list(columns), self.rules)
         self.tables[(db, table)] = schema
         with self._conn:
             self._conn.execute("INSERT OR REPLACE INTO tables VALUES (?, ?, ?)",
@@ -1069,6 +1560,7 @@ class BaseEmulator:
     """
 
     PRODUCT = "base"
+    RULES: ConversionRules = STARROCKS_RULES
     EXPIRING_STATES: frozenset[str] = frozenset()
     EXTRA_KNOBS: dict[str, str] = {}
 
@@ -1079,7 +1571,7 @@ class BaseEmulator:
         self.clock = Clock()
         self.faults = Faults({**GENERIC_KNOBS, **self.EXTRA_KNOBS})
         self.lock = threading.RLock()
-        self.store = Store(os.path.join(self.data_dir, f"{self.PRODUCT}.sqlite3"), self.clock)
+        self.store = Store(os.path.join(self.data_dir, f"{self.PRODUCT}.sqlite3"), self.clock, self.conversion_rules())
         self.clock.on_change(lambda _now: self._persist_clock())
         self._fe: Optional[_Server] = None
         self._be: Optional[_Server] = None
@@ -1131,7 +1623,7 @@ class BaseEmulator:
         self.stop()
         with self.lock:
             self.store.close()
-            self.store = Store(self.store.path, self.clock)
+            self.store = Store(self.store.path, self.clock, self.conversion_rules())
             self._reset_memory()
         self.start()
 
@@ -1180,10 +1672,23 @@ class BaseEmulator:
                 self.store.create_database(db)
             self.store.create_table(db, table, columns)
 
+    def conversion_rules(self) -> ConversionRules:
+        """The product's value-conversion rules (docs/protocol.md, "Common: value conversion")."""
+        return self.RULES
+
     def visible_rows(self, db: str, table: str) -> list[tuple[Any, ...]]:
+        """Visible rows in commit order, values typed (int, Decimal, float, str, bytes, date, datetime, list,
+        dict; JSON columns hold the parsed JSON value; NULL is None)."""
         with self.lock:
             self._tick_locked()
             return self.store.visible_rows(db, table)
+
+    def visible_dicts(self, db: str, table: str) -> list[dict[str, Any]]:
+        """``visible_rows`` keyed by column name, for tests that read wide tables."""
+        with self.lock:
+            schema = self.store.schema(db, table)
+            names = [name for name, _ in schema.columns] if schema is not None else []
+        return [dict(zip(names, row)) for row in self.visible_rows(db, table)]
 
     def transactions(self, db: Optional[str] = None) -> list[dict[str, Any]]:
         with self.lock:
@@ -1393,7 +1898,9 @@ class BaseEmulator:
             return Response.json({"error": "body must be JSON"}, status=400)
         if parts == ["rows"] and req.method == "GET":
             rows = self.visible_rows(req.query["db"], req.query["table"])
-            return Response.json({"rows": [[encode_cell(v) for v in r] for r in rows]})
+            schema = self.store.schema(req.query["db"], req.query["table"])
+            types = [c for _, c in schema.columns] if schema is not None else []
+            return Response.json({"rows": [[to_storage(v, c) for v, c in zip(r, types)] for r in rows]})
         if parts == ["transactions"] and req.method == "GET":
             return Response.json({"transactions": self.transactions(req.query.get("db"))})
         if parts == ["clock"] and req.method == "GET":
@@ -1515,8 +2022,8 @@ def profile_fields(cls: type, overrides: dict[str, Any]) -> Any:
 
 __all__ = [
     "ABORTED", "COMMITTED", "VISIBLE", "FINAL_STATES", "TIMEOUT_REASON", "BaseEmulator", "Call",
-    "Clock", "ColumnType", "ConversionError", "Exchange", "Faults", "Knob", "LoadError",
-    "LoadFormat",
+    "Clock", "ColumnType", "ConversionError", "ConversionRules", "DORIS_RULES", "Exchange", "Faults", "Knob",
+    "LoadError", "LoadFormat", "STARROCKS_RULES", "from_storage", "to_storage", "parse_json_text", "schema_type_name",
     "ParseResult", "Request", "Response", "Store", "TableSchema", "Txn",
     "convert_value", "parse_payload", "profile_fields", "redirect", "run_main", "send",
     "split_csv",

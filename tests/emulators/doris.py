@@ -16,8 +16,8 @@ from dataclasses import dataclass
 from typing import Any, Optional
 
 from tests.emulators.common import (
-    ABORTED, COMMITTED, VISIBLE, BaseEmulator, Call, LoadError, LoadFormat, Request, Response,
-    Txn, parse_payload, profile_fields, redirect, run_main, version_tuple,
+    ABORTED, COMMITTED, DORIS_RULES, VISIBLE, BaseEmulator, Call, ConversionRules, LoadError, LoadFormat, Request,
+    Response, Txn, parse_payload, profile_fields, redirect, run_main, schema_properties, version_tuple,
 )
 
 PREPARE, PRECOMMITTED = "PREPARE", "PRECOMMITTED"
@@ -89,6 +89,17 @@ class DorisProfile:
         return version_tuple(self.version)
 
     @property
+    def load_formats(self) -> tuple[str, ...]:
+        """Stream Load formats the emulator reads: arrow from 2.1.0 (docs/protocol.md, "Doris: Arrow and Parquet
+        loads"; doris PR #26709, #28098)."""
+        return ("csv", "json", "arrow") if self.v >= (2, 1) else ("csv", "json")
+
+    @property
+    def schema_nullability(self) -> bool:
+        """``is_nullable``/``is_key`` in ``_schema`` answers: newest source only; 4.0 assumed (UNCONFIRMED)."""
+        return self.v >= (4, 0)
+
+    @property
     def label_2pc(self) -> bool:
         """2PC by label needs the newer BE handler: '2.1+' (doris-flink PR #362; UNCONFIRMED)."""
         return self.v >= (2, 1)
@@ -108,6 +119,7 @@ class DorisEmulator(BaseEmulator):
     """Doris FE (``fe_url``) and BE (``be_url``) emulator; see the module doc."""
 
     PRODUCT = "doris"
+    RULES = DORIS_RULES
     EXPIRING_STATES = frozenset({PREPARE, PRECOMMITTED})
     EXTRA_KNOBS = KNOBS
 
@@ -115,6 +127,13 @@ class DorisEmulator(BaseEmulator):
                  **profile: Any) -> None:
         self.profile: DorisProfile = profile_fields(DorisProfile, profile)
         super().__init__(str(data_dir), user, password)
+
+    def conversion_rules(self) -> ConversionRules:
+        """docs/protocol.md, "Common: strict mode": too-long strings are filtered before 4.0; the 4.x documentation
+        truncates them when strict mode is off (first release UNCONFIRMED, 4.0 assumed)."""
+        if self.profile.v >= (4, 0):
+            return ConversionRules(long_string="truncate", datetime_default_scale=0)
+        return DORIS_RULES
 
     def _tick_extra(self, now: float) -> None:
         """Label eviction by count, per database (``label_num_threshold``, see the profile)."""
@@ -148,6 +167,8 @@ class DorisEmulator(BaseEmulator):
             return Call(op, role, label, s[1])
         if len(s) == 3 and s[0] == "api" and s[2] == "get_load_state":
             return Call("get_load_state", role, req.query.get("label"), s[1])
+        if len(s) == 4 and s[0] == "api" and s[3] == "_schema":
+            return Call("schema", role, None, s[1])
         return Call("other", role)
 
     def route(self, role: str, req: Request, call: Call) -> Response:
@@ -159,6 +180,8 @@ class DorisEmulator(BaseEmulator):
             return self._fe_2pc(req) if role == "fe" else self._be_2pc(req, call)
         if call.op == "get_load_state" and req.method == "GET" and role == "fe":
             return self._fe_get_load_state(req)
+        if call.op == "schema" and req.method == "GET" and role == "fe":
+            return self._fe_schema(req)
         return Response.text("Not Found", 404)
 
     # -- shapes ------------------------------------------------------------------------------
@@ -250,6 +273,25 @@ class DorisEmulator(BaseEmulator):
         return Response.json({"msg": "success", "code": 0, "data": state, "count": 0},
                              indent=None)
 
+    def _fe_schema(self, req: Request) -> Response:
+        """``GET /api/{db}/{table}/_schema`` (docs/protocol.md, "Common: table schema endpoint"; D-TSA): httpv2 envelope,
+        HTTP 200 even for an unknown table (code 1, the reason in ``data``)."""
+        if not self.credentials_ok(req):
+            return self._unauthorized()
+        db, table = req.segments[1], req.segments[2]
+        with self.lock:
+            schema = self.store.schema(db, table)
+            if db not in self.store.dbs or schema is None:
+                reason = (f"database not found, dbName={db}" if db not in self.store.dbs
+                          else f"table not found, tableName={table}")
+                return Response.json({"msg": "Error", "code": 1, "data": reason, "count": 0}, indent=None)
+            props = schema_properties(schema, self.PRODUCT, aggregation_type="")
+            if self.profile.schema_nullability:
+                for prop, (_, ctype) in zip(props, schema.columns):
+                    prop.update(is_nullable="Yes" if ctype.nullable else "No", is_key="No")
+        data: dict[str, Any] = {"keysType": "DUP_KEYS", "properties": props, "status": 200}
+        return Response.json({"msg": "success", "code": 0, "data": data, "count": 0}, indent=None)
+
     # -- BE: stream load ---------------------------------------------------------------------
 
     def _be_stream_load(self, req: Request, call: Call) -> Response:
@@ -262,7 +304,7 @@ class DorisEmulator(BaseEmulator):
             return self._load_json(label, two_pc, "Fail",
                                    p.be_message("INTERNAL_ERROR", "no valid Basic authorization"))
         try:
-            fmt = LoadFormat.from_headers(req.headers)
+            fmt = LoadFormat.from_headers(req.headers, p.load_formats)
         except LoadError as exc:
             return self._load_json(label, two_pc, "Fail", p.be_message("INTERNAL_ERROR", str(exc)))
         timeout_header = req.header("timeout")

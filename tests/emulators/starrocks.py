@@ -23,8 +23,8 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
 from tests.emulators.common import (
-    ABORTED, COMMITTED, VISIBLE, BaseEmulator, Call, LoadError, LoadFormat, ParseResult,
-    Request, Response, Txn, parse_payload, profile_fields, redirect, run_main, version_tuple,
+    ABORTED, COMMITTED, STARROCKS_RULES, VISIBLE, BaseEmulator, Call, LoadError, LoadFormat, ParseResult,
+    Request, Response, Txn, parse_payload, profile_fields, redirect, run_main, schema_properties, version_tuple,
 )
 
 PREPARE, PREPARED = "PREPARE", "PREPARED"
@@ -135,6 +135,7 @@ class StarRocksEmulator(BaseEmulator):
     """StarRocks FE (``fe_url``) and BE (``be_url``) emulator; see the module doc."""
 
     PRODUCT = "starrocks"
+    RULES = STARROCKS_RULES  # docs/protocol.md, "Common: value conversion"
     EXPIRING_STATES = frozenset({PREPARE, PREPARED})
     EXTRA_KNOBS = KNOBS
 
@@ -195,6 +196,8 @@ class StarRocksEmulator(BaseEmulator):
             return Call("get_load_state", role, req.query.get("label"), s[1])
         if len(s) == 4 and s[0] == "api" and s[3] == "_cancel":
             return Call("cancel", role, req.query.get("label"), s[1])
+        if len(s) == 4 and s[0] == "api" and s[3] == "_schema":
+            return Call("schema", role, None, s[1])
         return Call("other", role)
 
     def route(self, role: str, req: Request, call: Call) -> Response:
@@ -213,6 +216,8 @@ class StarRocksEmulator(BaseEmulator):
                 return self._fe_get_load_state(req, call)
             if call.op == "cancel" and req.method == "POST":
                 return self._fe_cancel(req, call)
+            if call.op == "schema" and req.method == "GET":
+                return self._fe_schema(req)
         else:
             if is_txn and req.method in ("POST", "PUT"):
                 handler = self._BE_OPS.get(call.op)
@@ -437,6 +442,22 @@ class StarRocksEmulator(BaseEmulator):
             resp.close = True
             return resp
         return redirect(req, self.be_port, close=True)
+
+    def _fe_schema(self, req: Request) -> Response:
+        """``GET /api/{db}/{table}/_schema`` (docs/protocol.md, "Common: table schema endpoint"; SR-TSA): the HTTP status
+        repeats the body's ``status``; types are primitive-type names, decimals add precision and scale."""
+        if not self.credentials_ok(req):
+            return self._unauthorized()
+        db, table = req.segments[1], req.segments[2]
+        with self.lock:
+            schema = self.store.schema(db, table)
+            if db not in self.store.dbs:
+                body: dict[str, Any] = {"status": 404, "exception": f"Database [{db}] does not exists"}
+            elif schema is None:
+                body = {"status": 404, "exception": f"Table [{table}] does not exists"}
+            else:
+                body = {"status": 200, "properties": schema_properties(schema, self.PRODUCT)}
+        return Response.json(body, indent=None, status=int(body["status"]))
 
     def _fe_cancel(self, req: Request, call: Call) -> Response:
         """``_cancel?label=`` fallback of the connector's aborter (SRC-EO).

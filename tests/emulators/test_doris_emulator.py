@@ -6,12 +6,16 @@ drift, the connector-style parsing in the product would too.
 """
 from __future__ import annotations
 
+import datetime as dt
+import math
 import re
 import threading
 import time
 from collections.abc import Iterator
+from decimal import Decimal
 from typing import Any, Optional
 
+import pyarrow as pa
 import pytest
 import requests
 
@@ -478,3 +482,116 @@ def test_be_restart_aborts_the_load_in_flight(dr: DorisEmulator) -> None:
     thread.join(10)
     assert dr.transactions()[0]["reason"] == "coordinate BE is down"
     assert load(dr, "L").json["Status"] == "Success"
+
+
+# --------------------------------------------------------------------------------------------
+# Strict mode, value conversion, Arrow (docs/protocol.md, "Common: strict mode", "Common: value conversion",
+# "Doris: Arrow and Parquet loads")
+# --------------------------------------------------------------------------------------------
+
+
+def load_table(emu: DorisEmulator, table: str, columns: list[tuple[str, str]], body: bytes, two_pc: bool = False,
+               **headers: str) -> dict[str, Any]:
+    emu.create_table(DB, table, columns)
+    hdrs = {"Expect": "100-continue", "column_separator": "|", "max_filter_ratio": "1", **headers}
+    if two_pc:
+        hdrs["two_phase_commit"] = "true"
+    return send("PUT", f"{emu.fe_url}/api/{DB}/{table}/_stream_load", headers=hdrs, data=body).json
+
+
+def arrow_body(table: pa.Table) -> bytes:
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, table.schema) as writer:
+        writer.write_table(table)
+    return sink.getvalue().to_pybytes()
+
+
+def test_doris_strict_mode_default_off_and_not_null(dr: DorisEmulator) -> None:
+    cols = [("id", "INT NOT NULL"), ("v", "TINYINT")]
+    off = load_table(dr, "off", cols, b"1|abc\n2|2000\n\\N|1\n")
+    assert (off["NumberLoadedRows"], off["NumberFilteredRows"]) == (2, 1)
+    assert dr.visible_rows(DB, "off") == [(1, None), (2, None)]
+    on = load_table(dr, "on", cols, b"1|abc\n2|1\n", strict_mode="true")
+    assert (on["NumberLoadedRows"], on["NumberFilteredRows"]) == (1, 1) and on["ErrorURL"]
+
+
+def test_doris_too_long_varchar_by_version(dr: DorisEmulator, tmp_path: Any) -> None:
+    cols = [("id", "INT"), ("s", "CHAR(10)")]
+    before_4 = load_table(dr, "s", cols, b"1|a1234567890\n2|ok\n")
+    assert before_4["NumberFilteredRows"] == 1  # a data-quality error whatever strict mode says
+    with DorisEmulator(tmp_path / "d4", version="4.0.1") as emu:
+        load_table(emu, "s", cols, b"1|a1234567890\n")
+        assert emu.visible_rows(DB, "s") == [(1, "a123456789")]  # 4.x docs: truncated when not strict
+        strict = load_table(emu, "t", cols, b"1|a1234567890\n", strict_mode="true")
+        assert strict["NumberFilteredRows"] == 1
+
+
+def test_doris_datetime_scale(dr: DorisEmulator) -> None:
+    cols = [("id", "INT"), ("t0", "DATETIME"), ("t3", "DATETIME(3)"), ("d", "DATEV2")]
+    load_table(dr, "ts", cols, b"1|2024-01-02 03:04:05.6|2024-01-02 03:04:05.1234|2024-01-02 10:00:00\n")
+    assert dr.visible_rows(DB, "ts") == [(1, dt.datetime(2024, 1, 2, 3, 4, 6), dt.datetime(2024, 1, 2, 3, 4, 5, 123000),
+                                          dt.date(2024, 1, 2))]
+
+
+def test_arrow_load_by_name_with_two_phase_commit(dr: DorisEmulator) -> None:
+    cols = [("id", "BIGINT NOT NULL"), ("name", "VARCHAR(5)"), ("price", "DECIMAL(6,2)"), ("ts", "DATETIME(6)"),
+            ("tags", "ARRAY<INT>"), ("attrs", "MAP<VARCHAR(5),DOUBLE>"), ("raw", "STRING")]
+    table = pa.table({
+        "name": pa.array(["a", "toolong", None]), "ID": pa.array([1, 2, 3], pa.int64()),
+        "price": pa.array([Decimal("1.5"), Decimal("2.25"), Decimal("3")], pa.decimal128(5, 2)),
+        "ts": pa.array([dt.datetime(2024, 1, 2, 3, 4, 5, 6)] * 3, pa.timestamp("us")),
+        "tags": pa.array([[1, 2], [], None], pa.list_(pa.int32())),
+        "attrs": pa.array([[("k", float("nan"))], [], None], pa.map_(pa.string(), pa.float64())),
+        "raw": pa.array(["x", "y", "z"]),
+    })
+    answer = load_table(dr, "arrow", cols, arrow_body(table), two_pc=True, format="arrow")
+    # "toolong" does not fit VARCHAR(5): a data-quality error before 4.0, so that row is filtered.
+    assert (answer["Status"], answer["TwoPhaseCommit"], answer["NumberLoadedRows"],
+            answer["NumberFilteredRows"]) == ("Success", "true", 2, 1)
+    assert dr.visible_rows(DB, "arrow") == []
+    two_pc(dr, "commit", answer["TxnId"])
+    rows = dr.visible_rows(DB, "arrow")
+    moment = dt.datetime(2024, 1, 2, 3, 4, 5, 6)
+    assert [r[:5] for r in rows] == [(1, "a", Decimal("1.50"), moment, [1, 2]), (3, None, Decimal("3.00"), moment, None)]
+    assert math.isnan(rows[0][5]["k"]) and rows[1][5] is None and [r[6] for r in rows] == ["x", "z"]
+
+
+def test_arrow_load_applies_strict_mode_and_not_null(dr: DorisEmulator) -> None:
+    cols = [("id", "INT NOT NULL"), ("v", "TINYINT")]
+    table = pa.table({"id": pa.array([1, None, 3], pa.int64()), "v": pa.array(["5", "x", "300"])})
+    off = load_table(dr, "a1", cols, arrow_body(table), format="arrow")
+    assert (off["NumberLoadedRows"], off["NumberFilteredRows"]) == (2, 1)
+    assert dr.visible_rows(DB, "a1") == [(1, 5), (3, None)]
+    on = load_table(dr, "a2", cols, arrow_body(table), format="arrow", strict_mode="true")
+    assert (on["NumberLoadedRows"], on["NumberFilteredRows"]) == (1, 2)
+    empty = load_table(dr, "a3", cols, b"", two_pc=True, format="arrow")  # a probe: zero rows
+    assert (empty["Status"], empty["NumberTotalRows"]) == ("Success", 0)
+    bad = load_table(dr, "a4", cols, b"not arrow", format="arrow")
+    assert bad["Status"] == "Fail" and "arrow" in bad["Message"]
+
+
+def test_arrow_needs_2_1_and_parquet_is_not_emulated(tmp_path: Any, dr: DorisEmulator) -> None:
+    with DorisEmulator(tmp_path / "d20", version="2.0.4") as old:
+        answer = load_table(old, "t", [("id", "INT")], b"", format="arrow")
+        assert answer["Status"] == "Fail" and "unknown data format" in answer["Message"]
+    assert load_table(dr, "p", [("id", "INT")], b"PAR1", format="parquet")["Status"] == "Fail"
+
+
+def test_doris_schema_endpoint(dr: DorisEmulator, tmp_path: Any) -> None:
+    cols = [("id", "BIGINT NOT NULL"), ("p", "DECIMAL(30,4)"), ("d", "DATE"), ("t", "DATETIME(3)"),
+            ("m", "MAP<INT,INT>"), ("s", "STRING")]
+    dr.create_table(DB, "s", cols)
+    body = send("GET", f"{dr.fe_url}/api/{DB}/s/_schema").json
+    assert (body["msg"], body["code"], body["data"]["status"], body["data"]["keysType"]) == ("success", 0, 200, "DUP_KEYS")
+    assert [(p["name"], p["type"], p.get("precision"), p.get("scale")) for p in body["data"]["properties"]] == [
+        ("id", "BIGINT", None, None), ("p", "DECIMAL128", "30", "4"), ("d", "DATEV2", None, None),
+        ("t", "DATETIMEV2", None, None), ("m", "MAP", None, None), ("s", "STRING", None, None)]
+    assert "is_nullable" not in body["data"]["properties"][0]
+    missing = send("GET", f"{dr.fe_url}/api/{DB}/nope/_schema").response
+    assert (missing.status_code, missing.json()) == (200, {"msg": "Error", "code": 1,
+                                                           "data": "table not found, tableName=nope", "count": 0})
+    assert send("GET", f"{dr.fe_url}/api/{DB}/s/_schema", auth=("root", "x")).response.status_code == 401
+    with DorisEmulator(tmp_path / "d4", version="4.0.1") as emu:
+        emu.create_table(DB, "s", cols)
+        props = send("GET", f"{emu.fe_url}/api/{DB}/s/_schema").json["data"]["properties"]
+        assert [p["is_nullable"] for p in props] == ["No", "Yes", "Yes", "Yes", "Yes", "Yes"]

@@ -8,12 +8,15 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import math
 import os
+import struct
 import subprocess
 import sys
 import threading
 import time
 from collections.abc import Iterator
+from decimal import Decimal
 from typing import Any
 
 import pytest
@@ -852,3 +855,169 @@ def test_convert_value(value: Any, ctype: str, expected: Any) -> None:
 def test_convert_value_rejects(value: Any, ctype: str) -> None:
     with pytest.raises(ConversionError):
         convert_value(value, ColumnType.parse(ctype))
+
+
+# --------------------------------------------------------------------------------------------
+# Common: strict mode and value conversion (docs/protocol.md, "Common: strict mode", "Common: value conversion")
+# --------------------------------------------------------------------------------------------
+
+TYPED = [("id", "INT NOT NULL"), ("v", "TINYINT")]
+
+
+def load_into(emu: StarRocksEmulator, table: str, columns: list[tuple[str, str]], body: bytes,
+              **headers: str) -> dict[str, Any]:
+    """Plain stream load into a fresh table; the answer (rows are read back with visible_rows)."""
+    emu.create_table(DB, table, columns)
+    hdrs = {"Expect": "100-continue", "column_separator": "|", "max_filter_ratio": "1", **headers}
+    return send("PUT", f"{emu.fe_url}/api/{DB}/{table}/_stream_load", headers=hdrs, data=body).json
+
+
+def test_strict_mode_is_off_by_default_and_nulls_failed_conversions(sr: StarRocksEmulator) -> None:
+    # The documented TINYINT example: \N, abc, 2000, 1.
+    body = b"1|\\N\n2|abc\n3|2000\n4|1\n"
+    off = load_into(sr, "off", TYPED, body)
+    assert (off["NumberLoadedRows"], off["NumberFilteredRows"]) == (4, 0)
+    assert sr.visible_rows(DB, "off") == [(1, None), (2, None), (3, None), (4, 1)]
+    on = load_into(sr, "on", TYPED, body, strict_mode="true")
+    assert (on["Status"], on["NumberLoadedRows"], on["NumberFilteredRows"]) == ("Success", 2, 2)
+    assert sr.visible_rows(DB, "on") == [(1, None), (4, 1)]
+    assert "abc" in requests.get(on["ErrorURL"], timeout=5).text
+
+
+def test_filtered_rows_count_against_max_filter_ratio(sr: StarRocksEmulator) -> None:
+    body = b"1|abc\n2|1\n"
+    failed = load_into(sr, "strict", TYPED, body, strict_mode="true", max_filter_ratio="0.4")
+    assert (failed["Status"], failed["NumberFilteredRows"]) == ("Fail", 1)
+    assert failed["ErrorURL"]
+    ok = load_into(sr, "strict2", TYPED, body, strict_mode="true", max_filter_ratio="0.5")
+    assert (ok["Status"], ok["NumberLoadedRows"]) == ("Success", 1)
+
+
+@pytest.mark.parametrize("strict", ["false", "true"])
+def test_not_null_columns_filter_nulls_whatever_strict_mode(sr: StarRocksEmulator, strict: str) -> None:
+    answer = load_into(sr, "nn", TYPED, b"\\N|1\nx|2\n3|3\n", strict_mode=strict)
+    assert answer["NumberFilteredRows"] == 2  # a given NULL, and a NULL made by a failed conversion
+    assert sr.visible_rows(DB, "nn") == [(3, 3)]
+
+
+def test_too_long_varchar_counts_bytes_and_is_a_failed_conversion(sr: StarRocksEmulator) -> None:
+    cols = [("id", "INT"), ("s", "VARCHAR(4)")]
+    load_into(sr, "s1", cols, "1|abcd\n2|abcde\n3|ééé\n4|éé\n".encode())
+    assert sr.visible_rows(DB, "s1") == [(1, "abcd"), (2, None), (3, None), (4, "éé")]
+    strict = load_into(sr, "s2", cols, b"1|abcde\n", strict_mode="true")
+    assert strict["NumberFilteredRows"] == 1
+    load_into(sr, "s3", [("id", "INT"), ("s", "STRING")], b"1|" + b"x" * 65534 + b"\n")
+    assert sr.visible_rows(DB, "s3") == [(1, None)]  # STRING is VARCHAR(65533)
+
+
+def test_integers_and_largeint(sr: StarRocksEmulator) -> None:
+    cols = [("id", "INT"), ("b", "BIGINT"), ("l", "LARGEINT")]
+    load_into(sr, "ints", cols, b"1|-9223372036854775808|170141183460469231731687303715884105727\n"
+                                b"2|9223372036854775808|170141183460469231731687303715884105728\n3|1.5| 7 \n")
+    assert sr.visible_rows(DB, "ints") == [
+        (1, -2**63, 2**127 - 1), (2, None, None), (3, None, 7)]
+
+
+def test_float_and_double_text(sr: StarRocksEmulator) -> None:
+    cols = [("id", "INT"), ("f", "FLOAT"), ("d", "DOUBLE")]
+    load_into(sr, "fl", cols, b"1|nan|NaN\n2|inf|-Infinity\n3|0.1|0.1\n4|1e39|1e999\n5|1_0|0x10\n")
+    rows = sr.visible_rows(DB, "fl")
+    assert math.isnan(rows[0][1]) and math.isnan(rows[0][2])
+    assert rows[1][1:] == (math.inf, -math.inf)
+    assert rows[2][1:] == (struct.unpack("<f", struct.pack("<f", 0.1))[0], 0.1)  # FLOAT keeps float32
+    assert rows[3][1:] == (None, None) and rows[4][1:] == (None, None)  # overflow, not numbers
+
+
+def test_decimal_rounds_extra_scale_and_nulls_overflow(sr: StarRocksEmulator) -> None:
+    cols = [("id", "INT"), ("d", "DECIMAL(5,2)")]
+    load_into(sr, "dec", cols, b"1|1.005\n2|-1.005\n3|999.994\n4|999.995\n5|1e2\n6|abc\n")
+    assert sr.visible_rows(DB, "dec") == [
+        (1, Decimal("1.01")), (2, Decimal("-1.01")), (3, Decimal("999.99")), (4, None), (5, Decimal("100.00")),
+        (6, None)]
+
+
+def test_dates_and_datetimes(sr: StarRocksEmulator) -> None:
+    cols = [("id", "INT"), ("d", "DATE"), ("t", "DATETIME")]
+    load_into(sr, "dt", cols, b"1|2024-02-29|2024-02-29 23:59:59.123456\n2|20240301|2024-03-01T01:02:03\n"
+                              b"3|2023-02-29|2024-13-01 00:00:00\n4|9999-12-31|0001-01-01\n")
+    assert sr.visible_rows(DB, "dt") == [
+        (1, dt.date(2024, 2, 29), dt.datetime(2024, 2, 29, 23, 59, 59, 123456)),
+        (2, dt.date(2024, 3, 1), dt.datetime(2024, 3, 1, 1, 2, 3)),
+        (3, None, None), (4, dt.date(9999, 12, 31), dt.datetime(1, 1, 1))]
+
+
+def test_boolean_json_and_varbinary(sr: StarRocksEmulator) -> None:
+    cols = [("id", "INT"), ("b", "BOOLEAN"), ("j", "JSON"), ("bin", "VARBINARY(3)")]
+    load_into(sr, "misc", cols, b'1|TRUE|{"a": [1, 2.5]}|abc\n2|0|"s"|abcd\n3|yes|{bad|\\N\n')
+    assert sr.visible_rows(DB, "misc") == [
+        (1, True, {"a": [1, 2.5]}, b"abc"), (2, False, "s", None), (3, None, None, None)]
+
+
+def test_array_map_struct_in_csv_and_json(sr: StarRocksEmulator) -> None:
+    cols = [("id", "INT"), ("a", "ARRAY<INT>"), ("m", "MAP<VARCHAR(10),INT>"), ("s", "STRUCT<x INT, y VARCHAR(5)>")]
+    load_into(sr, "nested", cols, b'1|[1, 2, null]|{"k": 1, \'j\': null}|{"x": 1, "y": "ab"}\n'
+                                  b"2|[1, x]|{k: 1}|{x: 2}\n3|[]|{}|[1]\n")
+    assert sr.visible_rows(DB, "nested") == [
+        (1, [1, 2, None], {"k": 1, "j": None}, {"x": 1, "y": "ab"}),
+        (2, None, {"k": 1}, {"x": 2, "y": None}),  # one bad element fails the whole array
+        (3, [], {}, None)]
+    sr.create_table(DB, "nested_json", cols)
+    body = json.dumps([{"id": 1, "a": [1, "2"], "m": {"k": 3}, "s": {"x": 4, "y": "z"}},
+                       {"id": 2, "a": "[5]", "m": [1], "s": {"q": 1}}]).encode()
+    answer = send("PUT", f"{sr.fe_url}/api/{DB}/nested_json/_stream_load", data=body, headers={
+        "Expect": "100-continue", "format": "json", "strip_outer_array": "true"}).json
+    assert answer["Status"] == "Success", answer
+    assert sr.visible_rows(DB, "nested_json") == [
+        (1, [1, 2], {"k": 3}, {"x": 4, "y": "z"}), (2, [5], None, None)]
+
+
+def test_json_nan_tokens_are_not_json(sr: StarRocksEmulator) -> None:
+    sr.create_table(DB, "jn", [("id", "INT"), ("d", "DOUBLE")])
+    answer = send("PUT", f"{sr.fe_url}/api/{DB}/jn/_stream_load", data=b'{"id": 1, "d": NaN}', headers={
+        "Expect": "100-continue", "format": "json", "max_filter_ratio": "1"}).json
+    assert answer["NumberFilteredRows"] == 1
+    send("PUT", f"{sr.fe_url}/api/{DB}/jn/_stream_load", data=b'{"id": 2, "d": "nan"}', headers={
+        "Expect": "100-continue", "format": "json"})
+    assert math.isnan(sr.visible_rows(DB, "jn")[0][1])
+
+
+def test_typed_rows_survive_a_restart(sr: StarRocksEmulator) -> None:
+    cols = [("id", "INT"), ("d", "DECIMAL(5,2)"), ("f", "DOUBLE"), ("j", "JSON"), ("b", "VARBINARY"),
+            ("m", "MAP<INT,ARRAY<DATE>>"), ("t", "DATETIME")]
+    load_into(sr, "keep", cols, b'1|1.5|-inf|{"k":[1]}|xy|{1: ["2024-01-02"]}|2024-01-02 03:04:05.5\n')
+    before = sr.visible_rows(DB, "keep")
+    assert before == [(1, Decimal("1.50"), -math.inf, {"k": [1]}, b"xy", {1: [dt.date(2024, 1, 2)]},
+                       dt.datetime(2024, 1, 2, 3, 4, 5, 500000))]
+    sr.restart()
+    assert sr.visible_rows(DB, "keep") == before
+    assert sr.visible_dicts(DB, "keep")[0]["j"] == {"k": [1]}
+
+
+@pytest.mark.parametrize("text, spelled", [
+    ("varchar(10) not null", "VARCHAR(10)"), ("MAP<VARCHAR(10), INT>", "MAP<VARCHAR(10),INT>"),
+    ("STRUCT<a:INT, b VARCHAR(3)>", "STRUCT<a INT,b VARCHAR(3)>"), ("DATETIMEV2(3)", "DATETIME(3)"),
+    ("ARRAY<ARRAY<DECIMAL(10,2)>>", "ARRAY<ARRAY<DECIMAL(10,2)>>"),
+])
+def test_column_type_parsing(text: str, spelled: str) -> None:
+    ctype = ColumnType.parse(text)
+    assert ctype.spelled() == spelled and ctype.nullable == ("not null" not in text)
+
+
+# --------------------------------------------------------------------------------------------
+# Common: table schema endpoint (docs/protocol.md, "Common: table schema endpoint")
+# --------------------------------------------------------------------------------------------
+
+
+def test_schema_endpoint_shape_auth_and_unknown_table(sr: StarRocksEmulator) -> None:
+    sr.create_table(DB, "s", [("id", "BIGINT NOT NULL"), ("p", "DECIMAL(10,2)"), ("v", "VARCHAR(9)"),
+                              ("a", "ARRAY<INT>"), ("x", "STRING")])
+    resp = send("GET", f"{sr.fe_url}/api/{DB}/s/_schema").response
+    assert resp.status_code == 200
+    assert resp.json() == {"status": 200, "properties": [
+        {"type": "BIGINT", "comment": "", "name": "id"},
+        {"precision": "10", "scale": "2", "type": "DECIMAL64", "comment": "", "name": "p"},
+        {"type": "VARCHAR", "comment": "", "name": "v"}, {"type": "INVALID_TYPE", "comment": "", "name": "a"},
+        {"type": "VARCHAR", "comment": "", "name": "x"}]}
+    missing = send("GET", f"{sr.fe_url}/api/{DB}/nope/_schema").response
+    assert (missing.status_code, missing.json()) == (404, {"status": 404, "exception": "Table [nope] does not exists"})
+    assert send("GET", f"{sr.fe_url}/api/{DB}/s/_schema", auth=("root", "x")).response.status_code == 401
