@@ -26,6 +26,7 @@ from .metrics import OBSERVED_NAME, BatchMetrics, progress_listener
 from .routing import struct_column_for
 from .sink import ExactlyOnceSink
 from .targets import ConfigurationError, target_from_url, target_kind
+from .value_checks import column_limits, value_problems
 
 ROUTE_COLUMN = "__table"
 _BAD_COLUMN = "__streaming_sink_bad"  # only between build_frame's select and its observe
@@ -171,11 +172,17 @@ def resolve_tables(spec: JobSpec, target_tables: set[str] | None) -> dict[str, s
     return tables
 
 
-def build_frame(raw, spec: JobSpec, tables: dict[str, str]):
-    """Kafka records -> one route column plus one struct column per table (only the routed one set)."""
+def build_frame(raw, spec: JobSpec, tables: dict[str, str], column_types: dict[str, dict[str, str] | None] | None = None):
+    """Kafka records -> one route column plus one struct column per table (only the routed one set).
+
+    `column_types` are the target's, per table (`Target.table_columns`): a value its column
+    cannot hold makes the message a dead letter naming the column (streaming_sink/value_checks.py).
+    """
     from pyspark.sql import functions as F
     from pyspark.sql.types import StructField, StringType, StructType
 
+    product = target_kind(spec.target_url).product
+    column_types = column_types or {}
     value = F.col("value").cast("string")
     if spec.table:
         route = F.lit(spec.table)
@@ -186,7 +193,14 @@ def build_frame(raw, spec: JobSpec, tables: dict[str, str]):
         route = mapping[F.col("topic")]
 
     columns = []
+    utf8 = F.is_valid_utf8(value)
     reason = F.when(value.isNull(), F.lit("message has no value")).when(
+        ~utf8, F.lit("message is not valid UTF-8 (raw_value holds its bytes in base64)")
+    )
+    if any(source == "key" for source, _, _ in spec.metadata()):
+        key = F.col("key").cast("string")
+        reason = reason.when(key.isNotNull() & ~F.is_valid_utf8(key), F.lit("the record's key is not valid UTF-8 text"))
+    reason = reason.when(
         route.isNull(), F.lit(f"message has no {spec.table_field!r} field" if spec.table_field else "no table for the topic")
     ).when(~route.isin(list(tables)), F.concat(F.lit("unknown table "), route))
     for table, ddl in tables.items():
@@ -201,6 +215,14 @@ def build_frame(raw, spec: JobSpec, tables: dict[str, str]):
         for f in schema.fields:
             if not f.nullable:
                 reason = reason.when(mine & parsed[f.name].isNull(), F.lit(f"required field {f.name!r} of {table} is missing or null"))
+        types = column_types.get(table) or {}
+        if product != "clickhouse":  # StarRocks and Doris ignore the case of column names
+            types = {name.lower(): kind for name, kind in types.items()}
+        for f in parse_schema.fields:
+            if f.name != "__corrupt":
+                spelling = types.get(f.name if product == "clickhouse" else f.name.lower())
+                for problem, text in value_problems(table, f, parsed[f.name], column_limits(product, spelling)):
+                    reason = reason.when(mine & problem, F.lit(text))
         fields = [parsed[f.name].alias(f.name) for f in parse_schema.fields if f.name != "__corrupt"]
         fields += [F.col(source).cast("string").alias(name) if source == "key" else F.col(source).alias(name)
                    for source, name, _ in spec.metadata()]
@@ -208,8 +230,16 @@ def build_frame(raw, spec: JobSpec, tables: dict[str, str]):
 
     bad = reason.isNotNull()
     if spec.dead_letter_table:
+        raw_value = F.when(utf8, value).otherwise(F.base64(F.col("value")))
+        room = column_limits(product, (column_types.get(spec.dead_letter_table) or {}).get("raw_value")).max_bytes
+        if room is not None:  # a message longer than raw_value holds: kept in Kafka, named by its coordinates
+            too_long = F.octet_length(raw_value) > F.lit(room)
+            reason = F.when(too_long, F.concat(reason, F.lit(
+                f"; raw_value left empty: the message is longer than the {room} bytes the column holds, "
+                "it stays in Kafka at the topic, partition and offset of this row"))).otherwise(reason)
+            raw_value = F.when(too_long, F.lit(None)).otherwise(raw_value)
         dead = F.struct(
-            value.alias("raw_value"), F.col("topic"), F.col("partition"), F.col("offset"),
+            raw_value.alias("raw_value"), F.col("topic"), F.col("partition"), F.col("offset"),
             F.col("timestamp").alias("kafka_timestamp"), reason.alias("reason"),
         )
         routed = F.when(bad, F.lit(spec.dead_letter_table)).otherwise(route)
@@ -269,18 +299,23 @@ def arrow_schema(ddl: str):
     return to_arrow_schema(spark_schema(ddl), **zone)
 
 
-def check_columns(target, schemas) -> None:
-    """Every column the job writes must exist in its table, where the target can tell."""
+def check_columns(target, schemas) -> dict[str, dict[str, str] | None]:
+    """Every column the job writes must exist in its table, where the target can tell; returns the
+    tables' column types (None where the target cannot tell) for the value checks."""
+    found = {}
     for table, schema in schemas.items():
-        existing = target.table_columns(table)
+        target.check_schema(table, schema)
+        existing = found[table] = target.table_columns(table)
         if existing is None:
             continue
-        missing = [name for name in schema.names if name not in existing]
+        known = set(existing) if target.kind == "clickhouse" else {name.lower() for name in existing}
+        missing = [name for name in schema.names if (name if target.kind == "clickhouse" else name.lower()) not in known]
         if missing:
             raise ConfigurationError(
                 f"table {table!r} has no column(s) {missing} that the job writes (it has {list(existing)}); "
                 f"add them to the table or remove them from tables.{table}.schema"
             )
+    return found
 
 
 def run(spec: JobSpec) -> None:
@@ -298,9 +333,9 @@ def run(spec: JobSpec) -> None:
     # configuration, connectivity, tables, columns and fencing all fail here, before Spark reads anything
     sink.start()
     tables = resolve_tables(spec, sink.known_tables)
-    check_columns(sink.target, table_schemas(spec, tables))
+    columns = check_columns(sink.target, table_schemas(spec, tables))
     reader = spark.readStream.format("kafka").options(**source.reader_options())
-    frame = build_frame(reader.load(), spec, tables)
+    frame = build_frame(reader.load(), spec, tables, columns)
     writer = frame.writeStream.foreachBatch(sink).option("checkpointLocation", spec.checkpoint)
     if spec.trigger == "available-now":
         writer = writer.trigger(availableNow=True)

@@ -117,6 +117,9 @@ class Target(ABC):
         values against them before anything is sent."""
         return None
 
+    def check_schema(self, table: str, schema: pa.Schema) -> None:
+        """Refuse, before any data moves, rows of `schema` this target could not send to `table`."""
+
     def expiry_limits(self) -> list[ExpiryLimit]:
         """What the server forgets that recovery depends on, and when. For `doctor`."""
         return []

@@ -32,8 +32,11 @@ from typing import Any, Iterable, Mapping
 import pyarrow as pa
 
 from ..committable import Committable, TxnRef
-from ..encoding import CsvFormat, JsonFormat, WireFormat, columns_header, encode_chunks
+from ..encoding import (
+    ArrowFormat, CsvFormat, JsonFormat, WireFormat, columns_header, encode_chunks, header_safe,
+)
 from ..http import AuthenticationError, HttpClient, HttpError, HttpResponse, api_path, excerpt
+from .table_schema import FeTableChecks
 from .base import (
     CommitOutcome, CommittedNotChosenError, ConfigurationError, ExpiryLimit, NewRef, PreparedPart, RecordIntent,
     TableTransaction, Target, TargetError, own_names,
@@ -77,7 +80,10 @@ class DorisOptions:
 
     * `tables`: tables rows may be routed to; without it any name goes and Doris refuses unknown ones.
     * `format`: "csv" (with the `enclose`/`escape` headers, which Doris added in 2.0 as far as we know:
-      use "json" on older servers) or "json" (one object per line, `read_json_by_line`).
+      use "json" on older servers), "json" (one object per line, `read_json_by_line`) or "arrow"
+      (Doris 2.1+: Arrow IPC streams, no text encoding; each column is sent in the table column's own
+      Arrow type, read from the FE's `_schema` endpoint, since Doris copies Arrow buffers as they are:
+      docs/protocol.md, Doris: Arrow and Parquet loads).
     * `max_filter_ratio`, `strict_mode`: the Stream Load headers of the same names. Strict mode is on
       unless turned off: a value its column cannot hold filters the row (and fails the load, as the
       ratio is 0 unless set) instead of becoming a NULL counted as loaded.
@@ -128,21 +134,23 @@ class DorisOptions:
                 )
             values["headers"] = tuple(sorted((str(k), str(v)) for k, v in headers.items()))
         parsed = cls(**values)
-        if parsed.format not in ("csv", "json"):
-            raise ConfigurationError(f"DorisTarget: format must be 'csv' or 'json', got {parsed.format!r}")
+        if parsed.format not in ("csv", "json", "arrow"):
+            raise ConfigurationError(f"DorisTarget: format must be 'csv', 'json' or 'arrow', got {parsed.format!r}")
         if parsed.max_filter_ratio is not None and not 0.0 <= float(parsed.max_filter_ratio) <= 1.0:
             raise ConfigurationError(f"DorisTarget: max_filter_ratio must be within [0, 1], got {parsed.max_filter_ratio}")
         if parsed.retries < 0 or parsed.piece_bytes <= 0 or parsed.commit_parallelism < 1:
             raise ConfigurationError("DorisTarget: retries >= 0, piece_bytes > 0 and commit_parallelism >= 1 are required")
         return parsed
 
-    def wire_format(self) -> WireFormat:
+    def wire_format(self, arrow_schema: pa.Schema | None = None) -> WireFormat:
+        if self.format == "arrow":
+            return ArrowFormat(arrow_schema)
         return CsvFormat() if self.format == "csv" else JsonFormat(lines=True)
 
     def load_headers(self) -> dict[str, str]:
         """The format and data-quality headers every load of this target sends."""
         fmt = self.wire_format()
-        headers = fmt.headers() if isinstance(fmt, CsvFormat) else {"format": "json", "read_json_by_line": "true"}
+        headers = fmt.headers() if isinstance(fmt, (CsvFormat, ArrowFormat)) else {"format": "json", "read_json_by_line": "true"}
         if self.max_filter_ratio is not None:
             headers["max_filter_ratio"] = repr(float(self.max_filter_ratio))
         headers["strict_mode"] = "true" if self.strict_mode else "false"
@@ -180,7 +188,7 @@ class _PartState:
     unselected_rows: int = 0
 
 
-class DorisTarget(Target):
+class DorisTarget(FeTableChecks, Target):
     kind = "doris"
 
     @classmethod
@@ -210,6 +218,7 @@ class DorisTarget(Target):
             raise ConfigurationError(f"DorisTarget: {error}") from None
         self.fe_url, self.database, self.user = self._client.base_url, database, user
         self._label_2pc: bool | None = self.options.abort_by_label
+        self._arrow_types: dict[str, dict[str, pa.DataType]] = {}  # table -> column -> Arrow type (format arrow)
 
     def __repr__(self) -> str:
         return f"DorisTarget({self.fe_url!r}, database={self.database!r}, user={self.user!r})"
@@ -239,6 +248,12 @@ class DorisTarget(Target):
                 f"Doris at {self.fe_url} refused database {self.database!r}: {excerpt(str(envelope), 200)}"
             )
         return set(self.options.tables) if self.options.tables is not None else None
+
+    def fe_client(self) -> HttpClient:
+        return self._client
+
+    def load_format(self) -> WireFormat:
+        return self.options.wire_format()
 
     # -- writing ---------------------------------------------------------------------------------
 
@@ -285,14 +300,10 @@ class DorisTarget(Target):
         found taken afterwards is resolved here.
         """
         ref = part.ref
-        fmt = self.options.wire_format()
-        headers = {
-            "Expect": "100-continue",
-            "label": ref.label,
-            "two_phase_commit": "true",
-            "columns": columns_header(chunk.schema),
-            **self.options.load_headers(),
-        }
+        fmt = self.options.wire_format(self._arrow_schema(ref.table, chunk.schema) if self.options.format == "arrow" else None)
+        headers = {"Expect": "100-continue", "label": ref.label, "two_phase_commit": "true", **self.options.load_headers()}
+        if isinstance(fmt, CsvFormat) or all(header_safe(name) for name in chunk.schema.names):
+            headers["columns"] = columns_header(chunk.schema)  # JSON and Arrow bodies name their columns themselves
         piece_bytes = self.options.piece_bytes
 
         def body() -> Iterable[bytes]:
@@ -317,6 +328,16 @@ class DorisTarget(Target):
                 busy += 1
                 continue
             raise TargetError(self._load_failure(ref, answer))
+
+    def _arrow_schema(self, table: str, schema: pa.Schema) -> pa.Schema:
+        """`schema` with each column in the Arrow type of its table column where the table says it."""
+        if table not in self._arrow_types:
+            columns = self.table_columns(table) or {}
+            self._arrow_types[table] = {
+                name.lower(): kind for name, spelling in columns.items() if (kind := _arrow_type(spelling)) is not None
+            }
+        types = self._arrow_types[table]
+        return pa.schema([f.with_type(types.get(f.name.lower(), f.type)) for f in schema])
 
     def _accept_load(self, part: _PartState, chunk: pa.Table, answer: dict[str, Any]) -> None:
         ref = part.ref
@@ -574,3 +595,20 @@ class _DorisTransaction(TableTransaction):
                 errors.append(str(error))
         if errors:
             raise TargetError(f"{len(errors)} Doris abort(s) failed: " + " | ".join(errors))
+
+
+_ARROW_TYPES = {
+    "BOOLEAN": pa.bool_(), "TINYINT": pa.int8(), "SMALLINT": pa.int16(), "INT": pa.int32(), "BIGINT": pa.int64(),
+    "FLOAT": pa.float32(), "DOUBLE": pa.float64(), "DATE": pa.date32(), "CHAR": pa.string(), "VARCHAR": pa.string(),
+    "STRING": pa.string(),
+}
+
+
+def _arrow_type(spelling: str) -> pa.DataType | None:
+    """The Arrow type whose buffers Doris reads as a column of this type (None: send the value's own)."""
+    base = spelling.removesuffix(" NOT NULL")
+    decimal = re.fullmatch(r"DECIMAL\((\d+),(\d+)\)", base)
+    if decimal:
+        precision, scale = int(decimal.group(1)), int(decimal.group(2))
+        return pa.decimal128(precision, scale) if precision <= 38 else pa.decimal256(precision, scale)
+    return _ARROW_TYPES.get(base)

@@ -28,8 +28,11 @@ from typing import Any
 import pyarrow as pa
 
 from ..committable import Committable, TxnRef
-from ..encoding import DEFAULT_CHUNK_BYTES, CsvFormat, JsonFormat, WireFormat, columns_header, encode_chunks
+from ..encoding import (
+    DEFAULT_CHUNK_BYTES, CsvFormat, JsonFormat, WireFormat, columns_header, encode_chunks, header_safe,
+)
 from ..http import AuthenticationError, HttpClient, HttpConnectionError, HttpError, HttpResponse, api_path
+from .table_schema import FeTableChecks
 from .base import (
     CommitOutcome, CommittedNotChosenError, ConfigurationError, ExpiryLimit, NewRef, PreparedPart, RecordIntent,
     TableTransaction, Target, TargetError, own_names,
@@ -149,13 +152,14 @@ class StarRocksOptions:
             headers = wire.headers()
         else:  # one JSON array per request, as the StarRocks connectors send it
             headers = {"format": "json", "strip_outer_array": "true", "ignore_json_size": "true"}
-        headers["columns"] = columns_header(schema)
+        if isinstance(wire, CsvFormat) or all(header_safe(name) for name in schema.names):
+            headers["columns"] = columns_header(schema)  # a JSON body names its columns itself
         headers["strict_mode"] = "true" if self.strict_mode else "false"
         headers.update(dict(self.properties))
         return headers
 
 
-class StarRocksTarget(Target):
+class StarRocksTarget(FeTableChecks, Target):
     """StarRocks through the Stream Load transaction interface (2.4+; `prepared_timeout` needs 3.5.4+).
 
     The target tables must exist: the sink never creates StarRocks tables. Picklable: writers run
@@ -204,6 +208,12 @@ class StarRocksTarget(Target):
         """Checks that the FE answers, the credentials work and the database exists; returns `tables`."""
         self.load_state(_PROBE_LABEL)
         return set(self.options.tables) if self.options.tables is not None else None
+
+    def fe_client(self) -> HttpClient:
+        return self.http
+
+    def load_format(self) -> WireFormat:
+        return self.options.wire_format()
 
     def expiry_limits(self) -> list[ExpiryLimit]:
         """Server defaults unless configured: PREPARED lives `prepared_timeout` (FE default 86400 s); a

@@ -11,6 +11,7 @@ import http.client
 import json
 import logging
 import pickle
+from decimal import Decimal
 from typing import Any, Iterator
 
 import pyarrow as pa
@@ -127,7 +128,7 @@ def test_commit_with_publish_delay_is_committed_and_then_visible(emu: DorisEmula
 @pytest.mark.parametrize("fmt", ["csv", "json"])
 def test_hostile_values_round_trip(emu: DorisEmulator, fmt: str) -> None:
     emu.create_table(DB, "wide", [("id", "BIGINT"), ("s", "STRING"), ("f", "DOUBLE"), ("b", "BOOLEAN"),
-                                  ("d", "DATE"), ("ts", "DATETIME")])
+                                  ("d", "DATE"), ("ts", "DATETIME(6)")])  # DATETIME alone keeps whole seconds
     strings = ['plain', 'comma,inside', 'quote " inside', '"enclosed"', 'back\\slash', 'new\nline', 'tab\tx',
                '\\N', 'N', '', None, 'ünïcødé ✓', 'crlf\r\nend', '\\', '"', ',']
     n = len(strings)
@@ -431,6 +432,53 @@ def test_abort_without_label_2pc_uses_the_empty_load_probe(tmp_path: Any, how: s
 def bad_numbers(emu: DorisEmulator) -> pa.Table:
     emu.create_table(DB, "typed", [("id", "BIGINT"), ("n", "INT")])
     return pa.table({"id": pa.array(range(4), pa.int64()), "n": ["1", "x", "3", "4"]})
+
+
+def test_arrow_loads_land_each_value_in_the_table_columns_own_type(emu: DorisEmulator) -> None:
+    """Doris copies Arrow buffers as they come (docs/protocol.md, Doris: Arrow and Parquet loads): an
+    int64 sent to an INT column, or a decimal of another scale, would land wrong; the target sends each
+    column in its table column's type, read from `_schema`."""
+    emu.create_table(DB, "typed", [("id", "BIGINT"), ("small", "INT"), ("price", "DECIMAL(10,2)"), ("name", "VARCHAR(20)"),
+                                   ("day", "DATE"), ("at", "DATETIME(6)")])
+    table = pa.table({
+        "id": pa.array([1, 2], pa.int64()), "small": pa.array([-7, 2_000_000_000], pa.int64()),
+        "price": pa.array([Decimal("1.5"), Decimal("-99999999.99")], pa.decimal128(20, 4)),
+        "name": pa.array(["é𝄞", None], pa.large_string()),
+        "day": pa.array([dt.date(2024, 2, 29), dt.date(9999, 12, 31)]),
+        "at": pa.array([dt.datetime(2024, 3, 31, 1, 30, 0, 123456), dt.datetime(2038, 1, 19, 3, 14, 8)], pa.timestamp("us", "UTC")),
+    })
+    target = make_target(emu, format="arrow")
+    txn = Writer(emu).begin(target, "typed")
+    txn.write(table)
+    (part,) = txn.prepare()
+    assert target.commit(part.committable("sum")) is CommitOutcome.COMMITTED
+    assert sorted(emu.visible_rows(DB, "typed")) == [
+        (1, -7, Decimal("1.50"), "é𝄞", dt.date(2024, 2, 29), dt.datetime(2024, 3, 31, 1, 30, 0, 123456)),
+        (2, 2_000_000_000, Decimal("-99999999.99"), None, dt.date(9999, 12, 31), dt.datetime(2038, 1, 19, 3, 14, 8)),
+    ]
+
+
+def test_a_value_that_does_not_fit_the_arrow_column_type_is_refused_not_wrapped(emu: DorisEmulator) -> None:
+    emu.create_table(DB, "typed", [("id", "BIGINT"), ("small", "INT")])
+    txn = Writer(emu).begin(make_target(emu, format="arrow"), "typed")
+    with pytest.raises(Exception, match="small"):
+        txn.write(pa.table({"id": pa.array([1], pa.int64()), "small": pa.array([1 << 40], pa.int64())}))
+    assert emu.visible_rows(DB, "typed") == []
+
+
+def test_column_names_beyond_ascii_travel_in_json_bodies_and_are_refused_up_front_for_csv(emu: DorisEmulator) -> None:
+    """Review B6: the `columns` header is latin-1; a JSON body carries the names itself."""
+    emu.create_table(DB, "named", [("id", "BIGINT"), ("名前", "VARCHAR(20)")])
+    schema = pa.schema([("id", pa.int64()), ("名前", pa.string())])
+    with pytest.raises(ConfigurationError, match="not printable ASCII.*JSON"):
+        make_target(emu).check_schema("named", schema)
+    target = make_target(emu, format="json")
+    target.check_schema("named", schema)
+    txn = Writer(emu).begin(target, "named")
+    txn.write(pa.table({"id": [1], "名前": ["山田"]}, schema=schema))
+    (part,) = txn.prepare()
+    assert target.commit(part.committable("sum")) is CommitOutcome.COMMITTED
+    assert emu.visible_rows(DB, "named") == [(1, "山田")]
 
 
 def test_filtered_rows_beyond_the_ratio_fail_clearly(emu: DorisEmulator) -> None:

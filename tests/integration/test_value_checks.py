@@ -1,0 +1,92 @@
+"""Values a ClickHouse column would alter silently (wrap, clamp, default, truncate, round) or refuse
+(wedging the batch) go to the dead-letter table with a reason naming the column; the rest arrive
+exactly as sent. Real engine (chdb), the packaged job's frame, one batch through the sink."""
+from __future__ import annotations
+
+import base64
+import datetime as dt
+import decimal
+import json
+
+import pytest
+
+from devstack.pipeline import open_target
+from state import FileStateStore
+from streaming_sink.job import JobSpec, build_frame, check_columns, resolve_tables, table_schemas
+from streaming_sink.sink import ExactlyOnceSink
+
+DB = "analytics"
+SCHEMA = "id BIGINT NOT NULL, small INT, day DATE, at TIMESTAMP, code STRING, ratio DOUBLE, note STRING, price DECIMAL(10,3)"
+KAFKA = "value BINARY, topic STRING, partition INT, offset BIGINT, timestamp TIMESTAMP"
+GOOD = {"table": "readings", "id": 1, "small": -128, "day": "1970-01-01", "at": "2024-03-31T01:30:00Z", "code": "abc",
+        "ratio": 0.5, "note": "", "price": "1234.56"}
+
+
+def message(**changes: object) -> dict:
+    return {**GOOD, **changes}
+
+
+# (message, the dead-letter reason's distinguishing words; None: arrives as sent)
+CASES: list[tuple[object, str | None]] = [
+    (GOOD, None),
+    (message(id=2, small=127, day="2149-06-06", code="xyz", ratio=-0.25, note="é𝄞", price="-9999.99"), None),
+    (message(id=3, small=300), "column 'small' of readings (Int8): integer out of range [-128, 127]"),
+    (message(id=4, note=None), "column 'note' of readings (String): NULL, which the column cannot hold"),
+    (message(id=5, day="1960-01-01"), "column 'day' of readings (Date): date outside 1970-01-01 .. 2149-06-06"),
+    (message(id=6, at="2024-01-01T00:00:00.5Z"), "column 'at' of readings (DateTime('UTC')): keeps 0 digits of a second"),
+    (message(id=7, code="abcd"), "column 'code' of readings (FixedString(3)): longer than 3 bytes"),
+    (message(id=8, ratio=0.1), "column 'ratio' of readings (Float32): a double that FLOAT would round"),
+    (message(id=9, price="1.005"), "column 'price' of readings (Decimal(6, 2)): more than 2 decimal places"),
+    (message(id=10, price="10000"), "column 'price' of readings (Decimal(6, 2)): too many integer digits"),
+]
+NOT_UTF8 = b'\xff\xfe{"table": "readings", "id": 11}'
+
+
+@pytest.fixture
+def target(tmp_path):
+    with open_target(tmp_path / "ch", DB) as t:
+        client = t.client()
+        client.command(f"CREATE DATABASE {DB}")
+        client.command(
+            f"CREATE TABLE {DB}.readings (id Int64, small Int8, day Date, at DateTime('UTC'), code FixedString(3), "
+            "ratio Float32, note String, price Decimal(6, 2), kafka_partition Int32, kafka_offset Int64) "
+            "ENGINE = MergeTree ORDER BY id")
+        client.command(f"CREATE TABLE {DB}.dead_letters (raw_value Nullable(String), topic String, partition Int32, "
+                       "offset Int64, kafka_timestamp DateTime64(6), reason String) ENGINE = MergeTree ORDER BY offset")
+        yield t
+
+
+def test_values_a_column_cannot_hold_are_dead_letters_naming_the_column(spark_session, target, tmp_path):
+    job = JobSpec(
+        job_id="values", bootstrap="unused", topics=["events"], target_url=f"chdb://{tmp_path / 'ch'}", database=DB,
+        state_url=f"file://{tmp_path / 'state'}", checkpoint=str(tmp_path / "ckpt"), tables={"readings": SCHEMA},
+        table_field="table", dead_letter_table="dead_letters",
+    )
+    sink = ExactlyOnceSink(target=target, state=FileStateStore(tmp_path / "state"), job_id=job.job_id,
+                           table_column="__table", struct_columns=True, dead_letter_table=job.dead_letter_table)
+    sink.start()
+    tables = resolve_tables(job, sink.known_tables)
+    columns = check_columns(target, table_schemas(job, tables))
+    raw = [json.dumps(m).encode() for m, _ in CASES] + [NOT_UTF8]
+    rows = [(bytearray(value), "events", 0, offset, dt.datetime(2026, 1, 1)) for offset, value in enumerate(raw)]
+    frame = build_frame(spark_session.createDataFrame(rows, KAFKA), job, tables, columns)
+    sink.process(frame, 0, "q")
+
+    client = target.client()
+    loaded = client.query(
+        f"SELECT id, small, day, toString(at), toString(code), ratio, note, price FROM {DB}.readings ORDER BY id").result_rows
+    assert loaded == [
+        (1, -128, dt.date(1970, 1, 1), "2024-03-31 01:30:00", "abc", 0.5, "", decimal.Decimal("1234.56")),
+        (2, 127, dt.date(2149, 6, 6), "2024-03-31 01:30:00", "xyz", -0.25, "é𝄞", decimal.Decimal("-9999.99")),
+    ]
+    dead = dict(client.query(f"SELECT offset, reason FROM {DB}.dead_letters").result_rows)
+    for offset, (_, reason) in enumerate(CASES):
+        if reason is None:
+            assert offset not in dead
+        else:
+            assert reason in dead.pop(offset)
+    (reason,) = [dead.pop(len(CASES))]
+    assert reason.startswith("message is not valid UTF-8")
+    assert dead == {}
+    (stored,) = client.query(f"SELECT raw_value FROM {DB}.dead_letters WHERE offset = {len(CASES)}").result_rows[0]
+    assert base64.b64decode(stored) == NOT_UTF8  # the bytes, losslessly
