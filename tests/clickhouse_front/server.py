@@ -1,0 +1,797 @@
+"""A ClickHouse HTTP server in front of the real engine (chdb), for tests of the HTTP path.
+
+It speaks the part of ClickHouse's HTTP interface that clickhouse-connect uses, and hands every
+statement, as bytes, to the embedded engine: the engine parses it (inline INSERT data included),
+checks settings and parameters, and writes the output format the client asked for, so the bytes
+and the errors are the engine's own. What the front does itself is the HTTP layer, as ClickHouse's
+HTTP handler does it (src/Server/HTTPHandler.cpp, docs https://clickhouse.com/docs/interfaces/http):
+
+* the statement is the `query` URL parameter, a line break, then the (decompressed) body; with
+  `multipart/form-data` it is the `query` form field (text fields only: no external tables);
+* URL parameters: `param_<name>` are query parameters; `database` (or the X-ClickHouse-Database
+  header), `default_format` (or X-ClickHouse-Format), `query_id` (or X-ClickHouse-Query-Id),
+  `session_id`/`session_timeout`/`session_check`/`close_session` are the handler's own; the other
+  reserved names (`compress`, `decompress`, `user`, `password`, `quota_key`, `stacktrace`, `role`,
+  `buffer_size`, `wait_end_of_query`, `client_protocol_version`) are not settings; everything
+  else is a setting, unknown ones fail in the engine (UNKNOWN_SETTING) as on a server;
+* GET is read-only (only result-producing statements, SET and USE), POST may write;
+* request bodies are decompressed by Content-Encoding (gzip, deflate, zstd, lz4, br, xz, bz2);
+  answers are compressed when `enable_http_compression` is on and Accept-Encoding names a method,
+  choosing zstd, br, lz4, gzip, deflate, xz, bz2 in that order of preference (as ClickHouse does);
+* answers carry X-ClickHouse-Query-Id, X-ClickHouse-Timezone, X-ClickHouse-Summary (JSON of
+  strings), X-ClickHouse-Server-Display-Name, and X-ClickHouse-Format only for statements that
+  produce a result (clickhouse-connect's `command` tells "" from a summary by it);
+* errors: status from the exception code (ClickHouse's exceptionCodeToHTTPStatus: 400 for parse
+  and argument errors, 404 for unknown tables/databases/settings..., 403 auth, else 500), header
+  X-ClickHouse-Exception-Code, body `Code: N. DB::Exception: ... (NAME) (version V)`;
+* sessions: a named session keeps SET settings and USE, is locked while a statement runs (a
+  second concurrent statement gets 373 SESSION_IS_LOCKED), expires `session_timeout` s (default
+  60) after its last use, and `session_check=1` on a missing one gives 372 SESSION_NOT_FOUND.
+
+Not spoken: `compress=1`/`decompress=1` (ClickHouse's own block compression: 501 here), external
+tables, `client_protocol_version` (ignored, like a proxy that drops it: the client then reads
+Native without block info), progress headers, streaming before the end of the query (answers are
+always buffered, as with `wait_end_of_query=1`), temporary tables per session, users and roles
+beyond an optional password check, `result_rows` in the summary.
+
+One engine per data path per process (chdb allows one path per process), shared by every front on
+the path, runs one statement at a time under a lock. That is faithful enough for what the tests
+check: a server also applies each statement atomically with respect to the parts it creates and
+moves, so clients see the same set of outcomes; what is lost is only overlap in time (no two
+statements ever run at once), which no test may depend on anyway. URL and session settings are
+applied to the shared engine with SET (and reset to DEFAULT when a later statement does not ask
+for them) under the same lock, so each statement runs with exactly its own settings.
+
+Faults (`front.faults`) copy what real servers and networks do, each armed for the next N
+statements whose text matches a predicate, counted, and resettable: `drop_before`, `fail_before`
+(5xx before executing), `drop_after_apply` (the statement is applied, the connection closes before
+the answer) and `delay` (the answer, or the statement, waits on an event: client timeouts).
+"""
+from __future__ import annotations
+
+import bz2
+import collections
+import email.parser
+import email.policy
+import gzip
+import itertools
+import json
+import lzma
+import re
+import socket
+import threading
+import time
+import uuid
+import zlib
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any, Callable, Iterator, Pattern, Union
+from urllib.parse import parse_qsl, urlsplit
+
+#: Query parameters ClickHouse's HTTP handler keeps for itself (not settings).
+RESERVED_PARAMS = frozenset({
+    "query", "compress", "decompress", "user", "password", "quota_key", "query_id", "stacktrace", "role", "buffer_size",
+    "wait_end_of_query", "session_id", "session_timeout", "session_check", "client_protocol_version", "close_session",
+    "database", "default_format",
+})
+#: Settings the front never SETs on the shared engine: `readonly` cannot be unset once set (it is enforced here).
+_FRONT_ONLY_SETTINGS = frozenset({"readonly"})
+
+# exceptionCodeToHTTPStatus, by exception name (the engine's messages end with the name).
+_STATUS_BY_NAME: dict[str, int] = {
+    "REQUIRED_PASSWORD": 401,
+    **dict.fromkeys(("UNKNOWN_USER", "WRONG_PASSWORD", "AUTHENTICATION_FAILED", "SET_NON_GRANTED_ROLE"), 403),
+    **dict.fromkeys((
+        "BAD_ARGUMENTS", "CANNOT_COMPILE_REGEXP", "CANNOT_PARSE_TEXT", "CANNOT_PARSE_ESCAPE_SEQUENCE", "CANNOT_PARSE_QUOTED_STRING",
+        "CANNOT_PARSE_DATE", "CANNOT_PARSE_DATETIME", "CANNOT_PARSE_NUMBER", "CANNOT_PARSE_DOMAIN_VALUE_FROM_STRING",
+        "CANNOT_PARSE_IPV4", "CANNOT_PARSE_IPV6", "CANNOT_PARSE_INPUT_ASSERTION_FAILED", "CANNOT_PARSE_UUID", "DUPLICATE_COLUMN",
+        "ILLEGAL_COLUMN", "UNKNOWN_ELEMENT_IN_AST", "UNKNOWN_TYPE_OF_AST_NODE", "THERE_IS_NO_COLUMN", "TOO_DEEP_AST", "TOO_BIG_AST",
+        "UNEXPECTED_AST_STRUCTURE", "SYNTAX_ERROR", "INCORRECT_DATA", "TYPE_MISMATCH", "VALUE_IS_OUT_OF_RANGE_OF_DATA_TYPE",
+    ), 400),
+    **dict.fromkeys((
+        "UNKNOWN_TABLE", "UNKNOWN_FUNCTION", "UNKNOWN_IDENTIFIER", "UNKNOWN_TYPE", "UNKNOWN_STORAGE", "UNKNOWN_DATABASE",
+        "UNKNOWN_SETTING", "UNKNOWN_DIRECTION_OF_SORTING", "UNKNOWN_AGGREGATE_FUNCTION", "UNKNOWN_FORMAT",
+        "UNKNOWN_DATABASE_ENGINE", "UNKNOWN_TYPE_OF_QUERY", "UNKNOWN_ROLE",
+    ), 404),
+    "QUERY_IS_TOO_LARGE": 413,
+    "NOT_IMPLEMENTED": 501,
+    "SOCKET_TIMEOUT": 503, "CANNOT_OPEN_FILE": 503, "CANNOT_SCHEDULE_TASK": 503,
+    "HTTP_LENGTH_REQUIRED": 411,
+    "TIMEOUT_EXCEEDED": 408,
+}
+_CODE_RE = re.compile(r"Code:\s*(\d+)")
+_NAME_RE = re.compile(r"\(([A-Z][A-Z0-9_]+)\)\s*$")
+# A trailing `FORMAT name` (maybe followed by SETTINGS) names the output format of a query.
+_TRAILING_FORMAT_RE = re.compile(r"\bFORMAT\s+([A-Za-z][A-Za-z0-9_]*)\s*(?:SETTINGS\b[^;]*)?;?\s*$", re.IGNORECASE | re.DOTALL)
+# The statement part of an INSERT with inline data: up to its format name.
+_INSERT_HEAD_RE = re.compile(rb"^\s*INSERT\b.*?\bFORMAT\s+[A-Za-z][A-Za-z0-9_]*", re.IGNORECASE | re.DOTALL)
+_LEADING_NOISE_RE = re.compile(r"^(?:\s+|--[^\n]*\n?|/\*.*?\*/|\()*", re.DOTALL)
+_RESULT_KEYWORDS = frozenset({"SELECT", "WITH", "SHOW", "DESC", "DESCRIBE", "EXISTS", "EXPLAIN", "CHECK"})
+_CONTENT_TYPES = (
+    (re.compile(r"^(TabSeparated|TSV)", re.I), "text/tab-separated-values; charset=UTF-8"),
+    (re.compile(r"^CSV", re.I), "text/csv; charset=UTF-8; header=absent"),
+    (re.compile(r"^JSON", re.I), "application/json; charset=UTF-8"),
+    (re.compile(r"^(Native|RowBinary|Arrow|Parquet|ORC|Avro)", re.I), "application/octet-stream"),
+)
+_PREFERRED_ENCODINGS = ("zstd", "br", "lz4", "gzip", "deflate", "xz", "bz2")  # ClickHouse's chooseHTTPCompressionMethod order
+
+
+# --------------------------------------------------------------------------------------------
+# Compression
+# --------------------------------------------------------------------------------------------
+
+
+def _codec(name: str) -> tuple[Callable[[bytes], bytes], Callable[[bytes], bytes]] | None:
+    """(compress, decompress) for an HTTP content coding, or None if this Python cannot do it."""
+    if name == "gzip":
+        return gzip.compress, gzip.decompress
+    if name == "deflate":
+        return zlib.compress, zlib.decompress
+    if name == "xz":
+        return lzma.compress, lzma.decompress
+    if name == "bz2":
+        return bz2.compress, bz2.decompress
+    if name == "zstd":
+        try:
+            from backports import zstd  # type: ignore[import-not-found]
+        except ImportError:
+            try:
+                from compression import zstd  # type: ignore[import-not-found,no-redef]
+            except ImportError:
+                return None
+        return zstd.compress, zstd.decompress
+    if name == "lz4":
+        try:
+            import lz4.frame
+        except ImportError:
+            return None
+        return lz4.frame.compress, lz4.frame.decompress
+    if name == "br":
+        try:
+            import brotli  # type: ignore[import-not-found]
+        except ImportError:
+            return None
+        return brotli.compress, brotli.decompress
+    return None
+
+
+def choose_response_encoding(accept_encoding: str) -> str | None:
+    """The coding ClickHouse would answer in for this Accept-Encoding (substring match, fixed preference)."""
+    for name in _PREFERRED_ENCODINGS:
+        if name in accept_encoding and _codec(name) is not None:
+            return name
+    return None
+
+
+# --------------------------------------------------------------------------------------------
+# Errors
+# --------------------------------------------------------------------------------------------
+
+
+class ClickHouseError(Exception):
+    """An exception as ClickHouse reports it: code, name and message."""
+
+    def __init__(self, code: int, name: str, message: str) -> None:
+        super().__init__(message)
+        self.code, self.name, self.message = code, name, message
+
+    @classmethod
+    def from_engine(cls, error: BaseException) -> "ClickHouseError":
+        text = str(error).strip()
+        code = _CODE_RE.search(text)
+        name = _NAME_RE.search(text)
+        if code is None:  # not the engine's exception: report it the way a server reports a C++ one
+            return cls(1001, "STD_EXCEPTION", f"Code: 1001. DB::Exception: {text}. (STD_EXCEPTION)")
+        return cls(int(code.group(1)), name.group(1) if name else "", text)
+
+    @classmethod
+    def make(cls, code: int, name: str, text: str) -> "ClickHouseError":
+        return cls(code, name, f"Code: {code}. DB::Exception: {text}. ({name})")
+
+    @property
+    def status(self) -> int:
+        return _STATUS_BY_NAME.get(self.name, 500)
+
+
+# --------------------------------------------------------------------------------------------
+# Faults
+# --------------------------------------------------------------------------------------------
+
+Predicate = Union[str, Pattern[str], Callable[[str], bool]]
+
+
+@dataclass
+class _Arm:
+    match: Callable[[str], bool]
+    times: int
+    params: dict[str, Any]
+
+
+class Fault:
+    """One fault, armed for the next `times` statements whose text matches `when`; `fired` counts its uses."""
+
+    def __init__(self, name: str, doc: str) -> None:
+        self.name, self.__doc__ = name, doc
+        self._arms: list[_Arm] = []
+        self._lock = threading.Lock()
+        self.fired = 0
+
+    def arm(self, when: Predicate = r"", times: int = 1, **params: Any) -> "Fault":
+        """`when`: a regex searched in the statement text, or a callable on it."""
+        if times < 1:
+            raise ValueError("times must be >= 1")
+        if callable(when):
+            match = when
+        else:
+            pattern = when if isinstance(when, re.Pattern) else re.compile(when, re.DOTALL)
+            match = lambda text: pattern.search(text) is not None  # noqa: E731
+        with self._lock:
+            self._arms.append(_Arm(match, times, params))
+        return self
+
+    def take(self, statement: str) -> dict[str, Any] | None:
+        """Use one arming that matches the statement; its params, or None if none matches."""
+        with self._lock:
+            for arm in self._arms:
+                if arm.match(statement):
+                    arm.times -= 1
+                    if arm.times == 0:
+                        self._arms.remove(arm)
+                    self.fired += 1
+                    return dict(arm.params)
+        return None
+
+    @property
+    def armed(self) -> bool:
+        with self._lock:
+            return bool(self._arms)
+
+    def reset(self) -> None:
+        with self._lock:
+            self._arms.clear()
+            self.fired = 0
+
+
+class Faults:
+    """The front's fault knobs, as attributes (`front.faults.drop_after_apply.arm("MOVE PARTITION")`)."""
+
+    KNOBS = {
+        "drop_before": "close the connection without executing or answering",
+        "fail_before": "answer HTTP `status` (503) with ClickHouse error `code`/`name` (439 CANNOT_SCHEDULE_TASK), not executing",
+        "drop_after_apply": "execute the statement, then close the connection without an answer",
+        "delay": "wait up to `seconds` (5) on an event, `phase` 'after' (default: applied, answer held) or 'before' executing",
+    }
+
+    def __init__(self) -> None:
+        self._knobs = {name: Fault(name, doc) for name, doc in self.KNOBS.items()}
+        self._wake = threading.Event()
+
+    def __getattr__(self, name: str) -> Fault:
+        knobs = self.__dict__.get("_knobs", {})
+        if name in knobs:
+            return knobs[name]
+        raise AttributeError(f"unknown fault {name!r}; known: {sorted(knobs)}")
+
+    def __iter__(self) -> Iterator[Fault]:
+        return iter(self._knobs.values())
+
+    def reset(self) -> None:
+        """Disarm every knob and zero its count; held answers go now."""
+        for knob in self._knobs.values():
+            knob.reset()
+        self.release()
+
+    def release(self) -> None:
+        """Let every delayed statement go on now (later delays wait again)."""
+        old, self._wake = self._wake, threading.Event()
+        old.set()
+
+    def wait(self, seconds: float) -> None:
+        self._wake.wait(seconds)
+
+
+# --------------------------------------------------------------------------------------------
+# The engine
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Outcome:
+    body: bytes
+    read_rows: int = 0
+    read_bytes: int = 0
+    written_rows: int = 0
+    written_bytes: int = 0
+    elapsed_s: float = 0.0
+
+
+class Engine:
+    """One chdb session on a data path, shared by every front on the path; one statement at a time."""
+
+    _registry: dict[str, "Engine"] = {}
+    _registry_lock = threading.Lock()
+
+    def __init__(self, path: str) -> None:
+        from chdb import session as chdb_session
+
+        self.path = path
+        self.lock = threading.Lock()
+        self.users = 0
+        self._session = chdb_session.Session(path)
+        self._applied: dict[str, str] = {}  # settings this front has SET on the engine
+        self._database: str | None = None  # the engine's current database, when known
+        version, tz = self._session.query("SELECT version(), timezone()", "TabSeparated").bytes().decode().rstrip("\n").split("\t")
+        self.version, self.timezone = version, tz
+        # ClickHouse reads enable_http_compression from the query's settings, so its default is the engine's
+        self.http_compression_default = self._session.query(
+            "SELECT value FROM system.settings WHERE name = 'enable_http_compression'", "TabSeparated").bytes().decode().strip() or "0"
+
+    @classmethod
+    def acquire(cls, path: str) -> "Engine":
+        with cls._registry_lock:
+            engine = cls._registry.get(path)
+            if engine is None:
+                engine = cls._registry[path] = Engine(path)
+            engine.users += 1
+            return engine
+
+    def release(self) -> None:
+        with self._registry_lock:
+            self.users -= 1
+            if self.users == 0:
+                del self._registry[self.path]
+                with self.lock:
+                    self._session.close()
+
+    def _raw(self, sql: str | bytes, fmt: str = "TabSeparated", params: dict[str, str] | None = None) -> Any:
+        try:
+            return self._session.query(sql, fmt, params=params or {})
+        except Exception as error:  # chdb raises its own error types with ClickHouse's message
+            raise ClickHouseError.from_engine(error) from None
+
+    def _use(self, database: str) -> None:
+        if database != self._database:
+            self._database = None
+            self._raw(f"USE {quote_identifier(database)}")
+            self._database = database
+
+    def _apply(self, wanted: dict[str, str]) -> None:
+        for name in [k for k in self._applied if k not in wanted]:
+            self._raw(f"SET {name} = DEFAULT")
+            del self._applied[name]
+        for name, value in wanted.items():
+            if self._applied.get(name) != value:
+                if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name):
+                    raise ClickHouseError.make(115, "UNKNOWN_SETTING", f"Setting {name} is neither a builtin setting nor custom")
+                self._applied.pop(name, None)
+                self._raw(f"SET {name} = {quote_string(value)}")
+                self._applied[name] = value
+
+    def changed_settings(self) -> dict[str, str]:
+        """Settings the engine reports as changed (after a SET statement: what it changed)."""
+        rows = self._raw("SELECT name, value FROM system.settings WHERE changed", "JSONEachRow").bytes().splitlines()
+        return {row["name"]: row["value"] for row in map(json.loads, rows)}
+
+    def execute(self, sql: bytes, fmt: str, params: dict[str, str], settings: dict[str, str], database: str,
+                after: Callable[["Engine"], None] | None = None) -> Outcome:
+        """Run one statement with exactly these settings, in this database; `after` runs under the same lock."""
+        with self.lock:
+            self._use(database)
+            self._apply(settings)
+            started = time.monotonic()
+            result = self._raw(sql, fmt, params)
+            outcome = Outcome(
+                body=result.bytes() or b"", read_rows=result.rows_read(), read_bytes=result.bytes_read(),
+                written_rows=result.rows_written(), written_bytes=result.bytes_written(), elapsed_s=time.monotonic() - started,
+            )
+            if after is not None:
+                after(self)
+            return outcome
+
+    def after_use(self) -> str:
+        """The engine's database after a USE statement (called under the lock)."""
+        self._database = self._raw("SELECT currentDatabase()").bytes().decode().rstrip("\n")
+        return self._database
+
+    def after_set(self) -> dict[str, str]:
+        """What a SET statement changed beyond the settings this front applied (called under the lock)."""
+        changed = {k: v for k, v in self.changed_settings().items() if self._applied.get(k) != v}
+        self._applied.update(changed)
+        return changed
+
+
+def quote_identifier(name: str) -> str:
+    return "`" + name.replace("\\", "\\\\").replace("`", "\\`") + "`"
+
+
+def quote_string(value: str) -> str:
+    return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
+# --------------------------------------------------------------------------------------------
+# Sessions
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass
+class _Session:
+    timeout_s: float
+    expires_at: float
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    database: str | None = None
+    settings: dict[str, str] = field(default_factory=dict)
+
+
+class _Sessions:
+    def __init__(self) -> None:
+        self._sessions: dict[str, _Session] = {}
+        self._lock = threading.Lock()
+
+    def acquire(self, session_id: str, timeout_s: float, check: bool) -> _Session:
+        now = time.monotonic()
+        with self._lock:
+            for key in [k for k, s in self._sessions.items() if s.expires_at <= now and not s.lock.locked()]:
+                del self._sessions[key]
+            session = self._sessions.get(session_id)
+            if session is None:
+                if check:
+                    raise ClickHouseError.make(372, "SESSION_NOT_FOUND", f"Session {session_id} not found")
+                session = self._sessions[session_id] = _Session(timeout_s, now + timeout_s)
+            if not session.lock.acquire(blocking=False):
+                raise ClickHouseError.make(373, "SESSION_IS_LOCKED", "Session is locked by a concurrent client")
+            session.timeout_s = timeout_s
+            return session
+
+    def release(self, session_id: str, session: _Session, close: bool) -> None:
+        with self._lock:
+            session.expires_at = time.monotonic() + session.timeout_s
+            session.lock.release()
+            if close:
+                self._sessions.pop(session_id, None)
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._sessions)
+
+
+# --------------------------------------------------------------------------------------------
+# The HTTP server
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass
+class _Request:
+    method: str
+    params: dict[str, str]
+    headers: Any
+    body: bytes
+
+
+class _Drop(Exception):
+    """Close the connection without an answer."""
+
+
+class ClickHouseFront:
+    """A threaded HTTP server on 127.0.0.1 (a free port) speaking ClickHouse's HTTP interface over chdb at `path`.
+
+    `password`: if given, the user `default` must present it (HTTP Basic or `user`/`password`
+    parameters or X-ClickHouse-User/Key headers); otherwise any credentials are accepted.
+    """
+
+    def __init__(self, path: str | Path, password: str | None = None, display_name: str = "clickhouse-front") -> None:
+        self.path = str(path)
+        self.password = password
+        self.display_name = display_name
+        self.faults = Faults()
+        self.sessions = _Sessions()
+        self.statements: list[str] = []  # every statement executed (its text up to any inline data), in order
+        self.encodings: collections.Counter[tuple[str, str]] = collections.Counter()  # ("request"|"response", coding)
+        self._statements_lock = threading.Lock()
+        self._engine: Engine | None = None
+        self._server: ThreadingHTTPServer | None = None
+        self._thread: threading.Thread | None = None
+
+    # -- lifecycle ---------------------------------------------------------------------------
+
+    def start(self) -> "ClickHouseFront":
+        Path(self.path).mkdir(parents=True, exist_ok=True)
+        self._engine = Engine.acquire(self.path)
+        front = self
+
+        class Handler(_Handler):
+            owner = front
+
+        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self._server.daemon_threads = True
+        self._thread = threading.Thread(target=self._server.serve_forever, name=f"clickhouse-front:{self.port}", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self.faults.reset()
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
+            self._server = None
+        if self._engine is not None:
+            self._engine.release()
+            self._engine = None
+
+    def __enter__(self) -> "ClickHouseFront":
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    @property
+    def port(self) -> int:
+        assert self._server is not None, "start() the front first"
+        return int(self._server.server_address[1])
+
+    @property
+    def host(self) -> str:
+        return "127.0.0.1"
+
+    @property
+    def url(self) -> str:
+        """The address as the target's transport takes it (`http://127.0.0.1:port`)."""
+        return f"http://{self.host}:{self.port}"
+
+    @property
+    def target_url(self) -> str:
+        """The address as a job's `target.url` names it (`clickhouse://127.0.0.1:port`)."""
+        return f"clickhouse://{self.host}:{self.port}"
+
+    @property
+    def engine(self) -> Engine:
+        assert self._engine is not None, "start() the front first"
+        return self._engine
+
+    # -- one request -------------------------------------------------------------------------
+
+    def handle(self, request: _Request, send: Callable[[int, dict[str, str], bytes], None]) -> None:
+        """Answer one query request (raises _Drop to close the connection without an answer)."""
+        params = request.params
+        query_id = params.get("query_id") or request.headers.get("X-ClickHouse-Query-Id") or str(uuid.uuid4())
+        headers = {"X-ClickHouse-Server-Display-Name": self.display_name, "X-ClickHouse-Query-Id": query_id,
+                   "Content-Type": "text/plain; charset=UTF-8"}
+        encoding: str | None = None
+        session_id = params.get("session_id")
+        session: _Session | None = None
+        try:
+            self._authenticate(request)
+            if params.get("compress", "0") not in ("0", "") or params.get("decompress", "0") not in ("0", ""):
+                raise ClickHouseError.make(48, "NOT_IMPLEMENTED", "compress/decompress (block compression): not spoken by the front")
+            sql, form_params = self._statement(request)
+            params = {**params, **form_params}
+            if session_id:
+                timeout = params.get("session_timeout", "60")
+                if not timeout.isdigit():
+                    raise ClickHouseError.make(374, "INVALID_SESSION_TIMEOUT", f"Invalid session timeout: '{timeout}'")
+                session = self.sessions.acquire(session_id, float(timeout), params.get("session_check") == "1")
+            settings = dict(session.settings) if session else {}
+            settings.update({k: v for k, v in params.items() if k not in RESERVED_PARAMS and not k.startswith("param_")})
+            if settings.get("enable_http_compression", self.engine.http_compression_default) not in ("0", "false", ""):
+                encoding = choose_response_encoding(request.headers.get("Accept-Encoding", ""))
+            readonly = request.method != "POST" or settings.get("readonly", "0") not in ("0", "")
+            engine_settings = {k: v for k, v in settings.items() if k not in _FRONT_ONLY_SETTINGS}
+            text = statement_text(sql)
+            keyword = first_keyword(text)
+            if readonly and keyword not in _RESULT_KEYWORDS | {"SET", "USE"}:
+                raise ClickHouseError.make(164, "READONLY", "Cannot execute query in readonly mode")
+            database = (request.headers.get("X-ClickHouse-Database") or params.get("database")
+                        or (session.database if session else None) or "default")
+            default_format = request.headers.get("X-ClickHouse-Format") or params.get("default_format") or "TabSeparated"
+            query_params = {k[len("param_"):]: v for k, v in params.items() if k.startswith("param_")}
+            held = self._before(text)
+
+            after: Callable[[Engine], None] | None = None
+            if keyword == "USE":
+                def after(engine: Engine) -> None:
+                    db = engine.after_use()
+                    if session is not None:
+                        session.database = db
+            elif keyword == "SET":
+                def after(engine: Engine) -> None:
+                    changed = engine.after_set()
+                    if session is not None:
+                        session.settings.update(changed)
+
+            outcome = self.engine.execute(sql, default_format, query_params, engine_settings, database, after)
+            with self._statements_lock:
+                self.statements.append(text)
+            if session is not None:  # a server frees the session when the statement ends, before the answer goes out
+                self.sessions.release(session_id or "", session, params.get("close_session") == "1")
+                session = None
+            self._after(text, held)
+
+            produces_result = keyword in _RESULT_KEYWORDS or bool(outcome.body)
+            headers["X-ClickHouse-Timezone"] = settings.get("session_timezone") or self.engine.timezone
+            if produces_result:
+                found = _TRAILING_FORMAT_RE.search(text)
+                fmt = found.group(1) if found else default_format
+                headers["X-ClickHouse-Format"] = fmt
+                headers["Content-Type"] = next((ct for pattern, ct in _CONTENT_TYPES if pattern.match(fmt)), "text/plain; charset=UTF-8")
+            headers["X-ClickHouse-Summary"] = json.dumps({
+                "read_rows": str(outcome.read_rows), "read_bytes": str(outcome.read_bytes),
+                "written_rows": str(outcome.written_rows), "written_bytes": str(outcome.written_bytes),
+                "total_rows_to_read": str(outcome.read_rows), "result_bytes": str(len(outcome.body)),
+                "elapsed_ns": str(int(outcome.elapsed_s * 1e9)),
+            }, separators=(",", ":"))
+            body, status = outcome.body, 200
+        except ClickHouseError as error:
+            status = error.status
+            headers["X-ClickHouse-Exception-Code"] = str(error.code)
+            body = f"{error.message} (version {self.engine.version})\n".encode()
+        finally:
+            if session is not None and session_id:
+                self.sessions.release(session_id, session, params.get("close_session") == "1")
+        if encoding is not None:
+            headers["Content-Encoding"] = encoding
+            self.encodings["response", encoding] += 1
+            compress = _codec(encoding)
+            assert compress is not None
+            body = compress[0](body)
+        send(status, headers, body)
+
+    def _authenticate(self, request: _Request) -> None:
+        if self.password is None:
+            return
+        import base64
+
+        user, password = request.params.get("user"), request.params.get("password")
+        auth = request.headers.get("Authorization", "")
+        if auth.startswith("Basic "):
+            user, _, password = base64.b64decode(auth[6:]).decode().partition(":")
+        user = request.headers.get("X-ClickHouse-User", user)
+        password = request.headers.get("X-ClickHouse-Key", password)
+        if (user or "default") != "default" or (password or "") != self.password:
+            raise ClickHouseError.make(516, "AUTHENTICATION_FAILED",
+                                       f"{user or 'default'}: Authentication failed: password is incorrect, "
+                                       "or there is no user with such name")
+
+    def _statement(self, request: _Request) -> tuple[bytes, dict[str, str]]:
+        """The statement bytes (query parameter, a line break, the body) and any form fields."""
+        content_type = request.headers.get("Content-Type", "")
+        body = request.body
+        coding = request.headers.get("Content-Encoding", "").strip().lower()
+        if coding and coding != "identity":
+            codec = _codec(coding)
+            if codec is None:
+                raise ClickHouseError.make(48, "NOT_IMPLEMENTED", f"Unknown compression method: {coding}")
+            self.encodings["request", coding] += 1
+            try:
+                body = codec[1](body)
+            except Exception as error:
+                raise ClickHouseError.make(271, "CANNOT_DECOMPRESS", f"Cannot decompress {coding} request body: {error}") from None
+        if content_type.startswith("multipart/form-data"):
+            message = email.parser.BytesParser(policy=email.policy.HTTP).parsebytes(
+                b"Content-Type: " + content_type.encode() + b"\r\n\r\n" + body)
+            fields: dict[str, str] = {}
+            for part in message.iter_parts():  # type: ignore[attr-defined]
+                if part.get_filename():
+                    raise ClickHouseError.make(48, "NOT_IMPLEMENTED", "external tables are not spoken by the test front")
+                fields[part.get_param("name", header="content-disposition")] = part.get_content()
+            query = fields.pop("query", "")
+            return query.encode(), {k: v for k, v in fields.items() if k.startswith("param_")}
+        query = request.params.get("query", "")
+        return ((query + "\n").encode() if query else b"") + body, {}
+
+    def _before(self, text: str) -> float | None:
+        """Faults that act before the statement runs; the seconds to hold the answer after it ran, if any."""
+        if self.faults.drop_before.take(text) is not None:
+            raise _Drop()
+        fail = self.faults.fail_before.take(text)
+        if fail is not None:
+            error = ClickHouseError.make(int(fail.get("code", 439)), str(fail.get("name", "CANNOT_SCHEDULE_TASK")),
+                                         str(fail.get("message", "Cannot schedule a task: injected by the test front")))
+            raise _StatusError(error, int(fail.get("status", 503)))
+        delay = self.faults.delay.take(text)
+        if delay is None:
+            return None
+        if delay.get("phase", "after") == "before":
+            self.faults.wait(float(delay.get("seconds", 5)))
+            return None
+        return float(delay.get("seconds", 5))
+
+    def _after(self, text: str, held: float | None) -> None:
+        if self.faults.drop_after_apply.take(text) is not None:
+            raise _Drop()
+        if held is not None:
+            self.faults.wait(held)
+
+
+class _StatusError(ClickHouseError):
+    """An injected error with a chosen HTTP status."""
+
+    def __init__(self, error: ClickHouseError, status: int) -> None:
+        super().__init__(error.code, error.name, error.message)
+        self._status = status
+
+    @property
+    def status(self) -> int:
+        return self._status
+
+
+def statement_text(sql: bytes) -> str:
+    """The statement as text: an INSERT's up to its format name (the data after it is not text)."""
+    head = _INSERT_HEAD_RE.match(sql[:65536])
+    return (head.group(0) if head else sql).decode("utf-8", errors="replace").strip()
+
+
+def first_keyword(text: str) -> str:
+    rest = text[_LEADING_NOISE_RE.match(text).end():]  # type: ignore[union-attr]
+    word = re.match(r"[A-Za-z]+", rest)
+    return word.group(0).upper() if word else ""
+
+
+class _Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    owner: ClickHouseFront
+    _ids = itertools.count()
+
+    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - the base class's name
+        pass
+
+    def do_GET(self) -> None:  # noqa: N802 - http.server's naming
+        self._dispatch()
+
+    def do_POST(self) -> None:  # noqa: N802
+        self._dispatch()
+
+    def _dispatch(self) -> None:
+        split = urlsplit(self.path)
+        params = dict(parse_qsl(split.query, keep_blank_values=True))
+        try:
+            body = self._read_body()
+        except _LengthRequired:
+            error = ClickHouseError.make(381, "HTTP_LENGTH_REQUIRED",
+                                         "The Transfer-Encoding is not chunked and there is no Content-Length header for POST request")
+            self._send(error.status, {"X-ClickHouse-Exception-Code": str(error.code)}, (error.message + "\n").encode())
+            return
+        if split.path.rstrip("/") == "/ping" or (self.command == "GET" and "query" not in params and split.path in ("", "/")):
+            self._send(200, {"Content-Type": "text/html; charset=UTF-8"}, b"Ok.\n")
+            return
+        try:
+            self.owner.handle(_Request(self.command, params, self.headers, body), self._send)
+        except _Drop:
+            self.close_connection = True
+            try:
+                self.connection.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+
+    def _read_body(self) -> bytes:
+        if self.headers.get("Transfer-Encoding", "").lower() == "chunked":
+            chunks = []
+            while True:
+                size = int(self.rfile.readline().split(b";")[0].strip() or b"0", 16)
+                if size == 0:
+                    while self.rfile.readline() not in (b"\r\n", b"\n", b""):
+                        pass
+                    return b"".join(chunks)
+                chunks.append(self.rfile.read(size))
+                self.rfile.readline()
+        length = self.headers.get("Content-Length")
+        if length is None:
+            if self.command == "POST":
+                raise _LengthRequired()
+            return b""
+        return self.rfile.read(int(length))
+
+    def _send(self, status: int, headers: dict[str, str], body: bytes) -> None:
+        try:
+            self.send_response(status)
+            for name, value in headers.items():
+                self.send_header(name, value)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+            self.wfile.flush()
+        except OSError:  # the client gave up (a timeout): nothing to answer to
+            self.close_connection = True
+
+
+class _LengthRequired(Exception):
+    pass
