@@ -19,6 +19,12 @@ POINTS = (
     "after-committed-record",  # COMMITTED record written, Spark's commit log not: re-run changes nothing
 )
 
+# Points inside one target's commit. A target does not know the batch, so these take no @<batch>: the first
+# commit that reaches the point kills the driver.
+TARGET_POINTS = (
+    "clickhouse-after-insert",  # ClickHouse commit_mode insert: INSERTs done, ledger not marked committed: the re-run inserts nothing twice
+)
+
 
 def crash_point(name: str, batch_id: int) -> None:
     """Hard-exit here if the environment asks for it (never returns in that case)."""
@@ -26,8 +32,8 @@ def crash_point(name: str, batch_id: int) -> None:
     if not wanted:
         return
     point, _, batch = wanted.partition("@")
-    if point not in POINTS:
-        raise ValueError(f"{ENV}={wanted!r}: unknown point; known: {', '.join(POINTS)}")
+    if point not in POINTS + TARGET_POINTS:
+        raise ValueError(f"{ENV}={wanted!r}: unknown point; known: {', '.join(POINTS + TARGET_POINTS)}")
     if point == name and (not batch or int(batch) == batch_id):
         jvm = _local_spark_jvm_pid()
         if jvm is not None:

@@ -19,26 +19,43 @@ no row means nothing ever moved, so ABORTED. Ledgers made by older versions expi
 so there "no row" is LOST. Rows are kept for good: two of ~100 bytes per transaction.
 Never `ATTACH PARTITION FROM`: it copies, so a repeated commit would duplicate rows.
 
+Materialized views fire on INSERT only, never on a partition move, so a table that feeds views is
+refused in the default `commit_mode = "move"` (review R8). `commit_mode = "insert"` commits with
+`INSERT INTO <target> SELECT … FROM <staging>` instead, which the views see; the ledger journals it
+(`inserting` before the first INSERT) and a deduplication token per label and partition makes a
+repeated INSERT a no-op, in the table and in its views. What that needs from the tables, and why,
+is in `_commit_by_insert` and docs/clickhouse-views.md.
+
 The same code speaks HTTP (`http://host:8123`) and embedded chdb (`chdb:///path`); chdb allows
 one process per path, so with chdb the writers run in the driver.
 """
 from __future__ import annotations
 
+import logging
 import re
 import threading
+from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlparse
 
 import pyarrow as pa
 
+from ..encoding import EncodingError
 from ..committable import Committable, TxnRef
+from ..crash import crash_point
 from .base import (
     CommitAmbiguousError, CommitOutcome, CommittedNotChosenError, ConfigurationError, ExpiryLimit, NewRef, PreparedPart, RecordIntent,
     TableTransaction, Target, TargetError,
 )
 
+log = logging.getLogger(__name__)
+
 LEDGER_TABLE = "_streaming_sink_ledger"
-MOVING, COMMITTED = "moving", "committed"  # ledger states of a label
+# Ledger states of a label: its partition moves began (moving) or its INSERT … SELECT began (inserting), or it finished.
+MOVING, INSERTING, COMMITTED = "moving", "inserting", "committed"
+MOVE, INSERT = "move", "insert"  # commit modes (the `commit_mode` option)
+COMMIT_MODES = (MOVE, INSERT)
+INSERT_CRASH_POINT = "clickhouse-after-insert"  # streaming_sink.crash: the INSERTs ran, the ledger does not say so yet
 # Rows written before the ledger had `state` were written after the moves: they read as committed.
 _STATE_COLUMN = f"state String DEFAULT '{COMMITTED}'"
 # make_label's shape: "ss_", sanitised parts joined by "_", then "_" and 12 hex digits of a hash.
@@ -62,7 +79,7 @@ class ClickHouseTarget(Target):
     @classmethod
     def option_names(cls) -> set[str]:
         """The keyword options the constructor takes besides the address and credentials."""
-        return {"settings", "verify", "ca_bundle"}
+        return {"settings", "verify", "ca_bundle", "commit_mode"}
 
     def __init__(
         self,
@@ -73,6 +90,7 @@ class ClickHouseTarget(Target):
         settings: dict[str, Any] | None = None,
         verify: bool = True,
         ca_bundle: str | None = None,
+        commit_mode: str = MOVE,
     ) -> None:
         parsed = urlparse(url)
         if parsed.scheme not in ("chdb", "http", "https"):
@@ -85,7 +103,18 @@ class ClickHouseTarget(Target):
         if parsed.scheme != "https" and (ca_bundle is not None or verify is not True):
             raise ConfigurationError(f"ClickHouseTarget url {url!r}: verify and ca_bundle are for https (clickhouses://) only")
         self.verify, self.ca_bundle = verify, ca_bundle  # https: check the certificate, against these CAs
+        if commit_mode not in COMMIT_MODES:
+            raise ConfigurationError(
+                f"ClickHouseTarget commit_mode {commit_mode!r}: use {MOVE!r} (the default: partitions are moved, "
+                f"materialized views do not see them) or {INSERT!r} (INSERT … SELECT, which fires them); "
+                "see docs/clickhouse-views.md"
+            )
+        self.commit_mode = commit_mode
         self._local = threading.local()
+        # table -> why the job may not load it in this commit mode (None: it may), found by `routable_tables`
+        self._refusals: dict[str, str | None] = {}
+        self._insert_settings: dict[str, str] | None = None  # the deduplication settings this server knows
+        self._dedup_limit: ExpiryLimit | None = None  # insert mode: what the tables' deduplication logs forget
         self._ledger_ready = False
         self._ledger_ttl_s: float | None = None  # a legacy ledger's TTL, found when the ledger is checked
 
@@ -146,15 +175,41 @@ class ClickHouseTarget(Target):
         ).result_rows[0][0]:
             raise ConfigurationError(f"ClickHouse database {self.database!r} does not exist at {self.url}")
         self._ensure_ledger()
-        return {
+        tables = {
             name
             for name, engine in rows
             if engine.endswith(_MOVABLE_ENGINE_SUFFIX) and name != LEDGER_TABLE and not _LABEL_SHAPE.fullmatch(name)
         }
+        self._refusals = {table: self._refusal(table) for table in sorted(tables)}
+        refused = sorted(table for table, why in self._refusals.items() if why)
+        if refused:
+            log.warning("ClickHouse %s: the job refuses to load %s in commit_mode %r (materialized views or deduplication "
+                        "settings; see docs/clickhouse-views.md)", self.database, refused, self.commit_mode)
+        if self.commit_mode == INSERT:
+            self._dedup_limit = self._deduplication_limit(sorted(set(tables) - set(refused)))
+        return tables
+
+    def check_loadable(self, table: str) -> None:
+        """Refuse (ConfigurationError) a table this commit mode cannot load exactly once, with the views involved.
+
+        Checked per table the job writes, when it starts: `check_schema` (the job calls it for each of
+        its tables before Spark reads anything) and `begin` (before any intent), not for every table of
+        the database in `routable_tables`, so a view on a table the job never writes stops nothing.
+        """
+        if table not in self._refusals:
+            self._refusals[table] = self._refusal(table)
+        why = self._refusals[table]
+        if why:
+            raise ConfigurationError(why)
 
     def expiry_limits(self) -> list[ExpiryLimit]:
-        """Nothing expires, unless the ledger was made by an older version (as found by `routable_tables`)."""
-        return [ExpiryLimit("prepared staging tables", None), ExpiryLimit("commit ledger", self._ledger_ttl_s)]
+        """Nothing expires, unless the ledger was made by an older version (as found by `routable_tables`);
+        in insert mode, also the tables' deduplication logs, which a retried INSERT relies on."""
+        limits = [ExpiryLimit("prepared staging tables", None), ExpiryLimit("commit ledger", self._ledger_ttl_s)]
+        return limits + ([self._dedup_limit] if self._dedup_limit is not None else [])
+
+    def check_schema(self, table: str, schema: pa.Schema) -> None:
+        self.check_loadable(table)
 
     def table_columns(self, table: str) -> dict[str, str] | None:
         rows = self.client().query(
@@ -171,14 +226,21 @@ class ClickHouseTarget(Target):
         client.command(f"CREATE TABLE IF NOT EXISTS {self._table(table)} ({columns}) ENGINE = MergeTree ORDER BY tuple()")
 
     def begin(self, table: str, new_ref: NewRef, record_intent: RecordIntent) -> TableTransaction:
+        self.check_loadable(table)
         return _StagingTransaction(self, table, new_ref, record_intent)
 
     def commit(self, committable: Committable) -> CommitOutcome:
+        """Finish the label's commit the way its ledger rows say it began; a label not begun, the way the mode says."""
         self._ensure_ledger()
         client, staging = self.client(), committable.label
         if not self._exists(staging):
             return self._outcome_without_staging(committable)
-        state = self._ledger_state(committable.label)
+        states = self._ledger_states(committable.label)
+        if INSERTING in states or (not states and self.commit_mode == INSERT):
+            return self._commit_by_insert(committable, states)
+        if not states:
+            self._refuse_before_first_commit(committable)  # a view created since the job started
+        state = _summary(states)
         try:
             partitions = self._partitions(staging)
             if state is None:
@@ -210,7 +272,7 @@ class ClickHouseTarget(Target):
         if state is not None:
             raise CommittedNotChosenError(
                 f"refusing to abort {ref.label}: the ledger {self.database}.{LEDGER_TABLE} says its commit "
-                f"{'finished (committed)' if state == COMMITTED else 'began (moving)'}; a transaction whose "
+                f"{'finished (committed)' if state == COMMITTED else f'began ({state})'}; a transaction whose "
                 f"commit began can only be committed, so whoever aborts it holds a stale view of the batch. "
                 + CommittedNotChosenError.RUNBOOK
             )
@@ -232,17 +294,18 @@ class ClickHouseTarget(Target):
         state = self._ledger_state(committable.label)
         if state == COMMITTED:
             return CommitOutcome.COMMITTED
-        if state == MOVING:
-            raise CommitAmbiguousError(self._ambiguity(committable))
+        if state in (MOVING, INSERTING):
+            raise CommitAmbiguousError(self._ambiguity(committable, state))
         if self._read_ledger_ttl_s() is not None:
             return CommitOutcome.LOST  # this ledger expires rows: the label's committed row may be gone
         return CommitOutcome.ABORTED  # every commit writes its ledger row before it moves anything
 
-    def _ambiguity(self, c: Committable) -> str:
+    def _ambiguity(self, c: Committable, state: str = MOVING) -> str:
         ledger = self._table(LEDGER_TABLE)
+        began = "its partition moves began" if state == MOVING else "its INSERT … SELECT into the table began"
         return (
             f"ClickHouse commit of {c.label} into {self._table(c.table)} was interrupted and its staging table is "
-            f"gone: the ledger says its partition moves began but not that they finished, so between 0 and "
+            f"gone: the ledger says {began} but not that it finished, so between 0 and "
             f"{c.rows} rows of it are visible, and the sink cannot tell how many. It stops rather than lose or "
             "duplicate them. See docs/runbook.md, section 11 'ClickHouse commit interrupted': count this transaction's rows "
             f"in the target (writer partition {c.partition} of the batch its label names, e.g. "
@@ -285,15 +348,18 @@ class ClickHouseTarget(Target):
         )
 
     def _ledger_state(self, label: str) -> str | None:
-        """How far the label's commit got: COMMITTED, MOVING, or None (never begun)."""
-        states = {
+        """How far the label's commit got: COMMITTED, INSERTING, MOVING, or None (never begun)."""
+        return _summary(self._ledger_states(label))
+
+    def _ledger_states(self, label: str) -> set[str]:
+        """Every state the ledger holds for the label: which way its commit began, and whether it finished."""
+        return {
             r[0]
             for r in self.client().query(
                 f"SELECT DISTINCT state FROM {self._table(LEDGER_TABLE)} WHERE label = {{label:String}}",
                 parameters={"label": label},
             ).result_rows
         }
-        return COMMITTED if COMMITTED in states else MOVING if MOVING in states else None
 
     def _exists(self, table: str) -> bool:
         return bool(self.client().command(f"EXISTS TABLE {self._table(table)}"))
@@ -311,6 +377,213 @@ class ClickHouseTarget(Target):
     def count_rows(self, table: str) -> int:
         return int(self.client().query(f"SELECT count() FROM {self._table(table)}").result_rows[0][0])
 
+    # -- commit by INSERT … SELECT (commit_mode "insert") --------------------------------------------
+
+    def _commit_by_insert(self, c: Committable, states: set[str]) -> CommitOutcome:
+        """Copy the staging table into the target with INSERTs the views see; a repeat inserts nothing twice.
+
+        ClickHouse facts this relies on (in our words; sources below, behaviour checked on chdb 4.4 = ClickHouse 26.9):
+
+        * A materialized view is a trigger on INSERT into its source table; a partition move is not an
+          INSERT, so views miss moved rows (review R8; the INSERT SELECT here fires them).
+        * An INSERT is not atomic across a table and its views: an interrupted one may have written the
+          table and some views; retrying it with deduplication on is the documented way to complete it
+          exactly once (docs: guides/developer/deduplicating-inserts-on-retries, "Uncertain insert
+          status"; reference/settings/session-settings/materialized-views, materialized_views_ignore_errors).
+        * Deduplication needs the table to keep a log of inserted blocks: `non_replicated_deduplication_window`
+          > 0 on a plain *MergeTree (its default is 0: no deduplication), `replicated_deduplication_window`
+          (and `_seconds`) on Replicated/Shared ones (same guide, "Insert deduplication for tables"; merge-tree
+          settings reference). A block older than the window is forgotten, and inserted again.
+        * `insert_deduplication_token` replaces the content hash; it is kept per partition, and each block of a
+          multi-block insert gets its own id from the token and the block's number, so a retry must cut the rows
+          into the same blocks (settings reference, insert_deduplication_token; we saw a retry with another
+          block size skip rows it had never inserted). Hence one INSERT per staging partition (rows of one target
+          partition), rows in a total order (ORDER BY every column), one thread, and fixed block sizes.
+        * INSERT … SELECT deduplicates only when its SELECT is stable or a token is given
+          (`deduplicate_insert_select`, newer releases; `insert_select_deduplicate` before): we give a token and
+          ask for `force_enable` where the server knows the setting, so it fails rather than silently not dedupe.
+        * Views: a block deduplicated in the table still flows into its views on current releases, and each
+          view's table drops it only with `deduplicate_blocks_in_dependent_materialized_views` = 1 and its own
+          deduplication window (guide, "Insert deduplication with materialized views"; measured: a view whose
+          table has no window counted the repeat twice). Older releases skipped the views of a deduplicated block
+          (ClickHouse/ClickHouse PR #54184 changed parts of it). Requiring a window on every view's table is
+          right under both, so `check_loadable` refuses a view whose table cannot deduplicate.
+        """
+        client, staging = self.client(), c.label
+        if COMMITTED in states:  # its INSERTs finished: never again (the deduplication log may have forgotten them)
+            client.command(f"DROP TABLE IF EXISTS {self._table(staging)} SYNC")
+            return CommitOutcome.COMMITTED
+        try:
+            partitions = self._partitions(staging)
+            held = self.count_rows(staging)
+            if held != c.rows:
+                raise TargetError(
+                    f"staging table {staging} holds {held} rows but {c.rows} were prepared: something changed it after prepare"
+                )
+            if not states:
+                self._refuse_before_first_commit(c)
+                self._write_ledger(c, INSERTING)  # journaled before the first INSERT: from here it is never aborted
+            columns = ", ".join(quote(name) for name in self._insertable_columns(staging))
+            for partition_id in partitions:
+                client.command(
+                    f"INSERT INTO {self._table(c.table)} ({columns}) SETTINGS {self._insert_settings_sql(f'{staging}:{partition_id}')} "
+                    f"SELECT {columns} FROM {self._table(staging)} WHERE _partition_id = {literal(partition_id)} ORDER BY {columns}"
+                )
+        except Exception:
+            if self._exists(staging):
+                raise
+            return self._outcome_without_staging(c)  # dropped under us: the ledger decides
+        crash_point(INSERT_CRASH_POINT, -1)  # target points take no @batch: the first insert commit
+        self._write_ledger(c, COMMITTED)
+        client.command(f"DROP TABLE IF EXISTS {self._table(staging)} SYNC")
+        return CommitOutcome.COMMITTED
+
+    def _refuse_before_first_commit(self, c: Committable) -> None:
+        """A view created, or a setting changed, since the job started: refuse before the label's first step."""
+        why = self._refusal(c.table)
+        if why:
+            raise ConfigurationError(why)
+
+    def _insert_settings_sql(self, token: str) -> str:
+        if self._insert_settings is None:
+            known = {
+                r[0]
+                for r in self.client().query(
+                    "SELECT name FROM system.settings WHERE has({names:Array(String)}, name)",
+                    parameters={"names": list(_INSERT_SETTINGS)},
+                ).result_rows
+            }
+            self._insert_settings = {name: value for name, value in _INSERT_SETTINGS.items() if name in known}
+        settings = {**self._insert_settings, "insert_deduplication_token": literal(token)}
+        return ", ".join(f"{name} = {value}" for name, value in settings.items())
+
+    def _insertable_columns(self, table: str) -> list[str]:
+        """Stored columns an INSERT may set (not MATERIALIZED, ALIAS or EPHEMERAL), in table order."""
+        rows = self.client().query(
+            "SELECT name FROM system.columns WHERE database = {db:String} AND table = {t:String} "
+            "AND default_kind IN ('', 'DEFAULT') ORDER BY position",
+            parameters={"db": self.database, "t": table},
+        ).result_rows
+        return [r[0] for r in rows]
+
+    # -- what each mode refuses ---------------------------------------------------------------------
+
+    def _refusal(self, table: str) -> str | None:
+        """Why this commit mode cannot load `table` exactly once, views included; None when it can."""
+        entry = self._entry(self.database, table)
+        if entry is None:
+            return None  # no such table: the job's own checks name it
+        if self.commit_mode == MOVE:
+            if not entry.feeds:
+                return None
+            views = ", ".join(f"{db}.{name}" for db, name in entry.feeds)
+            return (
+                f"ClickHouse table {entry.qualified} feeds materialized view(s) {views}: commit_mode 'move' (the default) "
+                "moves partitions into the table, which views never see, so they would silently miss every row the sink "
+                "loads. Set the target option commit_mode = \"insert\" (an INSERT … SELECT from staging, which fires the "
+                "views; the table and each view's table need a deduplication window), or load another table. "
+                "See docs/clickhouse-views.md"
+            )
+        problems = self._insert_problems(entry)
+        if not problems:
+            return None
+        return (
+            f"ClickHouse table {entry.qualified} cannot be loaded exactly once with commit_mode 'insert': "
+            + "; ".join(problems) + ". See docs/clickhouse-views.md"
+        )
+
+    def _insert_problems(self, entry: _Entry) -> list[str]:
+        problems = []
+        setting, window = self._dedup_window(entry)
+        if not window:
+            problems.append(
+                f"{setting} is 0, so a repeated INSERT is not deduplicated (ALTER TABLE {quote(entry.database)}."
+                f"{quote(entry.name)} MODIFY SETTING {setting} = 10000)"
+            )
+        columns = ", ".join(quote(name) for name in self._insertable_columns(entry.name))
+        try:
+            self.client().query(f"SELECT {columns} FROM {self._table(entry.name)} ORDER BY {columns} LIMIT 0")
+        except Exception as error:  # e.g. AggregateFunction columns
+            problems.append(f"its rows cannot be put in a total order, which repeatable INSERT blocks need ({error})")
+        seen: set[tuple[str, str]] = set()
+        pending = list(entry.feeds)
+        while pending:  # every view the INSERT fires, through views of views
+            key = pending.pop(0)
+            if key in seen:
+                continue
+            seen.add(key)
+            view = self._entry(*key)
+            if view is None:
+                continue
+            if view.engine != "MaterializedView":
+                problems.append(f"{view.qualified} ({view.engine}) fires on INSERT but cannot deduplicate a repeated one")
+                continue
+            destination = self._entry(*view.writes_to) if view.writes_to else None
+            if destination is None:
+                problems.append(f"the table materialized view {view.qualified} writes into was not found")
+                continue
+            if not destination.engine.endswith(_MOVABLE_ENGINE_SUFFIX):
+                problems.append(
+                    f"materialized view {view.qualified} writes into {destination.qualified} ({destination.engine}), "
+                    "which cannot deduplicate a repeated INSERT"
+                )
+                continue
+            setting, window = self._dedup_window(destination)
+            if not window:
+                problems.append(
+                    f"materialized view {view.qualified} writes into {destination.qualified}, whose {setting} is 0, so "
+                    f"a repeated INSERT would count twice in it (ALTER TABLE {quote(destination.database)}."
+                    f"{quote(destination.name)} MODIFY SETTING {setting} = 10000)"
+                )
+            pending.extend(destination.feeds)
+        return problems
+
+    def _dedup_window(self, entry: _Entry) -> tuple[str, int]:
+        """The deduplication setting that governs the table, and its value (the table's own, else the server's)."""
+        replicated = entry.engine.startswith(("Replicated", "Shared"))
+        setting = "replicated_deduplication_window" if replicated else "non_replicated_deduplication_window"
+        own = re.search(rf"\b{setting}\s*=\s*(\d+)", entry.engine_full)
+        return setting, int(own.group(1)) if own else self._server_merge_tree_setting(setting)
+
+    def _server_merge_tree_setting(self, name: str) -> int:
+        rows = self.client().query(
+            "SELECT value FROM system.merge_tree_settings WHERE name = {n:String}", parameters={"n": name}
+        ).result_rows
+        return int(rows[0][0]) if rows else 0
+
+    def _deduplication_limit(self, tables: list[str]) -> ExpiryLimit | None:
+        """For `doctor`: a commit retried after its tables took more newer blocks than their windows hold inserts twice."""
+        counts, seconds = [], []
+        for table in tables:
+            entry = self._entry(self.database, table)
+            if entry is None:
+                continue
+            setting, window = self._dedup_window(entry)
+            counts.append(window)
+            if setting.startswith("replicated"):
+                own = re.search(r"\breplicated_deduplication_window_seconds\s*=\s*(\d+)", entry.engine_full)
+                seconds.append(int(own.group(1)) if own else self._server_merge_tree_setting("replicated_deduplication_window_seconds"))
+        if not counts:
+            return None
+        return ExpiryLimit(
+            "insert deduplication log (commit_mode insert)", float(min(seconds)) if seconds else None, min(counts),
+            note="an INSERT commit retried after the table took more newer blocks than its deduplication window (or, "
+                 "Replicated, newer inserts over replicated_deduplication_window_seconds) is inserted twice; raise the window",
+        )
+
+    def _entry(self, database: str, name: str) -> _Entry | None:
+        """The table or view as system.tables describes it (None: no such object)."""
+        result = self.client().query(
+            "SELECT * FROM system.tables WHERE database = {db:String} AND name = {t:String}",
+            parameters={"db": database, "t": name},
+        )
+        if not result.result_rows:
+            return None
+        row = dict(zip(result.column_names, result.result_rows[0]))
+        feeds = tuple(zip(row.get("dependencies_database") or [], row.get("dependencies_table") or []))
+        writes_to = _view_destination(row) if row["engine"] == "MaterializedView" else None
+        return _Entry(database, name, row["engine"], row.get("engine_full") or "", feeds, writes_to)
+
     def close(self) -> None:
         """Close this thread's HTTP client, or the process's chdb engine (a process opens one path at a time)."""
         if self.embedded:
@@ -321,6 +594,72 @@ class ClickHouseTarget(Target):
             self._local.client = None
         if client is not None:
             client.close()
+
+
+# Fixed for every INSERT of a commit, so that a retry cuts the same rows into the same blocks (their
+# deduplication ids depend on it); settings the server does not know are left out.
+_INSERT_SETTINGS = {
+    "insert_deduplicate": "1",
+    "deduplicate_insert": "'enable'",
+    "deduplicate_insert_select": "'force_enable'",
+    "deduplicate_blocks_in_dependent_materialized_views": "1",
+    "max_threads": "1",
+    "max_insert_threads": "1",
+    "max_block_size": "65536",
+    "max_insert_block_size": "1048576",
+    "min_insert_block_size_rows": "1048576",
+    "min_insert_block_size_bytes": "268435456",
+    "min_insert_block_size_rows_for_materialized_views": "1048576",
+    "min_insert_block_size_bytes_for_materialized_views": "268435456",
+    "use_strict_insert_block_limits": "0",
+}
+_IDENT = r"(?:`(?:[^`\\]|\\.)*`|[A-Za-z_][A-Za-z0-9_]*)"
+_VIEW_TO = re.compile(
+    rf"CREATE MATERIALIZED VIEW\s+(?:IF NOT EXISTS\s+)?(?:{_IDENT}\.)?{_IDENT}\s+(?:ON CLUSTER\s+\S+\s+)?"
+    rf"TO\s+(?:(?P<db>{_IDENT})\.)?(?P<table>{_IDENT})"
+)
+
+
+@dataclass(frozen=True)
+class _Entry:
+    """A table or view of system.tables, with what an INSERT into it fires."""
+
+    database: str
+    name: str
+    engine: str
+    engine_full: str
+    feeds: tuple[tuple[str, str], ...]  # (database, view) of each view an INSERT into it fires
+    writes_to: tuple[str, str] | None  # a materialized view's destination table
+
+    @property
+    def qualified(self) -> str:
+        return f"{self.database}.{self.name}"
+
+
+def _summary(states: set[str]) -> str | None:
+    """How far a label's commit got: COMMITTED, INSERTING, MOVING, or None (never begun)."""
+    for state in (COMMITTED, INSERTING, MOVING):
+        if state in states:
+            return state
+    return None
+
+
+def _unquote(identifier: str) -> str:
+    if identifier.startswith("`"):
+        return re.sub(r"\\(.)", r"\1", identifier[1:-1])
+    return identifier
+
+
+def _view_destination(row: dict[str, Any]) -> tuple[str, str]:
+    """Where a materialized view writes: system.tables says so on newer servers; else its `TO` clause, or its inner table."""
+    if row.get("target_table"):
+        return row.get("target_database") or row["database"], row["target_table"]
+    found = _VIEW_TO.match(row.get("create_table_query") or "")
+    if found:
+        return _unquote(found.group("db")) if found.group("db") else row["database"], _unquote(found.group("table"))
+    uuid = str(row.get("uuid") or "")
+    inner = f".inner_id.{uuid}" if uuid.strip("0-") else f".inner.{row['name']}"
+    return row["database"], inner
 
 
 def clickhouse_type(arrow_type: pa.DataType, nullable: bool) -> str:
@@ -345,6 +684,9 @@ def clickhouse_type(arrow_type: pa.DataType, nullable: bool) -> str:
     return f"Nullable({name})" if nullable else name
 
 
+_NULLABLE_PREFIXES = ("Nullable(", "LowCardinality(Nullable(")
+
+
 class _StagingTransaction(TableTransaction):
     def __init__(self, target: ClickHouseTarget, table: str, new_ref: NewRef, record_intent: RecordIntent) -> None:
         self._target, self._table = target, table
@@ -352,9 +694,11 @@ class _StagingTransaction(TableTransaction):
         self._ref: TxnRef | None = None
         self._rows = 0
         self._bytes = 0
+        self._not_nullable: set[str] | None = None
 
     def write(self, chunk: pa.Table) -> None:
         target = self._target
+        self._refuse_nulls_where_defaults_would_land(chunk)
         if self._ref is None:
             ref = self._new_ref(0)
             self._record_intent(ref)
@@ -363,6 +707,20 @@ class _StagingTransaction(TableTransaction):
         target.client().insert_arrow(quote(self._ref.label), chunk, database=target.database)
         self._rows += chunk.num_rows
         self._bytes += chunk.nbytes
+
+    def _refuse_nulls_where_defaults_would_land(self, chunk: pa.Table) -> None:
+        """ClickHouse stores a NULL sent to a column that is not Nullable (Array, Map and Tuple columns never
+        are) as the type's default: 0, '', [], {}. Refused instead, naming the column (docs/types.md)."""
+        if self._not_nullable is None:
+            columns = self._target.table_columns(self._table) or {}
+            self._not_nullable = {name for name, kind in columns.items() if not kind.startswith(_NULLABLE_PREFIXES)}
+        for name in chunk.column_names:
+            if name in self._not_nullable and chunk.column(name).null_count:
+                raise EncodingError(
+                    f"column {name!r} of {self._target.database}.{self._table} has NULLs, but its ClickHouse type is not "
+                    "Nullable: ClickHouse would store the type's default (0, '', [], {}) instead; make the column "
+                    "Nullable(...) or send no NULLs"
+                )
 
     def prepare(self) -> list[PreparedPart]:
         if self._ref is None:

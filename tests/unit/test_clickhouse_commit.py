@@ -12,7 +12,7 @@ import pyarrow as pa
 import pytest
 
 from streaming_sink.committable import Committable, TxnRef, make_label
-from streaming_sink.targets.base import CommitAmbiguousError, CommitOutcome, TargetError
+from streaming_sink.targets.base import CommitAmbiguousError, CommitOutcome, ConfigurationError, TargetError
 from streaming_sink.targets.clickhouse import LEDGER_TABLE, ClickHouseTarget
 
 DB, TABLE, ROWS = "analytics", "orders", 10
@@ -244,3 +244,153 @@ def test_https_options_reach_the_client_and_are_refused_without_https(monkeypatc
     assert (seen["secure"], seen["verify"], seen["ca_cert"], seen["port"]) == (True, True, "/etc/ca.pem", 8443)
     with pytest.raises(ConfigurationError, match="verify and ca_bundle are for https"):
         ClickHouseTarget("http://ch:8123", verify=False)
+
+
+# -- materialized views and commit_mode "insert" (review R8) ------------------------------------------------------
+
+WINDOW = "SETTINGS non_replicated_deduplication_window = 1000"
+TOTALS_DDL = f"CREATE TABLE {DB}.orders_totals (k UInt8, n UInt64, s Int64) ENGINE = SummingMergeTree ORDER BY k"
+VIEW_DDL = f"CREATE MATERIALIZED VIEW {DB}.orders_mv TO {DB}.orders_totals AS SELECT 0 AS k, count() AS n, sum(id) AS s FROM {DB}.{TABLE}"
+
+
+def make_view_target(tmp_path, mode: str = "insert", table_window: bool = True, totals_window: bool = True) -> ClickHouseTarget:
+    """`orders` (two partitions) feeding `orders_mv`, which sums into `orders_totals`."""
+    target = ClickHouseTarget(f"chdb://{tmp_path / 'ch'}", database=DB, commit_mode=mode)
+    client = target.client()
+    client.command(f"CREATE DATABASE IF NOT EXISTS {DB}")
+    client.command(TABLE_DDL.format(name=TABLE) + (f" {WINDOW}" if table_window else ""))
+    client.command(TOTALS_DDL + (f" {WINDOW}" if totals_window else ""))
+    client.command(VIEW_DDL)
+    target.routable_tables()
+    return target
+
+
+@pytest.fixture
+def insert_target(tmp_path):
+    target = make_view_target(tmp_path)
+    yield target
+    target.close()
+
+
+def totals(target: ClickHouseTarget) -> tuple[int, int]:
+    n, s = target.client().query(f"SELECT sum(n), sum(s) FROM {DB}.orders_totals").result_rows[0]
+    return int(n), int(s)
+
+
+def ledger_states(target: ClickHouseTarget, label: str) -> list[str]:
+    rows = target.client().query(f"SELECT state FROM {DB}.{LEDGER_TABLE} WHERE label = '{label}' ORDER BY committed_at, state").result_rows
+    return sorted(r[0] for r in rows)
+
+
+def test_insert_mode_fires_the_view_once_and_a_repeated_commit_changes_nothing(insert_target):
+    committable = prepare(insert_target, ref())
+    assert insert_target.commit(committable) is CommitOutcome.COMMITTED
+    assert ledger_states(insert_target, committable.label) == ["committed", "inserting"]
+    assert insert_target.commit(committable) is CommitOutcome.COMMITTED
+    assert visible(insert_target) == list(range(ROWS)) and insert_target.staging_tables() == []
+    assert totals(insert_target) == (ROWS, sum(range(ROWS)))
+
+
+INSERT_STEPS = ["INSERT", "INSERT", "INSERT", "INSERT", "DROP"]  # ledger 'inserting', one INSERT per partition, ledger 'committed', drop
+
+
+@pytest.mark.parametrize("step", range(len(INSERT_STEPS)))
+def test_insert_commit_repeated_after_a_crash_at_every_step_counts_every_row_once_in_table_and_view(insert_target, monkeypatch, step):
+    txn = ref()
+    committable = prepare(insert_target, txn)
+
+    def writes() -> list[str]:
+        return [sql for sql in seen if not sql.startswith("EXISTS")]
+
+    def crash_at_step(sql: str) -> None:
+        if len(writes()) == step + 1 and not sql.startswith("EXISTS"):
+            raise Crash(sql)
+
+    seen = wrap_command(monkeypatch, insert_target, crash_at_step)
+    with pytest.raises(Crash):
+        insert_target.commit(committable)
+    monkeypatch.undo()
+    assert [sql.split()[0] for sql in writes()] == INSERT_STEPS[: step + 1]
+    assert "inserting" in ledger_states(insert_target, txn.label)  # journaled before the first INSERT
+    with pytest.raises(TargetError, match=txn.label):  # an abort arriving now must not destroy a begun commit
+        insert_target.abort(txn)
+    assert insert_target.commit(committable) is CommitOutcome.COMMITTED
+    assert insert_target.commit(committable) is CommitOutcome.COMMITTED
+    assert visible(insert_target) == list(range(ROWS)) and insert_target.staging_tables() == []
+    assert totals(insert_target) == (ROWS, sum(range(ROWS)))
+
+
+def test_staging_gone_after_the_insert_began_is_ambiguous_never_lost(insert_target):
+    committable = prepare(insert_target, ref())
+    insert_target._write_ledger(committable, "inserting")
+    drop(insert_target, committable.label)
+    with pytest.raises(CommitAmbiguousError, match="INSERT") as raised:
+        insert_target.commit(committable)
+    assert "ClickHouse commit interrupted" in str(raised.value)
+
+
+def test_a_label_whose_insert_began_is_finished_by_insert_in_move_mode_too(tmp_path):
+    """The ledger, not the current option, says how a begun commit ends (a user switched back to move)."""
+    target = make_view_target(tmp_path)
+    try:
+        committable = prepare(target, ref())
+        target._write_ledger(committable, "inserting")
+        target.close()
+        mover = ClickHouseTarget(f"chdb://{tmp_path / 'ch'}", database=DB)  # commit_mode "move"
+        assert mover.commit(committable) is CommitOutcome.COMMITTED
+        assert visible(mover) == list(range(ROWS)) and totals(mover) == (ROWS, sum(range(ROWS)))
+    finally:
+        target.close()
+
+
+def test_move_mode_refuses_a_table_that_feeds_a_view_naming_the_view_and_the_option(tmp_path):
+    target = make_view_target(tmp_path, mode="move")
+    try:
+        assert TABLE in target.routable_tables()  # listed, so a route to it is refused by name, not as unknown
+        for check in (target.check_loadable, lambda t: target.check_schema(t, pa.schema([])),
+                      lambda t: target.begin(t, ref, lambda r: None)):
+            with pytest.raises(ConfigurationError, match=r"orders_mv.*commit_mode = \"insert\""):
+                check(TABLE)
+    finally:
+        target.close()
+
+
+def test_move_mode_loads_a_table_without_views_beside_one_with_views(tmp_path):
+    target = make_view_target(tmp_path, mode="move")
+    try:
+        target.client().command(TABLE_DDL.format(name="plain"))
+        target.check_loadable("plain")
+        assert target.table_columns("plain") == {"id": "Int64", "name": "String"}
+    finally:
+        target.close()
+
+
+def test_a_view_created_after_prepare_stops_a_move_commit_before_anything_moves(target):
+    committable = prepare(target, ref())
+    target.client().command(TOTALS_DDL)
+    target.client().command(VIEW_DDL)
+    with pytest.raises(ConfigurationError, match="orders_mv"):
+        target.commit(committable)
+    assert visible(target) == [] and ledger_states(target, committable.label) == []
+
+
+@pytest.mark.parametrize("table_window, totals_window, culprit", [(False, True, f"{DB}.{TABLE}"), (True, False, f"{DB}.orders_totals")])
+def test_insert_mode_refuses_tables_whose_repeated_insert_would_not_be_deduplicated(tmp_path, table_window, totals_window, culprit):
+    target = make_view_target(tmp_path, table_window=table_window, totals_window=totals_window)
+    try:
+        with pytest.raises(ConfigurationError, match="non_replicated_deduplication_window") as refused:
+            target.check_schema(TABLE, pa.schema([]))
+        assert culprit in str(refused.value)
+        assert "MODIFY SETTING non_replicated_deduplication_window" in str(refused.value)
+    finally:
+        target.close()
+
+
+def test_insert_mode_reports_the_deduplication_window_to_doctor(insert_target):
+    (limit,) = [e for e in insert_target.expiry_limits() if "deduplication" in e.what]
+    assert limit.count == 1000 and limit.seconds is None
+
+
+def test_an_unknown_commit_mode_is_refused():
+    with pytest.raises(ConfigurationError, match="commit_mode 'copy'"):
+        ClickHouseTarget("chdb:///tmp/never-opened", commit_mode="copy")
