@@ -328,7 +328,8 @@ def cmd_settle(args: argparse.Namespace) -> int:
 
 
 def cmd_doctor(args: argparse.Namespace) -> int:
-    from .config import load_config, parse_interval
+    from .config import load_config
+    from .intervals import parse_interval
     from .doctor import diagnose, render
     from .spark_session import build_session
 

@@ -23,11 +23,11 @@ import msgspec
 from state import STORE_SCHEMES
 
 from .config_schema import JobConfig, Table
+from .intervals import parse_interval
 from .job import JobSpec
 from .kafka_source import check_options, check_starting_offsets
 from .targets import REGISTRY, ConfigurationError, target_from_url, target_kind, target_option_names
 
-_INTERVAL = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|milliseconds?|s|secs?|seconds?|m|mins?|minutes?|h|hours?|d|days?)\s*$")
 _SIZE = re.compile(r"^\s*(\d+)\s*(B|KiB|MiB|GiB|KB|MB|GB|k|m|g)?\s*$", re.IGNORECASE)
 _SIZE_UNITS = {"b": 1, "kib": 1024, "mib": 1024 ** 2, "gib": 1024 ** 3, "kb": 1000, "mb": 1000 ** 2, "gb": 1000 ** 3,
                "k": 1024, "m": 1024 ** 2, "g": 1024 ** 3}
@@ -120,21 +120,6 @@ def resolve_config(data: dict[str, Any], base_dir: Path) -> JobSpec:
     )
     spec.validate()
     return spec
-
-
-def parse_interval(text: Any, key: str) -> float:
-    match = _INTERVAL.match(str(text))
-    if not match:
-        hint = ' (to drain what is there and stop, write "available-now")' if str(text).lower().replace("-", "") in (
-            "availablenow", "once") else ""
-        raise ConfigurationError(
-            f"{key}: {text!r} is not an interval; write e.g. \"10 seconds\", \"500 ms\" or \"2 minutes\"{hint}")
-    unit = match.group(2)
-    if unit == "ms" or unit.startswith("milli"):
-        scale = 0.001
-    else:
-        scale = {"s": 1, "m": 60, "h": 3600, "d": 86400}[unit[0]]
-    return float(match.group(1)) * scale
 
 
 def _decode(data: dict[str, Any]) -> JobConfig:

@@ -1,14 +1,15 @@
 """The packaged Kafka ingestion job: JSON messages from Kafka topics into target tables, exactly once.
 
 Each message is routed to a table (by a field of the message, or by its topic), parsed with that
-table's schema, and written by the ExactlyOnceSink. A message that cannot be routed or parsed, or
-lacks a required (NOT NULL) field, goes to the dead-letter table with its raw value, topic,
+table's schema, and written by the ExactlyOnceSink. A message that cannot be routed or parsed,
+lacks a required (NOT NULL) field, or holds a value its table's column cannot hold (value_checks.py)
+goes to the dead-letter table with its raw value, topic,
 partition, offset, Kafka timestamp and the reason: exactly once, like every other row, because it
 travels through the same two-phase commit. Every column is derived from the Kafka record alone, so
 a re-run batch produces the same rows (the replay checksum depends on it).
 
 `python -m streaming_sink.job --spec spec.json` runs a resolved JobSpec (the form tests use);
-`streaming-sink run --config job.toml` reads the user-facing TOML (streaming_sink/config.py).
+`streaming-sink run --config job.toml` (cli.py) reads the user-facing TOML (config.py) first.
 """
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ from typing import Any
 
 from state import open_store
 
+from .intervals import parse_interval
 from .kafka_source import KafkaSource, check_options, check_starting_offsets, probe
 from .metrics import OBSERVED_NAME, BatchMetrics, progress_listener
 from .routing import struct_column_for
@@ -138,8 +140,6 @@ def sink_metrics(sink: ExactlyOnceSink) -> BatchMetrics | None:
 
 def trigger_interval_s(trigger: str) -> float | None:
     """The processing-time interval in seconds (None for available-now, or a form Spark reads but we do not)."""
-    from .config import parse_interval  # config imports this module
-
     if trigger == "available-now":
         return None
     try:
@@ -357,22 +357,16 @@ def run(spec: JobSpec) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """`python -m streaming_sink.job --spec spec.json`: a resolved JobSpec (what tests run). Users run
+    `streaming-sink run --config job.toml` (cli.py), which reads the TOML first."""
     parser = argparse.ArgumentParser(prog="python -m streaming_sink.job", description=__doc__)
-    source = parser.add_mutually_exclusive_group(required=True)
-    source.add_argument("--spec", help="path of a resolved JSON job spec (what tests use)")
-    source.add_argument("--config", help="path of the TOML job configuration")
+    parser.add_argument("--spec", required=True, help="path of a resolved JSON job spec")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s", stream=sys.stderr)
     logging.getLogger("py4j").setLevel(logging.WARNING)
     try:
-        if args.config:
-            from .config import load_config
-
-            spec = load_config(args.config)
-        else:
-            with open(args.spec) as handle:
-                spec = JobSpec.from_json(handle.read())
-        run(spec)
+        with open(args.spec) as handle:
+            run(JobSpec.from_json(handle.read()))
     except ConfigurationError as error:
         print(f"streaming-sink: configuration error: {error}", file=sys.stderr)
         return 2

@@ -5,7 +5,8 @@ import copy
 
 import pytest
 
-from streaming_sink.config import STATE_URL_ENV, load_config, parse_interval, resolve_config
+from streaming_sink.config import STATE_URL_ENV, load_config, resolve_config
+from streaming_sink.intervals import parse_interval
 from streaming_sink.targets.base import ConfigurationError
 
 GOOD = {
