@@ -2,7 +2,7 @@
 
 Why not plain `requests`: StarRocks and Doris FEs answer with `307` to a BE on another host, and
 the client must re-send the method, every header (including `Authorization`) and the body there;
-`requests` drops `Authorization` on a cross-host redirect (protocol.md A.2, C.13). So redirects
+`requests` drops `Authorization` on a cross-host redirect (docs/protocol.md, Common: redirects). So redirects
 are followed here, by hand, re-sending everything.
 
 Retries: a request that never reached the server (connection refused, connect timeout) is always

@@ -36,10 +36,10 @@ from ..encoding import (
     ArrowFormat, CsvFormat, JsonFormat, WireFormat, columns_header, encode_chunks, header_safe,
 )
 from ..http import AuthenticationError, HttpClient, HttpError, HttpResponse, api_path, excerpt
-from .table_schema import FeTableChecks
+from .stream_load import StreamLoadTarget, option_values
 from .base import (
     CommitOutcome, CommittedNotChosenError, ConfigurationError, ExpiryLimit, NewRef, PreparedPart, RecordIntent,
-    TableTransaction, Target, TargetError, own_names,
+    TableTransaction, TargetError,
 )
 
 log = logging.getLogger(__name__)
@@ -113,26 +113,8 @@ class DorisOptions:
 
     @classmethod
     def parse(cls, options: Mapping[str, Any]) -> "DorisOptions":
-        options = own_names(options, COMMON_NAMES, "DorisTarget")
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(options) - known)
-        if unknown:
-            raise ConfigurationError(f"DorisTarget: unknown option(s) {unknown}; known: {sorted(known)}")
-        values = dict(options)
-        if values.get("tables") is not None:
-            tables = values["tables"]
-            if isinstance(tables, str):
-                raise ConfigurationError("DorisTarget: `tables` must be a list of table names, not one string")
-            values["tables"] = tuple(str(t) for t in tables)
-        if "headers" in values:
-            headers = dict(values["headers"] or {})
-            clash = sorted(k for k in headers if k.lower() in _RESERVED_HEADERS)
-            if clash:
-                raise ConfigurationError(
-                    f"DorisTarget: headers {clash} are set by the target itself; use its options "
-                    "(format, max_filter_ratio, strict_mode, load_timeout_s) instead"
-                )
-            values["headers"] = tuple(sorted((str(k), str(v)) for k, v in headers.items()))
+        values = option_values(cls, options, COMMON_NAMES, "DorisTarget", "headers", _RESERVED_HEADERS,
+                               "format, max_filter_ratio, strict_mode, load_timeout_s")
         parsed = cls(**values)
         if parsed.format not in ("csv", "json", "arrow"):
             raise ConfigurationError(f"DorisTarget: format must be 'csv', 'json' or 'arrow', got {parsed.format!r}")
@@ -188,7 +170,7 @@ class _PartState:
     unselected_rows: int = 0
 
 
-class DorisTarget(FeTableChecks, Target):
+class DorisTarget(StreamLoadTarget):
     kind = "doris"
 
     @classmethod
@@ -206,7 +188,7 @@ class DorisTarget(FeTableChecks, Target):
     ) -> None:
         self.options = DorisOptions.parse(options)
         try:
-            self._client = HttpClient(
+            self.http = HttpClient(
                 fe_url, user, password,
                 connect_timeout=self.options.connect_timeout_s,
                 read_timeout=self.options.request_timeout_s,
@@ -216,16 +198,9 @@ class DorisTarget(FeTableChecks, Target):
             )
         except ValueError as error:
             raise ConfigurationError(f"DorisTarget: {error}") from None
-        self.fe_url, self.database, self.user = self._client.base_url, database, user
+        self.fe_url, self.database, self.user = self.http.base_url, database, user
         self._label_2pc: bool | None = self.options.abort_by_label
         self._arrow_types: dict[str, dict[str, pa.DataType]] = {}  # table -> column -> Arrow type (format arrow)
-
-    def __repr__(self) -> str:
-        return f"DorisTarget({self.fe_url!r}, database={self.database!r}, user={self.user!r})"
-
-    @property
-    def commit_parallelism(self) -> int:
-        return self.options.commit_parallelism
 
     # -- start-up --------------------------------------------------------------------------------
 
@@ -235,7 +210,7 @@ class DorisTarget(FeTableChecks, Target):
         `get_load_state` is the one read-only call of the load protocol that checks all three.
         """
         try:
-            response = self._client.request(
+            response = self.http.request(
                 "GET", api_path(self.database, "get_load_state"), params={"label": _LOAD_STATE_PROBE_LABEL}, idempotent=True
             )
             envelope = response.json()
@@ -248,12 +223,6 @@ class DorisTarget(FeTableChecks, Target):
                 f"Doris at {self.fe_url} refused database {self.database!r}: {excerpt(str(envelope), 200)}"
             )
         return set(self.options.tables) if self.options.tables is not None else None
-
-    def fe_client(self) -> HttpClient:
-        return self._client
-
-    def load_format(self) -> WireFormat:
-        return self.options.wire_format()
 
     # -- writing ---------------------------------------------------------------------------------
 
@@ -406,7 +375,7 @@ class DorisTarget(FeTableChecks, Target):
     def _error_log_excerpt(self, url: str) -> str:
         """The first lines of the server's error log, so the failure says which rows and why."""
         try:
-            lines = self._client.request("GET", url, idempotent=True, timeout=10).text.splitlines()
+            lines = self.http.request("GET", url, idempotent=True, timeout=10).text.splitlines()
         except HttpError as error:
             return f" (could not read it: {error})"
         return "; first rejected rows:\n  " + "\n  ".join(excerpt(line, 300) for line in lines[:_ERROR_LOG_LINES])
@@ -514,7 +483,7 @@ class DorisTarget(FeTableChecks, Target):
     def load_state(self, database: str, label: str) -> str:
         """The label's state: UNKNOWN, PREPARE, PRECOMMITTED, COMMITTED, VISIBLE or ABORTED."""
         try:
-            response = self._client.request("GET", api_path(database, "get_load_state"), params={"label": label}, idempotent=True)
+            response = self.http.request("GET", api_path(database, "get_load_state"), params={"label": label}, idempotent=True)
             envelope = response.json()
         except HttpError as error:
             raise TargetError(f"Doris get_load_state of label {label} got no usable answer: {error}") from error
@@ -523,7 +492,7 @@ class DorisTarget(FeTableChecks, Target):
         return str(envelope.get("data"))
 
     def close(self) -> None:
-        self._client.close()
+        self.http.close()
 
     # -- plumbing --------------------------------------------------------------------------------
 
@@ -535,7 +504,7 @@ class DorisTarget(FeTableChecks, Target):
             headers["label"] = label
         what = f"{operation} of Doris " + (f"txn {txn_id}" if txn_id is not None else f"label {label}")
         try:
-            response = self._client.request("PUT", api_path(database, "_stream_load_2pc"), headers=headers, idempotent=True)
+            response = self.http.request("PUT", api_path(database, "_stream_load_2pc"), headers=headers, idempotent=True)
             body = response.json()
         except HttpError as error:
             raise TargetError(f"{what} got no usable answer: {error}") from error
@@ -546,7 +515,7 @@ class DorisTarget(FeTableChecks, Target):
     def _put(self, path: str, headers: dict[str, str], body: Any, what: str) -> dict[str, Any]:
         """A stream-load PUT; repeats are safe because the label makes them so (then resolved by status)."""
         try:
-            response: HttpResponse = self._client.request("PUT", path, headers=headers, body=body, idempotent=True)
+            response: HttpResponse = self.http.request("PUT", path, headers=headers, body=body, idempotent=True)
             answer = response.json()
         except HttpError as error:
             raise TargetError(f"Doris {what} got no usable answer: {error}") from error

@@ -32,10 +32,10 @@ from ..encoding import (
     DEFAULT_CHUNK_BYTES, CsvFormat, JsonFormat, WireFormat, columns_header, encode_chunks, header_safe,
 )
 from ..http import AuthenticationError, HttpClient, HttpConnectionError, HttpError, HttpResponse, api_path
-from .table_schema import FeTableChecks
+from .stream_load import StreamLoadTarget, option_values
 from .base import (
     CommitOutcome, CommittedNotChosenError, ConfigurationError, ExpiryLimit, NewRef, PreparedPart, RecordIntent,
-    TableTransaction, Target, TargetError, own_names,
+    TableTransaction, TargetError,
 )
 
 log = logging.getLogger(__name__)
@@ -103,25 +103,10 @@ class StarRocksOptions:
 
     @classmethod
     def parse(cls, options: dict[str, Any]) -> "StarRocksOptions":
-        options = own_names(options, COMMON_NAMES, "StarRocksTarget")
-        known = set(cls.__dataclass_fields__)
-        unknown = sorted(set(options) - known)
-        if unknown:
-            raise ConfigurationError(f"StarRocksTarget: unknown option(s) {unknown}; known: {sorted(known)}")
-        values = dict(options)
-        if values.get("tables") is not None:
-            if isinstance(values["tables"], str):
-                raise ConfigurationError("StarRocksTarget tables=...: give a list of table names, not one string")
-            values["tables"] = tuple(values["tables"])
-        if "properties" in values:
-            props = {str(k).lower(): str(v) for k, v in dict(values["properties"]).items()}
-            clash = sorted(set(props) & _MANAGED_HEADERS)
-            if clash:
-                raise ConfigurationError(
-                    f"StarRocksTarget properties {clash} are set by the sink itself; use the named options "
-                    "(format, column_separator, enclose, escape, strict_mode, timeout, prepared_timeout) instead"
-                )
-            values["properties"] = tuple(sorted(props.items()))
+        values = option_values(cls, options, COMMON_NAMES, "StarRocksTarget", "properties", _MANAGED_HEADERS,
+                               "format, column_separator, enclose, escape, strict_mode, timeout, prepared_timeout")
+        # StarRocks reads header names in any case: the target sends them lower-cased
+        values["properties"] = tuple((k.lower(), v) for k, v in values.get("properties", ()))
         parsed = cls(**values)
         parsed._validate()
         return parsed
@@ -159,7 +144,7 @@ class StarRocksOptions:
         return headers
 
 
-class StarRocksTarget(FeTableChecks, Target):
+class StarRocksTarget(StreamLoadTarget):
     """StarRocks through the Stream Load transaction interface (2.4+; `prepared_timeout` needs 3.5.4+).
 
     The target tables must exist: the sink never creates StarRocks tables. Picklable: writers run
@@ -195,25 +180,12 @@ class StarRocksTarget(FeTableChecks, Target):
         except ValueError as error:
             raise ConfigurationError(f"StarRocksTarget fe_url: {error}") from None
 
-    def __repr__(self) -> str:
-        return f"StarRocksTarget({self.fe_url!r}, database={self.database!r}, user={self.user!r})"
-
     # -- Target protocol -------------------------------------------------------------------------
-
-    @property
-    def commit_parallelism(self) -> int:
-        return self.options.commit_parallelism
 
     def routable_tables(self) -> set[str] | None:
         """Checks that the FE answers, the credentials work and the database exists; returns `tables`."""
         self.load_state(_PROBE_LABEL)
         return set(self.options.tables) if self.options.tables is not None else None
-
-    def fe_client(self) -> HttpClient:
-        return self.http
-
-    def load_format(self) -> WireFormat:
-        return self.options.wire_format()
 
     def expiry_limits(self) -> list[ExpiryLimit]:
         """Server defaults unless configured: PREPARED lives `prepared_timeout` (FE default 86400 s); a

@@ -14,9 +14,6 @@ from __future__ import annotations
 import re
 from typing import Any
 
-import pyarrow as pa
-
-from ..encoding import EncodingError, WireFormat, check_header_names
 from ..errors import ConfigurationError
 from ..http import AuthenticationError, HttpClient, HttpError, HttpStatusError, api_path, excerpt
 
@@ -71,27 +68,4 @@ def fetch_table_columns(client: HttpClient, database: str, table: str) -> dict[s
     return {str(prop["name"]): _spell(prop) for prop in body["properties"]}
 
 
-class FeTableChecks:
-    """What the StarRocks and Doris targets check about a table before loading, through their FE."""
-
-    database: str
-
-    def fe_client(self) -> HttpClient:
-        raise NotImplementedError
-
-    def load_format(self) -> WireFormat:
-        raise NotImplementedError
-
-    def check_schema(self, table: str, schema: pa.Schema) -> None:
-        """Column names the wire format cannot send (the `columns` header is latin-1) fail before any data moves."""
-        try:
-            check_header_names(schema, self.load_format())
-        except EncodingError as error:
-            raise ConfigurationError(f"table {table!r}: {error}") from None
-
-    def table_columns(self, table: str) -> dict[str, str] | None:
-        """From the FE's `_schema` endpoint: type names without lengths (docs/protocol.md, Common: table schema endpoint)."""
-        return fetch_table_columns(self.fe_client(), self.database, table)
-
-
-__all__ = ["FeTableChecks", "fetch_table_columns"]
+__all__ = ["fetch_table_columns"]

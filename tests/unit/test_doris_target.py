@@ -677,8 +677,8 @@ def test_a_hostile_routed_table_name_stays_one_path_segment(emu: DorisEmulator, 
     """Review S2: a name routed from the data must not reach another database or endpoint."""
     target = make_target(emu)
     sent: list[str] = []
-    real = target._client.request
-    target._client.request = lambda method, path, *a, **k: (sent.append(path), real(method, path, *a, **k))[1]
+    real = target.http.request
+    target.http.request = lambda method, path, *a, **k: (sent.append(path), real(method, path, *a, **k))[1]
     txn = Writer(emu).begin(target, table)
     with pytest.raises(Exception):
         txn.write(rows(0, 1))

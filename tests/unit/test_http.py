@@ -278,4 +278,4 @@ def test_https_checks_the_certificate_against_the_configured_ca_bundle(tmp_path,
     assert StarRocksTarget(url, "db", "u", ca_bundle=ca).http.verify == ca
     monkeypatch.setenv("STREAMING_SINK_TARGET_USER", "u")
     over_tls = target_from_url("doriss://fe1:8443,fe2:8443", "db", {"verify": False})
-    assert over_tls._client.base_urls == ["https://fe1:8443", "https://fe2:8443"] and over_tls._client.verify is False
+    assert over_tls.http.base_urls == ["https://fe1:8443", "https://fe2:8443"] and over_tls.http.verify is False

@@ -430,7 +430,7 @@ def test_an_unknown_table_fails_at_begin_telling_to_create_it(sr) -> None:
 def test_option_mistakes_are_configuration_errors() -> None:
     with pytest.raises(ConfigurationError, match="unknown option\\(s\\) \\['timout'\\]"):
         StarRocksTarget(timout=5)
-    with pytest.raises(ConfigurationError, match="\\['label'\\] are set by the sink"):
+    with pytest.raises(ConfigurationError, match="\\['label'\\] are set by the target itself"):
         StarRocksTarget(properties={"label": "x"})
     with pytest.raises(ConfigurationError, match="format='parquet'"):
         StarRocksTarget(format="parquet")
