@@ -26,7 +26,7 @@ from __future__ import annotations
 import logging
 import re
 import time
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping
 
 import pyarrow as pa
@@ -35,8 +35,8 @@ from ..committable import Committable, TxnRef
 from ..encoding import (
     ArrowFormat, CsvFormat, JsonFormat, WireFormat, columns_header, encode_chunks, header_safe,
 )
-from ..http import AuthenticationError, HttpClient, HttpError, HttpResponse, api_path, excerpt
-from .stream_load import StreamLoadTarget, option_values
+from ..http import AuthenticationError, HttpError, HttpResponse, api_path, excerpt
+from .stream_load import FORGOTTEN_LABELS, SharedOptions, StreamLoadTarget, option_values
 from .base import (
     CommitOutcome, CommittedNotChosenError, ConfigurationError, ExpiryLimit, NewRef, PreparedPart, RecordIntent,
     TableTransaction, TargetError,
@@ -75,7 +75,7 @@ COMMON_NAMES = {"properties": "headers", "read_timeout_s": "request_timeout_s", 
 
 
 @dataclass(frozen=True)
-class DorisOptions:
+class DorisOptions(SharedOptions):
     """What `DorisTarget(**options)` accepts; every field is optional.
 
     * `tables`: tables rows may be routed to; without it any name goes and Doris refuses unknown ones.
@@ -95,10 +95,7 @@ class DorisOptions:
     * `connect_timeout_s`, `request_timeout_s`, `retries`, `backoff_s`: the HTTP client's.
     """
 
-    tables: tuple[str, ...] | None = None
-    format: str = "csv"
     max_filter_ratio: float | None = None
-    strict_mode: bool = True
     load_timeout_s: int | None = None
     headers: tuple[tuple[str, str], ...] = ()
     abort_by_label: bool | None = None
@@ -107,9 +104,6 @@ class DorisOptions:
     request_timeout_s: float = 600.0
     retries: int = 3
     backoff_s: float = 0.5
-    commit_parallelism: int = 8
-    verify: bool = True  # https: check the server's certificate
-    ca_bundle: str | None = None  # https: a PEM file of the CAs to trust instead of the system's
 
     @classmethod
     def parse(cls, options: Mapping[str, Any]) -> "DorisOptions":
@@ -173,32 +167,15 @@ class _PartState:
 class DorisTarget(StreamLoadTarget):
     kind = "doris"
 
-    @classmethod
-    def option_names(cls) -> set[str]:
-        """The keyword options the constructor takes besides the address and credentials."""
-        return {f.name for f in fields(DorisOptions)} | set(COMMON_NAMES)
+    options_class = DorisOptions
+    common_names = COMMON_NAMES
 
-    def __init__(
-        self,
-        fe_url: str = "http://127.0.0.1:8030",
-        database: str = "db",
-        user: str = "root",
-        password: str = "",
-        **options: Any,
-    ) -> None:
-        self.options = DorisOptions.parse(options)
-        try:
-            self.http = HttpClient(
-                fe_url, user, password,
-                connect_timeout=self.options.connect_timeout_s,
-                read_timeout=self.options.request_timeout_s,
-                retries=self.options.retries,
-                backoff_s=self.options.backoff_s,
-                verify=self.options.ca_bundle or self.options.verify,
-            )
-        except ValueError as error:
-            raise ConfigurationError(f"DorisTarget: {error}") from None
-        self.fe_url, self.database, self.user = self.http.base_url, database, user
+    def http_settings(self) -> dict[str, Any]:
+        o = self.options
+        return dict(connect_timeout=o.connect_timeout_s, read_timeout=o.request_timeout_s, retries=o.retries,
+                    backoff_s=o.backoff_s)
+
+    def _started(self) -> None:
         self._label_2pc: bool | None = self.options.abort_by_label
         self._arrow_types: dict[str, dict[str, pa.DataType]] = {}  # table -> column -> Arrow type (format arrow)
 
@@ -242,9 +219,7 @@ class DorisTarget(StreamLoadTarget):
             ),
             ExpiryLimit(
                 "label history (FE default)", 43200.0, 2000,
-                note="a batch whose commit was cut off (driver killed between commit and its record) can no longer "
-                     "be told committed from lost, and the job stops for an operator instead of risking duplicates; "
-                     "a busy shared database finishes 2000 stream loads within minutes. Raise "
+                note=FORGOTTEN_LABELS + "a busy shared database finishes 2000 stream loads within minutes. Raise "
                      "streaming_label_keep_max_second and label_num_threshold (-1 disables the count) on the FE, "
                      "or keep outages short",
             ),

@@ -31,8 +31,8 @@ from ..committable import Committable, TxnRef
 from ..encoding import (
     DEFAULT_CHUNK_BYTES, CsvFormat, JsonFormat, WireFormat, columns_header, encode_chunks, header_safe,
 )
-from ..http import AuthenticationError, HttpClient, HttpConnectionError, HttpError, HttpResponse, api_path
-from .stream_load import StreamLoadTarget, option_values
+from ..http import AuthenticationError, HttpConnectionError, HttpError, HttpResponse, api_path
+from .stream_load import FORGOTTEN_LABELS, SharedOptions, StreamLoadTarget, option_values
 from .base import (
     CommitOutcome, CommittedNotChosenError, ConfigurationError, ExpiryLimit, NewRef, PreparedPart, RecordIntent,
     TableTransaction, TargetError,
@@ -74,11 +74,9 @@ COMMON_NAMES = {
 
 
 @dataclass(frozen=True)
-class StarRocksOptions:
+class StarRocksOptions(SharedOptions):
     """Everything configurable besides the address and credentials; unknown names are refused."""
 
-    tables: tuple[str, ...] | None = None  # tables rows may be routed to; None: the server refuses unknown ones
-    format: str = "csv"  # csv | json
     column_separator: str = ","
     row_delimiter: str = "\n"
     enclose: str | None = '"'
@@ -87,19 +85,12 @@ class StarRocksOptions:
     prepared_timeout: int | None = None  # prepare: seconds it may stay PREPARED (StarRocks 3.5.4+)
     publish_timeout: int | None = None  # commit: seconds the FE waits for publish before answering
     load_chunk_bytes: int = DEFAULT_CHUNK_BYTES  # Arrow bytes per load request
-    # A value the column cannot hold filters its row (counted against max_filter_ratio, which is 0 unless
-    # set in properties) instead of becoming NULL and counting as loaded (docs/protocol.md, Common: strict mode)
-    strict_mode: bool = True
     properties: tuple[tuple[str, str], ...] = ()  # extra Stream Load headers, e.g. max_filter_ratio
     connect_timeout: float = 10.0
     read_timeout: float = 300.0
     http_retries: int = 3  # for requests that never reached the server, and idempotent ones
     busy_retries: int = 20  # TXN_IN_PROCESSING, write-lock timeouts, FE routing misses
-    backoff_s: float = 0.2
     backoff_max_s: float = 5.0
-    commit_parallelism: int = 8
-    verify: bool = True  # https: check the server's certificate
-    ca_bundle: str | None = None  # https: a PEM file of the CAs to trust instead of the system's
 
     @classmethod
     def parse(cls, options: dict[str, Any]) -> "StarRocksOptions":
@@ -153,32 +144,13 @@ class StarRocksTarget(StreamLoadTarget):
 
     kind = "starrocks"
 
-    @classmethod
-    def option_names(cls) -> set[str]:
-        """The keyword options the constructor takes besides the address and credentials."""
-        return set(StarRocksOptions.__dataclass_fields__) | set(COMMON_NAMES)
+    options_class = StarRocksOptions
+    common_names = COMMON_NAMES
 
-    def __init__(
-        self,
-        fe_url: str = "http://127.0.0.1:8030",
-        database: str = "db",
-        user: str = "root",
-        password: str = "",
-        **options: Any,
-    ) -> None:
-        if not database:
-            raise ConfigurationError("StarRocksTarget: database must not be empty")
-        self.fe_url, self.database, self.user = fe_url.rstrip("/"), database, user
-        self.options = StarRocksOptions.parse(options)
+    def http_settings(self) -> dict[str, Any]:
         o = self.options
-        try:
-            self.http = HttpClient(
-                self.fe_url, user, password,
-                connect_timeout=o.connect_timeout, read_timeout=o.read_timeout, retries=o.http_retries,
-                backoff_s=o.backoff_s, backoff_max_s=o.backoff_max_s, verify=o.ca_bundle or o.verify,
-            )
-        except ValueError as error:
-            raise ConfigurationError(f"StarRocksTarget fe_url: {error}") from None
+        return dict(connect_timeout=o.connect_timeout, read_timeout=o.read_timeout, retries=o.http_retries,
+                    backoff_s=o.backoff_s, backoff_max_s=o.backoff_max_s)
 
     # -- Target protocol -------------------------------------------------------------------------
 
@@ -201,9 +173,7 @@ class StarRocksTarget(StreamLoadTarget):
             ),
             ExpiryLimit(
                 "label history (FE default)", DEFAULT_LABEL_KEEP_S, DEFAULT_LABEL_KEEP_NUM,
-                note="a batch whose commit was cut off (driver killed between commit and its record) can no longer "
-                     "be told committed from lost, and the job stops for an operator instead of risking duplicates; "
-                     "raise label_keep_max_second on the FE, or keep outages short. Newer FEs also forget the "
+                note=FORGOTTEN_LABELS + "raise label_keep_max_second on the FE, or keep outages short. Newer FEs also forget the "
                      "oldest labels once running + finished transactions in the database exceed label_keep_max_num "
                      "(1000 by default in the source read; which releases do this is unconfirmed): raise it too",
             ),

@@ -5,7 +5,7 @@ lives here, so a change to it is made once.
 """
 from __future__ import annotations
 
-from dataclasses import fields
+from dataclasses import dataclass, fields
 from typing import Any, Mapping
 
 import pyarrow as pa
@@ -17,14 +17,63 @@ from .base import Target, own_names
 from .table_schema import fetch_table_columns
 
 
-class StreamLoadTarget(Target):
-    """A target whose FE answers at `http` and whose loads use `options.wire_format()`."""
+#: Why a server forgetting finished labels matters, for both products' `expiry_limits` notes.
+FORGOTTEN_LABELS = ("a batch whose commit was cut off (driver killed between commit and its record) can no longer be told "
+                    "committed from lost, and the job stops for an operator instead of risking duplicates; ")
 
-    fe_url: str
-    database: str
-    user: str
-    http: HttpClient
-    options: Any  # the target's own options; `wire_format()` and `commit_parallelism` are read here
+
+@dataclass(frozen=True)
+class SharedOptions:
+    """The options both targets take under the same names (their own options classes add the rest)."""
+
+    tables: tuple[str, ...] | None = None  # tables rows may be routed to; None: the server refuses unknown ones
+    format: str = "csv"
+    # A value its column cannot hold filters its row (counted against max_filter_ratio, 0 unless set)
+    # instead of becoming NULL and counting as loaded (docs/protocol.md, Common: strict mode).
+    strict_mode: bool = True
+    backoff_s: float = 0.2
+    commit_parallelism: int = 8
+    verify: bool = True  # https: check the server's certificate
+    ca_bundle: str | None = None  # https: a PEM file of the CAs to trust instead of the system's
+
+
+class StreamLoadTarget(Target):
+    """A target whose FE answers at `http` and whose loads use `options.wire_format()`.
+
+    Subclasses name their options class and its older option names, say how the options map onto
+    the HTTP client (`http_settings`), and set up their own state in `_started`.
+    """
+
+    options_class: Any  # a SharedOptions dataclass with a `parse(options)` classmethod
+    common_names: Mapping[str, str] = {}  # shared option names -> this target's older ones
+
+    def __init__(
+        self, fe_url: str = "http://127.0.0.1:8030", database: str = "db", user: str = "root", password: str = "",
+        **options: Any,
+    ) -> None:
+        name = type(self).__name__
+        if not database:
+            raise ConfigurationError(f"{name}: database must not be empty")
+        self.options = self.options_class.parse(options)
+        try:
+            self.http = HttpClient(fe_url, user, password, verify=self.options.ca_bundle or self.options.verify,
+                                   **self.http_settings())
+        except ValueError as error:
+            raise ConfigurationError(f"{name} fe_url: {error}") from None
+        self.fe_url, self.database, self.user = self.http.base_url, database, user
+        self._started()
+
+    @classmethod
+    def option_names(cls) -> set[str]:
+        """The keyword options the constructor takes besides the address and credentials."""
+        return {f.name for f in fields(cls.options_class)} | set(cls.common_names)
+
+    def http_settings(self) -> dict[str, Any]:
+        """The HTTP client's timeouts, retries and backoff, from this target's options."""
+        raise NotImplementedError
+
+    def _started(self) -> None:
+        """Per-target state, once the options and the client exist."""
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.fe_url!r}, database={self.database!r}, user={self.user!r})"
