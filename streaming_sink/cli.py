@@ -124,7 +124,7 @@ def build_parser() -> argparse.ArgumentParser:
     run = commands.add_parser("run", help="run the packaged Kafka ingestion job")
     source = run.add_mutually_exclusive_group(required=True)
     source.add_argument("--config", help="path of the TOML job configuration (see docs/configuration.md)")
-    source.add_argument("--spec", help="path of a resolved JSON job spec (streaming_sink/job.py JobSpec)")
+    source.add_argument("--spec", help="path of a resolved JSON job spec (streaming_sink/job_spec.py JobSpec)")
 
     status = commands.add_parser("status", help="batches, pending prepared transactions and leftovers of a job; "
                                                 "exit 1 unless healthy", **common)

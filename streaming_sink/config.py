@@ -24,7 +24,7 @@ from state import STORE_SCHEMES
 
 from .config_schema import JobConfig, Table
 from .intervals import parse_interval
-from .job import JobSpec
+from .job_spec import JobSpec
 from .kafka_source import check_options, check_starting_offsets
 from .targets import REGISTRY, ConfigurationError, target_from_url, target_kind, target_option_names
 

@@ -11,7 +11,8 @@ from typing import Any, Callable
 
 from state import open_store
 
-from .job import JobSpec, check_columns, resolve_tables, table_schemas
+from .frame import check_columns, resolve_tables, table_schemas
+from .job_spec import JobSpec
 from .kafka_source import probe
 from .targets import target_from_url
 from .targets.base import ExpiryLimit

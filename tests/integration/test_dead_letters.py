@@ -8,7 +8,8 @@ import pytest
 
 from devstack.pipeline import open_target
 from state import FileStateStore
-from streaming_sink.job import JobSpec, build_frame, resolve_tables
+from streaming_sink.frame import build_frame, resolve_tables
+from streaming_sink.job_spec import JobSpec
 from streaming_sink.routing import UnknownTableError
 from streaming_sink.sink import ExactlyOnceSink
 from streaming_sink.targets.base import ConfigurationError
@@ -138,7 +139,7 @@ def test_batch_figures_reach_the_metrics_endpoint(spark_session, target, tmp_pat
 
 
 def test_kafka_metadata_columns_a_user_chooses_arrive_as_the_records_carried_them(spark_session, tmp_path):
-    from streaming_sink.job import table_schemas
+    from streaming_sink.frame import table_schemas
 
     job = JobSpec(job_id="meta", bootstrap="unused", topics=["a", "b"], target_url=f"chdb://{tmp_path / 'ch'}",
                   database=DB, state_url=f"file://{tmp_path / 'state'}", checkpoint=str(tmp_path / "ckpt"),
@@ -166,7 +167,7 @@ def test_kafka_metadata_columns_a_user_chooses_arrive_as_the_records_carried_the
 
 
 def test_a_schema_spark_cannot_parse_names_its_key(spark_session):
-    from streaming_sink.job import spark_schema
+    from streaming_sink.frame import spark_schema
 
     with pytest.raises(ConfigurationError) as error:
         spark_schema("id BIGNT NOT NULL, name STRING", "tables.orders.schema")

@@ -13,7 +13,8 @@ from typing import Any
 from prometheus_client.parser import text_string_to_metric_families
 
 from streaming_sink import job as job_module
-from streaming_sink.job import JobSpec, sink_metrics
+from streaming_sink.job import sink_metrics
+from streaming_sink.job_spec import JobSpec
 
 GOOD = [{"id": i, "name": f"n{i}"} for i in range(10)]
 BAD = ["not json", '{"name": "no id"}']

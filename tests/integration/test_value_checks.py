@@ -12,7 +12,8 @@ import pytest
 
 from devstack.pipeline import open_target
 from state import FileStateStore
-from streaming_sink.job import JobSpec, build_frame, check_columns, resolve_tables, table_schemas
+from streaming_sink.frame import build_frame, check_columns, resolve_tables, table_schemas
+from streaming_sink.job_spec import JobSpec
 from streaming_sink.sink import ExactlyOnceSink
 
 DB = "analytics"

@@ -10,7 +10,7 @@ from typing import Any, Callable
 import pytest
 
 from streaming_sink.config import load_config, resolve_config
-from streaming_sink.job import JobSpec
+from streaming_sink.job_spec import JobSpec
 from streaming_sink.targets.base import ConfigurationError
 
 BASE = tomllib.loads((Path(__file__).resolve().parents[2] / "examples" / "job.toml").read_text())
@@ -146,7 +146,7 @@ def test_one_option_vocabulary_for_starrocks_and_doris(tmp_path, monkeypatch, ur
 
 
 def test_the_target_registry_is_the_one_list_of_schemes_and_capabilities():
-    from streaming_sink.job import JobSpec
+    from streaming_sink.job_spec import JobSpec
     from streaming_sink.targets import REGISTRY
 
     assert {kind.product for kind in REGISTRY.values()} == {"clickhouse", "starrocks", "doris"}

@@ -219,7 +219,8 @@ def test_the_listener_records_lag_and_idleness_logs_progress_and_never_raises(ca
 
 
 def test_the_endpoint_binds_the_configured_host(tmp_path: Path):
-    from streaming_sink.job import JobSpec, build_sink, sink_metrics
+    from streaming_sink.job import build_sink, sink_metrics
+    from streaming_sink.job_spec import JobSpec
 
     spec = JobSpec.from_json(
         '{"job_id": "m", "bootstrap": "unused:9092", "topics": ["events"], "target_url": "chdb://%s", '

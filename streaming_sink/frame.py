@@ -1,0 +1,190 @@
+"""Kafka records -> the rows of each table the packaged job writes, or dead letters with the reason.
+
+Each message is routed to a table (by a field of the message, or by its topic), parsed with that
+table's schema, and checked against the table's column types (value_checks.py). A message that
+cannot be routed or parsed, lacks a required (NOT NULL) field, or holds a value its column cannot
+hold becomes a dead letter with its raw value, topic, partition, offset, Kafka timestamp and the
+reason. Every column is derived from the Kafka record alone, so a re-run batch produces the same
+rows (the replay checksum depends on it).
+"""
+from __future__ import annotations
+
+from .job_spec import JobSpec
+from .metrics import OBSERVED_NAME
+from .routing import struct_column_for
+from .targets import ConfigurationError, target_kind
+from .value_checks import column_limits, value_problems
+
+ROUTE_COLUMN = "__table"
+_BAD_COLUMN = "__streaming_sink_bad"  # only between build_frame's select and its observe
+DEAD_LETTER_COLUMNS = "raw_value STRING, topic STRING, partition INT, offset BIGINT, kafka_timestamp TIMESTAMP, reason STRING"
+
+
+def resolve_tables(spec: JobSpec, target_tables: set[str] | None) -> dict[str, str]:
+    """Table -> schema, checked against what the target has, before anything is read."""
+    if spec.tables is not None:
+        tables = dict(spec.tables)
+    else:
+        if target_tables is None:
+            raise ConfigurationError("this target cannot list its tables: give `tables` with a schema per table")
+        names = {spec.table} if spec.table else set(spec.topic_tables.values()) if spec.topic_tables else target_tables
+        tables = {name: spec.schema for name in names}
+    if spec.dead_letter_table:
+        tables.pop(spec.dead_letter_table, None)
+    # Sorted: the frame's column order must not depend on set order (hash seeds differ per process),
+    # or a re-run batch would carry the same rows in a different layout and fail its replay checksum.
+    tables = dict(sorted(tables.items()))
+    if target_tables is not None:
+        missing = sorted((set(tables) | ({spec.dead_letter_table} if spec.dead_letter_table else set())) - target_tables)
+        if missing:
+            raise ConfigurationError(
+                f"table(s) {missing} do not exist in the target database {spec.database!r} (or are not loadable there); "
+                f"create them first, the sink never creates tables. The target has: {sorted(target_tables)}"
+            )
+    return tables
+
+
+def build_frame(raw, spec: JobSpec, tables: dict[str, str], column_types: dict[str, dict[str, str] | None] | None = None):
+    """Kafka records -> one route column plus one struct column per table (only the routed one set).
+
+    `column_types` are the target's, per table (`Target.table_columns`): a value its column
+    cannot hold makes the message a dead letter naming the column (streaming_sink/value_checks.py).
+    """
+    from pyspark.sql import functions as F
+    from pyspark.sql.types import StructField, StringType, StructType
+
+    product = target_kind(spec.target_url).product
+    column_types = column_types or {}
+    value = F.col("value").cast("string")
+    if spec.table:
+        route = F.lit(spec.table)
+    elif spec.table_field:
+        route = F.get_json_object(value, f"$.{spec.table_field}")
+    else:
+        mapping = F.create_map(*[F.lit(x) for pair in spec.topic_tables.items() for x in pair])
+        route = mapping[F.col("topic")]
+
+    columns = []
+    utf8 = F.is_valid_utf8(value)
+    reason = F.when(value.isNull(), F.lit("message has no value")).when(
+        ~utf8, F.lit("message is not valid UTF-8 (raw_value holds its bytes in base64)")
+    )
+    if any(source == "key" for source, _, _ in spec.metadata()):
+        key = F.col("key").cast("string")
+        reason = reason.when(key.isNotNull() & ~F.is_valid_utf8(key), F.lit("the record's key is not valid UTF-8 text"))
+    reason = reason.when(
+        route.isNull(), F.lit(f"message has no {spec.table_field!r} field" if spec.table_field else "no table for the topic")
+    ).when(~route.isin(list(tables)), F.concat(F.lit("unknown table "), route))
+    for table, ddl in tables.items():
+        schema = spark_schema(ddl, f"tables.{table}.schema")
+        parse_schema = StructType(
+            [StructField(f.name, f.dataType, True) for f in schema.fields if f.name != spec.table_field]
+            + [StructField("__corrupt", StringType(), True)]
+        )
+        parsed = F.from_json(value, parse_schema, {"mode": "PERMISSIVE", "columnNameOfCorruptRecord": "__corrupt"})
+        mine = route == F.lit(table)
+        reason = reason.when(mine & parsed["__corrupt"].isNotNull(), F.lit(f"not valid JSON for the schema of {table}"))
+        for f in schema.fields:
+            if not f.nullable:
+                reason = reason.when(mine & parsed[f.name].isNull(), F.lit(f"required field {f.name!r} of {table} is missing or null"))
+        types = column_types.get(table) or {}
+        if product != "clickhouse":  # StarRocks and Doris ignore the case of column names
+            types = {name.lower(): kind for name, kind in types.items()}
+        for f in parse_schema.fields:
+            if f.name != "__corrupt":
+                spelling = types.get(f.name if product == "clickhouse" else f.name.lower())
+                for problem, text in value_problems(table, f, parsed[f.name], column_limits(product, spelling)):
+                    reason = reason.when(mine & problem, F.lit(text))
+        fields = [parsed[f.name].alias(f.name) for f in parse_schema.fields if f.name != "__corrupt"]
+        fields += [F.col(source).cast("string").alias(name) if source == "key" else F.col(source).alias(name)
+                   for source, name, _ in spec.metadata()]
+        columns.append((table, mine, F.struct(*fields)))
+
+    bad = reason.isNotNull()
+    if spec.dead_letter_table:
+        raw_value = F.when(utf8, value).otherwise(F.base64(F.col("value")))
+        room = column_limits(product, (column_types.get(spec.dead_letter_table) or {}).get("raw_value")).max_bytes
+        if room is not None:  # a message longer than raw_value holds: kept in Kafka, named by its coordinates
+            too_long = F.octet_length(raw_value) > F.lit(room)
+            reason = F.when(too_long, F.concat(reason, F.lit(
+                f"; raw_value left empty: the message is longer than the {room} bytes the column holds, "
+                "it stays in Kafka at the topic, partition and offset of this row"))).otherwise(reason)
+            raw_value = F.when(too_long, F.lit(None)).otherwise(raw_value)
+        dead = F.struct(
+            raw_value.alias("raw_value"), F.col("topic"), F.col("partition"), F.col("offset"),
+            F.col("timestamp").alias("kafka_timestamp"), reason.alias("reason"),
+        )
+        routed = F.when(bad, F.lit(spec.dead_letter_table)).otherwise(route)
+        columns.append((spec.dead_letter_table, bad, dead))
+    else:
+        # No dead-letter table: the batch fails, and the error names the record and the reason.
+        routed = F.when(bad, F.concat(
+            F.lit("<bad message "), F.col("topic"), F.lit("/"), F.col("partition").cast("string"), F.lit("@"),
+            F.col("offset").cast("string"), F.lit(": "), reason, F.lit("; configure a dead-letter table>"),
+        )).otherwise(route)
+    # Records in and dead letters also go to Spark's progress (`observedMetrics`, the Spark UI). `observe`
+    # passes rows through unchanged; `bad` rides along as a column only so it is not computed twice.
+    return raw.select(
+        routed.alias(ROUTE_COLUMN),
+        *[F.when(condition & (~bad if name != spec.dead_letter_table else F.lit(True)), struct).alias(struct_column_for(name))
+          for name, condition, struct in columns],
+        bad.alias(_BAD_COLUMN),
+    ).observe(
+        OBSERVED_NAME, F.count(F.lit(1)).alias("records_in"), F.count_if(F.col(_BAD_COLUMN)).alias("dead_letters"),
+    ).drop(_BAD_COLUMN)
+
+
+def table_schemas(spec: JobSpec, tables: dict[str, str]):
+    """The Arrow schema of every table the job writes, as the sink will hand it to the target."""
+    import pyarrow as pa
+
+    schemas = {}
+    for table, ddl in tables.items():
+        metadata = ", ".join(f"{name} {kind}" for _, name, kind in spec.metadata())
+        fields = [f for f in arrow_schema(ddl) if f.name != spec.table_field]
+        fields += list(arrow_schema(metadata)) if metadata else []
+        schemas[table] = pa.schema(fields)
+    if spec.dead_letter_table:
+        schemas[spec.dead_letter_table] = arrow_schema(DEAD_LETTER_COLUMNS)
+    return schemas
+
+
+def spark_schema(ddl: str, key: str = "schema"):
+    """Spark DDL as a StructType; a parse error names the configuration key and Spark's own reason."""
+    from pyspark.sql.types import StructType
+
+    try:
+        return StructType.fromDDL(ddl)
+    except Exception as error:  # Spark's ParseException, raised through py4j or Spark Connect
+        reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        raise ConfigurationError(f"{key}: {ddl!r} is not Spark DDL: {reason}") from None
+
+
+def arrow_schema(ddl: str):
+    """Spark DDL as the Arrow schema Spark hands to Python (timestamps as UTC instants)."""
+    import inspect
+
+    from pyspark.sql.pandas.types import to_arrow_schema
+
+    # pyspark 4.0 converts timestamps to UTC by default; 4.2 wants the zone named
+    zone = {"timezone": "UTC"} if "timezone" in inspect.signature(to_arrow_schema).parameters else {}
+    return to_arrow_schema(spark_schema(ddl), **zone)
+
+
+def check_columns(target, schemas) -> dict[str, dict[str, str] | None]:
+    """Every column the job writes must exist in its table, where the target can tell; returns the
+    tables' column types (None where the target cannot tell) for the value checks."""
+    found = {}
+    for table, schema in schemas.items():
+        target.check_schema(table, schema)
+        existing = found[table] = target.table_columns(table)
+        if existing is None:
+            continue
+        known = set(existing) if target.kind == "clickhouse" else {name.lower() for name in existing}
+        missing = [name for name in schema.names if (name if target.kind == "clickhouse" else name.lower()) not in known]
+        if missing:
+            raise ConfigurationError(
+                f"table {table!r} has no column(s) {missing} that the job writes (it has {list(existing)}); "
+                f"add them to the table or remove them from tables.{table}.schema"
+            )
+    return found

@@ -1,0 +1,85 @@
+"""The packaged job's resolved description (`JobSpec`): what config.py makes of job.toml, and what
+tests hand `python -m streaming_sink.job --spec`. It checks what relates its fields to each other.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from .kafka_source import KafkaSource, check_options, check_starting_offsets
+from .targets import ConfigurationError, target_kind
+
+#: Kafka record field -> (the column it becomes in every data table, its Spark type).
+METADATA_COLUMNS = {
+    "topic": ("kafka_topic", "STRING NOT NULL"),
+    "partition": ("kafka_partition", "INT NOT NULL"),
+    "offset": ("kafka_offset", "BIGINT NOT NULL"),
+    "timestamp": ("kafka_timestamp", "TIMESTAMP NOT NULL"),
+    "key": ("kafka_key", "STRING"),  # the key's bytes as UTF-8 text; NULL for a record without a key
+}
+
+
+@dataclass
+class JobSpec:
+    job_id: str
+    bootstrap: str
+    topics: list[str] | None  # None: kafka_options subscribe by subscribePattern or assign
+    target_url: str
+    database: str
+    state_url: str = field(repr=False)  # a Redis URL may carry its password
+    checkpoint: str
+    tables: dict[str, str] | None = None  # table -> Spark DDL of its JSON fields; None: `schema` for every target table
+    schema: str | None = None  # one schema shared by all tables (only with table_field and no `tables`)
+    table: str | None = None  # every message to this table
+    table_field: str | None = None  # or: the message field that names its table
+    topic_tables: dict[str, str] | None = None  # or: topic -> table
+    dead_letter_table: str | None = None  # None: a bad message fails the batch loudly instead
+    metadata_columns: bool | list[str] = True  # record fields written as kafka_<field>; true: partition, offset
+    max_offsets_per_trigger: int | None = None
+    starting_offsets: str = "earliest"
+    trigger: str = "available-now"  # or a processing-time interval such as "5 seconds"
+    flush_bytes: int = 64 * 1024 * 1024
+    accept_empty_state: bool = False  # start once on a deliberately emptied state store (see the runbook)
+    create_tables: bool = False  # create missing tables from the schemas (embedded ClickHouse only)
+    metrics_port: int | None = None  # serve per-batch figures as Prometheus text on this port
+    metrics_host: str = "127.0.0.1"  # the address the metrics endpoint binds ("0.0.0.0": every interface)
+    target_options: dict[str, Any] = field(default_factory=dict)
+    spark_conf: dict[str, str] = field(default_factory=dict)
+    kafka_options: dict[str, str] = field(default_factory=dict, repr=False)  # Spark's names; may hold a secret
+
+    @classmethod
+    def from_json(cls, text: str) -> "JobSpec":
+        data: dict[str, Any] = json.loads(text)
+        unknown = sorted(set(data) - set(cls.__dataclass_fields__))
+        if unknown:
+            raise ConfigurationError(f"unknown job spec key(s) {unknown}; known: {sorted(cls.__dataclass_fields__)}")
+        spec = cls(**data)
+        spec.validate()
+        return spec
+
+    def validate(self) -> None:
+        routes = [k for k in ("table", "table_field", "topic_tables") if getattr(self, k)]
+        if len(routes) != 1:
+            raise ConfigurationError(f"route messages with exactly one of table, table_field, topic_tables (got {routes or 'none'})")
+        if self.tables is None and self.schema is None:
+            raise ConfigurationError("give `tables` (a schema per table) or `schema`")
+        if self.topic_tables and self.topics is not None and set(self.topic_tables) != set(self.topics):
+            raise ConfigurationError(f"topic_tables must map every topic in `topics`: {sorted(self.topics)}")
+        if isinstance(self.metadata_columns, bool):
+            self.metadata_columns = ["partition", "offset"] if self.metadata_columns else []
+        unknown = sorted(set(self.metadata_columns) - set(METADATA_COLUMNS))
+        if unknown:
+            raise ConfigurationError(f"metadata_columns: {unknown} are not Kafka record fields; choose from {list(METADATA_COLUMNS)}")
+        if self.create_tables and not target_kind(self.target_url).creates_tables:
+            raise ConfigurationError(f"create_tables: {target_kind(self.target_url).product} tables are never created by the sink")
+        self.kafka_options = check_options(self.kafka_options, "kafka_options")
+        check_starting_offsets(self.starting_offsets, "starting_offsets")
+
+    def kafka_source(self) -> KafkaSource:
+        return KafkaSource(self.bootstrap, self.topics, self.starting_offsets, self.max_offsets_per_trigger, self.kafka_options)
+
+    def metadata(self) -> list[tuple[str, str, str]]:
+        """(record field, column name, Spark type) of each metadata column, in the table's order."""
+        fields = ["partition", "offset"] if self.metadata_columns is True else self.metadata_columns or []
+        return [(f, *METADATA_COLUMNS[f]) for f in METADATA_COLUMNS if f in fields]
