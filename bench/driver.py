@@ -13,7 +13,8 @@ Modes (what each measures):
   eo-chdb-redis       ExactlyOnceSink -> chdb, Redis state store
   alo-null-starrocks  the sink's writers in tasks -> null server (StarRocks protocol), no journal
   eo-null-starrocks   ExactlyOnceSink, writers in tasks -> null server (StarRocks protocol), file store
-  alo-null-doris / eo-null-doris: the same with the Doris protocol
+  alo-null-doris / eo-null-doris: the same with the Doris protocol (CSV bodies)
+  eo-null-doris-arrow eo-null-doris with format "arrow": Arrow IPC bodies, column types from the null server's `_schema`
 """
 from __future__ import annotations
 
@@ -36,7 +37,7 @@ SCHEMA = ("id BIGINT, `table` STRING, user_id BIGINT, name STRING, amount DOUBLE
 CH_DDL = ("CREATE TABLE IF NOT EXISTS {db}.{table} (id Int64, user_id Int64, name String, amount Float64, currency String, "
           "country String, status String, created_at String, note String) ENGINE = MergeTree ORDER BY id")
 MODES = ("noop", "toarrow", "alo-chdb-hand", "alo-chdb-sink", "eo-chdb-file", "eo-chdb-redis",
-         "alo-null-starrocks", "eo-null-starrocks", "alo-null-doris", "eo-null-doris")
+         "alo-null-starrocks", "eo-null-starrocks", "alo-null-doris", "eo-null-doris", "eo-null-doris-arrow")
 
 
 def _epoch(timestamp: str) -> float:
@@ -56,7 +57,8 @@ def _target(spec: dict[str, Any]) -> Any:
         return StarRocksTarget(spec["null_url"], database=DATABASE, user="bench", password="", tables=list(TABLES))
     from streaming_sink.targets.doris import DorisTarget
 
-    return DorisTarget(spec["null_url"], database=DATABASE, user="bench", password="", tables=list(TABLES))
+    fmt = "arrow" if mode.endswith("-arrow") else "csv"
+    return DorisTarget(spec["null_url"], database=DATABASE, user="bench", password="", tables=list(TABLES), format=fmt)
 
 
 def _create_chdb_tables(target: Any) -> None:

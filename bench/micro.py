@@ -1,4 +1,4 @@
-"""In-process measurements without Spark: the commit phase alone, and encode + send per core.
+"""In-process measurements without Spark: the commit phase alone, and encode + send per core (every wire format).
 
 Both run against the null server in its own process, so the numbers are the client's.
 """
@@ -39,14 +39,18 @@ def event_table(rows: int, seed: int = 7) -> pa.Table:
     })
 
 
-def null_target(kind: str, url: str) -> Target:
+#: (target, wire format) pairs that encode + send measures: StarRocks CSV, and every Doris format.
+WIRE_FORMATS = (("starrocks", "csv"), ("doris", "csv"), ("doris", "json"), ("doris", "arrow"))
+
+
+def null_target(kind: str, url: str, fmt: str = "csv") -> Target:
     if kind == "starrocks":
         from streaming_sink.targets.starrocks import StarRocksTarget
 
-        return StarRocksTarget(url, database=DATABASE, user="bench", password="", tables=list(TABLES))
+        return StarRocksTarget(url, database=DATABASE, user="bench", password="", tables=list(TABLES), format=fmt)
     from streaming_sink.targets.doris import DorisTarget
 
-    return DorisTarget(url, database=DATABASE, user="bench", password="", tables=list(TABLES))
+    return DorisTarget(url, database=DATABASE, user="bench", password="", tables=list(TABLES), format=fmt)
 
 
 class PreparedRunner:
@@ -96,34 +100,67 @@ def commit_phase(url: str, kinds: tuple[str, ...] = ("starrocks", "doris"), max_
     return rows
 
 
-def encode_send(url: str, rows: int, kinds: tuple[str, ...] = ("starrocks", "doris")) -> list[dict[str, Any]]:
-    """Rows per CPU-second of one writer thread: route, checksum, encode (CSV) and send one partition's
-    rows to the null server and prepare (`PartitionWriter.add_all`, as a task runs it). CPU time is this
-    thread's own (`time.thread_time`), so it is per core and excludes the server."""
+def encode_send(url: str, rows: int, formats: tuple[tuple[str, str], ...] = WIRE_FORMATS, repeats: int = 3) -> list[dict[str, Any]]:
+    """Rows per CPU-second of one writer thread, per (target, wire format): `encode+send` is the target's
+    transaction alone (encode, send, prepare) on rows already routed; `writer` is `PartitionWriter.add_all`
+    as a task runs it (route, checksum, buffer, then the same). CPU time is this thread's own
+    (`time.thread_time`), so it is per core and excludes the server; the median of `repeats` runs, each
+    with a fresh target (Doris arrow: so each reads `_schema` once per table, as every Spark task does),
+    after one untimed run of every pair. Also what reached the server: body bytes per row, and requests."""
+    data = event_table(rows)
+    arrow_bytes = data.drop_columns(["table"]).nbytes  # the written columns as Arrow in memory, for comparison
+    small = event_table(2_000)
+    for kind, fmt in formats:  # warm-up: first calls of pyarrow kernels, imports, connections
+        for what in ("encode+send", "writer"):
+            _encode_send_once(url, small, kind, fmt, what)
+    out = []
+    for kind, fmt in formats:
+        for what in ("encode+send", "writer"):
+            runs = sorted((_encode_send_once(url, data, kind, fmt, what) for _ in range(repeats)), key=lambda r: r[1])
+            wall, cpu, server = runs[len(runs) // 2]
+            out.append({"target": kind, "format": fmt, "what": what, "rows": rows, "wall_s": wall, "cpu_s": cpu,
+                        "rows_per_cpu_s": rows / cpu, "rows_per_s": rows / wall, "repeats": repeats,
+                        "wire_bytes": server["body_bytes"], "wire_bytes_per_row": server["body_bytes"] / rows,
+                        "arrow_bytes_per_row": arrow_bytes / rows, "requests": server["requests"] - 1,
+                        "schema_requests": server["by_op"].get("_schema", 0)})
+    return out
+
+
+def _encode_send_once(url: str, data: pa.Table, kind: str, fmt: str, what: str) -> tuple[float, float, dict[str, Any]]:
+    """(wall s, CPU s of this thread, the null server's counters) of one `encode+send` or `writer` run of `data`."""
     from state import MemoryStateStore
 
-    data = event_table(rows)
+    target = null_target(kind, url, fmt)
+    store = MemoryStateStore()
+    context = WriteContext("bench-encode", f"q-{kind}-{fmt}-{what}-{time.monotonic_ns()}", 0,
+                           store.take_epoch("bench-encode", "bench"), 0, 64 * 1024 * 1024)
+    router = Router(frozenset(TABLES), None, "table")
     batches = data.to_batches(max_chunksize=10_000)  # Spark's Arrow batches are 10,000 rows by default
-    out = []
-    for kind in kinds:
-        for what in ("encode+send", "writer"):
-            target = null_target(kind, url)
-            store = MemoryStateStore()
-            context = WriteContext("bench-encode", f"q-{kind}-{what}", 0, store.take_epoch("bench-encode", "bench"), 0, 64 * 1024 * 1024)
-            router = Router(frozenset(TABLES), None, "table")
-            wall, cpu = time.perf_counter(), time.thread_time()
-            if what == "writer":
-                PartitionWriter(context, target, router, store, 0).add_all(batches)
-            else:  # the target's transaction alone: encode + send + prepare of rows already routed
-                for table, part in router.split(data.combine_chunks().to_batches()[0]):
-                    transaction = target.begin(table, lambda chunk, t=table: _ref(kind, t, chunk), lambda ref: None)
-                    transaction.write(pa.Table.from_batches([part]))
-                    transaction.prepare()
-            wall, cpu = time.perf_counter() - wall, time.thread_time() - cpu
-            out.append({"target": kind, "what": what, "rows": rows, "wall_s": wall, "cpu_s": cpu,
-                        "rows_per_cpu_s": rows / cpu, "rows_per_s": rows / wall})
-            target.close()
-    return out
+    whole = data.combine_chunks().to_batches()[0]
+    _stats(url, reset=True)
+    wall, cpu = time.perf_counter(), time.thread_time()
+    if what == "writer":
+        PartitionWriter(context, target, router, store, 0).add_all(batches)
+    else:  # the target's transaction alone: encode + send + prepare of rows already routed
+        for table, part in router.split(whole):
+            transaction = target.begin(table, lambda chunk, t=table: _ref(kind, t, chunk), lambda ref: None)
+            transaction.write(pa.Table.from_batches([part]))
+            transaction.prepare()
+    wall, cpu = time.perf_counter() - wall, time.thread_time() - cpu
+    server = _stats(url)
+    target.close()
+    if server["rows"] != data.num_rows:
+        raise RuntimeError(f"encode+send {kind} {fmt} {what}: the null server counted {server['rows']} rows of {data.num_rows}")
+    return wall, cpu, server
+
+
+def _stats(url: str, reset: bool = False) -> dict[str, Any]:
+    """The null server's counters (`reset`: zeroed first); its `requests` include this call."""
+    import requests
+
+    response = requests.request("POST" if reset else "GET", f"{url}/bench/{'reset' if reset else 'stats'}", timeout=30)
+    response.raise_for_status()
+    return response.json()
 
 
 def _ref(kind: str, table: str, chunk: int) -> Any:

@@ -4,7 +4,9 @@ Why: the emulators in tests/emulators parse every row in Python, so a benchmark 
 the emulator. This server speaks just enough of both protocols (docs/protocol.md; the calls
 streaming_sink/targets/starrocks.py and doris.py make) to let the real targets begin, load, prepare,
 commit and abort, and only counts what arrives: bytes, and rows as row delimiters (the bench's rows
-hold no delimiter inside a value). What it answers:
+hold no delimiter inside a value) or, for Doris `format: arrow` loads, as the lengths of the record batches
+of the body's Arrow IPC streams (read with pyarrow, which only reads the batches' headers; such a body is
+held whole while it is counted). What it answers:
 
 StarRocks (one FE that is also the BE: no 307 redirect):
   POST /api/transaction/{begin,prepare,commit,rollback}, PUT /api/transaction/load,
@@ -12,9 +14,13 @@ StarRocks (one FE that is also the BE: no 307 redirect):
 Doris:
   PUT /api/{db}/{table}/_stream_load (two_phase_commit: ends PRECOMMITTED), PUT /api/{db}/_stream_load_2pc
   (txn_operation commit/abort by txn_id or label); answers `{"Status": "Success", ...}` / `{"status": ...}`.
+  A load whose Arrow body cannot be read answers `{"Status": "Fail", ...}`.
 Both:
   GET /api/{db}/get_load_state?label=L answers in both shapes at once (StarRocks reads `status`/`state`,
   Doris `code`/`data`).
+  GET /api/{db}/{table}/_schema answers, in Doris' envelope (which streaming_sink/targets/table_schema.py
+  also reads for StarRocks), the bench tables' columns (`COLUMNS`) for every table; the Doris target reads
+  them for `format: arrow` (docs/protocol.md, "Common: table schema endpoint").
 Bench only: GET /bench/stats (the counters as JSON), POST /bench/reset.
 
 Run alone: `python -m bench.null_server [--port P]` prints `listening on http://127.0.0.1:P` once it accepts.
@@ -32,7 +38,14 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import parse_qs, unquote, urlsplit
 
+import pyarrow as pa  # imported up front: not during the first Arrow load, which the client would wait for
+
 _READ = 1 << 20  # body bytes read at a time into one reused buffer
+#: The bench tables' columns (orders and payments alike) as a Doris FE's `_schema` names them: the events'
+#: fields but `table` (it routes a row), in the types of bench/driver.py's SCHEMA and CH_DDL.
+COLUMNS = (("id", "BIGINT"), ("user_id", "BIGINT"), ("name", "VARCHAR"), ("amount", "DOUBLE"), ("currency", "VARCHAR"),
+           ("country", "VARCHAR"), ("status", "VARCHAR"), ("created_at", "VARCHAR"), ("note", "STRING"))
+_ARROW = b"arrow"  # not a delimiter: the load's rows are its Arrow record batches' lengths
 
 
 @dataclass
@@ -113,6 +126,7 @@ class _Request:
     def __init__(self, method: str, target: str, headers: dict[str, str]) -> None:
         parts = urlsplit(target)
         self.method, self.headers = method, headers
+        self.body_error = ""  # why the body could not be counted (an Arrow body pyarrow cannot read)
         self.segments = [unquote(s) for s in parts.path.split("/") if s]
         self.query = {k: v[0] for k, v in parse_qs(parts.query).items()}
 
@@ -156,7 +170,15 @@ class _Handler(socketserver.StreamRequestHandler):
                 return
 
     def _read_body(self, request: _Request, delimiter: bytes) -> tuple[int, int]:
-        """(bytes, rows) of the body, read into one reused buffer: nothing is kept."""
+        """(bytes, rows) of the body, read into one reused buffer: nothing is kept (an Arrow body: until counted)."""
+        self._kept: bytearray | None = bytearray() if delimiter == _ARROW else None
+        size, rows = self._read_raw(request, delimiter)
+        if self._kept is not None:
+            rows, request.body_error = _arrow_rows(self._kept)
+            self._kept = None
+        return size, rows
+
+    def _read_raw(self, request: _Request, delimiter: bytes) -> tuple[int, int]:
         if request.header("transfer-encoding").lower() == "chunked":
             size = rows = 0
             while True:
@@ -180,14 +202,31 @@ class _Handler(socketserver.StreamRequestHandler):
             got = self.rfile.readinto(view[: min(left, _READ)])
             if not got:
                 raise ConnectionError("body cut short")
-            rows += self._buffer.count(delimiter, 0, got)
+            if self._kept is not None:
+                self._kept += view[:got]
+            else:
+                rows += self._buffer.count(delimiter, 0, got)
             left -= got
         return rows
 
 
+def _arrow_rows(body: bytearray) -> tuple[int, str]:
+    """(rows, error) of a body of Arrow IPC streams, one after another as Doris reads them (ArrowFormat)."""
+    reader, rows = pa.BufferReader(pa.py_buffer(body)), 0
+    try:
+        while reader.tell() < len(body):
+            rows += sum(batch.num_rows for batch in pa.ipc.open_stream(reader))
+    except (pa.ArrowInvalid, OSError) as error:
+        return rows, f"not an Arrow IPC stream at byte {reader.tell()}: {error}"
+    return rows, ""
+
+
 def _row_delimiter(request: _Request) -> bytes:
-    """What marks a row in this load: `{` for a JSON array (StarRocks `strip_outer_array`: the bench's values
-    hold no braces), else the `row_delimiter`/`line_delimiter` header (hex `\\xNN` or text), else newline."""
+    """What marks a row in this load: `_ARROW` for Arrow bodies (rows are counted from the batches), `{` for a
+    JSON array (StarRocks `strip_outer_array`: the bench's values hold no braces), else the
+    `row_delimiter`/`line_delimiter` header (hex `\\xNN` or text), else newline."""
+    if request.header("format").lower() == "arrow":
+        return _ARROW
     if request.header("format").lower() == "json" and request.header("strip_outer_array").lower() == "true":
         return b"{"
     text = request.header("row_delimiter") or request.header("line_delimiter") or "\n"
@@ -221,7 +260,14 @@ class NullProtocol:
             txn = state.by_label.get(request.query.get("label", ""))
             label_state = "UNKNOWN" if txn is None else ("VISIBLE" if txn.state == "VISIBLE" else txn.state)
             return 200, {"status": "OK", "state": label_state, "code": 0, "data": label_state, "msg": "success"}
+        if len(seg) == 4 and seg[0] == "api" and seg[3] == "_schema":
+            properties = [{"name": name, "type": kind, "comment": "", "aggregation_type": ""} for name, kind in COLUMNS]
+            return 200, {"msg": "success", "code": 0, "count": 0,
+                         "data": {"keysType": "DUP_KEYS", "properties": properties, "status": 200}}
         if len(seg) == 4 and seg[0] == "api" and seg[3] == "_stream_load":
+            if request.body_error:
+                return 200, {"TxnId": -1, "Label": request.header("label"), "Status": "Fail", "Message": request.body_error,
+                             "NumberTotalRows": 0, "NumberLoadedRows": 0}
             return 200, self._doris_load(seg[1], seg[2], request, size, rows)
         if len(seg) == 3 and seg[0] == "api" and seg[2] == "_stream_load_2pc":
             return 200, self._doris_2pc(request)

@@ -18,6 +18,7 @@ LABELS = {
     "eo-null-starrocks": "`ExactlyOnceSink`, writers in tasks -> null server (StarRocks), file store",
     "alo-null-doris": "sink's writers in tasks, at-least-once -> null server (Doris)",
     "eo-null-doris": "`ExactlyOnceSink`, writers in tasks -> null server (Doris), file store",
+    "eo-null-doris-arrow": "`ExactlyOnceSink`, writers in tasks -> null server (Doris, format arrow), file store",
 }
 
 
@@ -46,6 +47,14 @@ def table(data: dict[str, Any]) -> str:
             f"{_phase(r, 'write_s')} | {_phase(r, 'commit_s')} | {rss.get('driver_python', 0):.0f} | "
             f"{rss.get('python_workers_sum', 0):.0f} |"
         )
+    null_modes = [r for r in data.get("throughput", []) if r.get("null_server")]
+    if null_modes:
+        lines += ["", "What reached the null server:", "",
+                  "| mode | body bytes/row | transactions | requests | `_schema` reads |", "| --- | ---: | ---: | ---: | ---: |"]
+        for r in null_modes:
+            n = r["null_server"]
+            lines.append(f"| {r['mode']} | {n['wire_bytes_per_row']:.1f} | {n['transactions']:,} | {n['requests']:,} | "
+                         f"{n['schema_requests']:,} |")
     if data.get("goals"):
         lines += ["", "| goal | measured | bound | met |", "| --- | ---: | ---: | --- |"]
         for g in data["goals"]:
@@ -64,10 +73,17 @@ def table(data: dict[str, Any]) -> str:
         goal_row = [r for r in data["commit_phase"] if r["target"] == "starrocks"]
         lines.append("| goal | " + " | ".join(f"{r['goal_s'] * 1000:.0f}" for r in goal_row) + " |")
     if data.get("encode_send"):
-        lines += ["", "Encode + send, one thread against the null server (rows per CPU-second of the client thread):", "",
-                  "| target | what | rows | rows/CPU-s | rows/s wall |", "| --- | --- | ---: | ---: | ---: |"]
+        lines += ["", "Encode + send, one thread against the null server (rows per CPU-second of the client thread; "
+                  "body bytes per row as the server received them):", "",
+                  "| target | format | what | rows | rows/CPU-s | rows/s wall | body bytes/row |",
+                  "| --- | --- | --- | ---: | ---: | ---: | ---: |"]
         for r in data["encode_send"]:
-            lines.append(f"| {r['target']} | {r['what']} | {r['rows']:,} | {r['rows_per_cpu_s']:,.0f} | {r['rows_per_s']:,.0f} |")
+            wire = f"{r['wire_bytes_per_row']:.1f}" if "wire_bytes_per_row" in r else ""
+            lines.append(f"| {r['target']} | {r.get('format', 'csv')} | {r['what']} | {r['rows']:,} | {r['rows_per_cpu_s']:,.0f} | "
+                         f"{r['rows_per_s']:,.0f} | {wire} |")
+        arrow = next((r["arrow_bytes_per_row"] for r in data["encode_send"] if "arrow_bytes_per_row" in r), None)
+        if arrow is not None:
+            lines += ["", f"The written columns take {arrow:.1f} bytes per row as Arrow in memory."]
     if data.get("memory"):
         lines += ["", "Peak RSS (MiB) as the batch grows (1x = events/100 rows per batch):", "",
                   "| mode | scale | rows/batch | driver Python | driver JVM | largest worker | workers (sum) |",

@@ -89,3 +89,37 @@ def test_doris_abort_by_label_and_txn(server: NullServer) -> None:
     target._abort_txn(int(second.txn_id or 0), second.ref)  # by txn id, as a writer's own abort does
     assert target.commit(first.committable("0:x")) is CommitOutcome.ABORTED
     assert server.stats()["aborted"] == 2
+
+
+def test_doris_arrow_rows_counted(server: NullServer) -> None:
+    """format "arrow": the target reads the column types from `_schema`, then every load is an Arrow IPC body
+    (several streams when the chunk is encoded in pieces) whose record batches the server counts."""
+    target = DorisTarget(server.url, database="bench", user="u", password="p", format="arrow", piece_bytes=4096)
+    parts = _write(target, "doris_arrow", chunks=2)
+    assert [p.rows for p in parts] == [ROWS.num_rows] * 2
+    stats = server.stats()
+    assert stats["by_op"]["_schema"] == 1  # once per table and target: then cached
+    assert (stats["prepared"], stats["rows"]) == (2, 2 * ROWS.num_rows)
+    assert stats["body_bytes"] > 2 * 4 * 4096  # pieces of ~4 KiB: several streams per body, all of them counted
+    for part in parts:
+        assert target.commit(part.committable("0:x")) is CommitOutcome.COMMITTED
+    stats = server.stats()
+    assert (stats["committed"], stats["committed_rows"], stats["open"]) == (2, 2 * ROWS.num_rows, 0)
+    target.close()
+
+
+def test_arrow_body_that_is_not_arrow_fails_the_load(server: NullServer) -> None:
+    import requests
+
+    answer = requests.put(f"{server.url}/api/bench/orders/_stream_load", data=b"1,2\n3,4\n",
+                          headers={"format": "arrow", "label": "bad", "two_phase_commit": "true"}, timeout=10).json()
+    assert answer["Status"] == "Fail" and "Arrow" in answer["Message"]
+    assert server.stats()["prepared"] == 0
+
+
+def test_schema_endpoint_answers_the_bench_columns(server: NullServer) -> None:
+    from bench.null_server import COLUMNS
+
+    target = DorisTarget(server.url, database="bench", user="u", password="p", format="arrow")
+    assert target.table_columns("payments") == dict(COLUMNS)
+    target.close()
