@@ -42,7 +42,7 @@ command -v redis-server >/dev/null 2>&1 || [[ -x /usr/bin/redis-server ]] || mis
 command -v java >/dev/null 2>&1 || missing_pkgs+=(openjdk-17-jdk-headless)
 command -v mvn >/dev/null 2>&1 || missing_pkgs+=(maven)
 command -v setpriv >/dev/null 2>&1 || missing_pkgs+=(util-linux)
-command -v openssl >/dev/null 2>&1 || missing_pkgs+=(openssl)  # test certificates (tests/unit/test_http.py)
+command -v openssl >/dev/null 2>&1 || missing_pkgs+=(openssl)  # test certificates (tests/integration/test_http.py)
 if ((${#missing_pkgs[@]})); then
     if [[ $(id -u) -eq 0 ]]; then
         SUDO=()

@@ -1,6 +1,6 @@
 """Apache Doris FE + BE emulator: Stream Load with two-phase commit.
 
-A test double of the wire protocol, built on ``common.py`` like the StarRocks emulator. One
+A test double of the wire protocol, built on ``base_emulator.py`` like the StarRocks emulator. One
 ``PUT /api/{db}/{table}/_stream_load`` with ``two_phase_commit: true`` is one transaction that
 ends PRECOMMITTED; ``PUT /api/{db}[/{table}]/_stream_load_2pc`` with ``txn_operation`` commits
 or aborts it by ``txn_id`` (or by ``label`` from 2.1). The FE 307-redirects both to the BE, which
@@ -15,10 +15,14 @@ import uuid
 from dataclasses import dataclass
 from typing import Any, Optional
 
-from tests.emulators.common import (
-    ABORTED, COMMITTED, DORIS_RULES, VISIBLE, BaseEmulator, Call, ConversionRules, LoadError, LoadFormat, Request,
-    Response, Txn, parse_payload, profile_fields, redirect, run_main, schema_properties, version_tuple,
-)
+from tests.emulators.base_emulator import BaseEmulator, run_main
+from tests.emulators.column_types import schema_properties
+from tests.emulators.conversion import DORIS_RULES, ConversionRules
+from tests.emulators.faults import Call
+from tests.emulators.http_server import Request, Response, redirect
+from tests.emulators.load_formats import LoadError, LoadFormat, parse_payload
+from tests.emulators.profiles import profile_fields, version_tuple
+from tests.emulators.store import ABORTED, COMMITTED, VISIBLE, Txn
 
 PREPARE, PRECOMMITTED = "PREPARE", "PRECOMMITTED"
 

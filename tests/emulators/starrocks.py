@@ -22,10 +22,14 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
-from tests.emulators.common import (
-    ABORTED, COMMITTED, STARROCKS_RULES, VISIBLE, BaseEmulator, Call, LoadError, LoadFormat, ParseResult,
-    Request, Response, Txn, parse_payload, profile_fields, redirect, run_main, schema_properties, version_tuple,
-)
+from tests.emulators.base_emulator import BaseEmulator, run_main
+from tests.emulators.column_types import schema_properties
+from tests.emulators.conversion import STARROCKS_RULES
+from tests.emulators.faults import Call
+from tests.emulators.http_server import Request, Response, redirect
+from tests.emulators.load_formats import LoadError, LoadFormat, ParseResult, parse_payload
+from tests.emulators.profiles import profile_fields, version_tuple
+from tests.emulators.store import ABORTED, COMMITTED, VISIBLE, Txn
 
 PREPARE, PREPARED = "PREPARE", "PREPARED"
 TXN_OPS = ("begin", "load", "prepare", "commit", "rollback")

@@ -19,7 +19,7 @@ import pyarrow as pa
 import pytest
 import requests
 
-from tests.emulators.common import Exchange, send
+from tests.emulators.client import Exchange, send
 from tests.emulators.doris import DorisEmulator, DorisProfile
 
 DB, TABLE = "db", "t"

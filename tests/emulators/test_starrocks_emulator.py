@@ -22,9 +22,10 @@ from typing import Any
 import pytest
 import requests
 
-from tests.emulators.common import (
-    ColumnType, ConversionError, Exchange, LoadFormat, convert_value, send, split_csv,
-)
+from tests.emulators.client import Exchange, send
+from tests.emulators.column_types import ColumnType
+from tests.emulators.conversion import ConversionError, convert_value
+from tests.emulators.load_formats import LoadFormat, split_csv
 from tests.emulators.starrocks import StarRocksEmulator
 
 DB, TABLE = "db", "t"
@@ -825,7 +826,7 @@ def test_runs_as_a_separate_process(tmp_path: Any) -> None:
 
 
 # --------------------------------------------------------------------------------------------
-# Parsing units (common.py)
+# Parsing units (column_types.py, conversion.py, load_formats.py)
 # --------------------------------------------------------------------------------------------
 
 

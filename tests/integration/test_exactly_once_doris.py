@@ -27,8 +27,9 @@ from devstack.pipeline import DB, TABLES, LocalPipeline
 from streaming_sink.committable import BatchState
 from streaming_sink.crash import POINTS
 from streaming_sink.targets import PASSWORD_ENV, USER_ENV
-from tests.emulators.common import Call, Response
 from tests.emulators.doris import DorisEmulator
+from tests.emulators.faults import Call
+from tests.emulators.http_server import Response
 
 pytestmark = pytest.mark.slow
 

@@ -135,7 +135,7 @@ def test_a_doris_label_evicted_by_newer_loads_stops_the_job_instead_of_duplicati
     busy database, long before its 12 h: the same loud stop, no clock needed."""
     from streaming_sink.targets.doris import DorisTarget
     from tests.emulators.doris import DorisEmulator
-    from tests.unit.test_doris_target import COLUMNS, other_jobs_finish_loads
+    from tests.integration.test_doris_target import COLUMNS, other_jobs_finish_loads
 
     with DorisEmulator(tmp_path / "doris") as doris:
         doris.create_table(DB, TABLE, [("id", "INT"), ("name", "VARCHAR(32)")])
