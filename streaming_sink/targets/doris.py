@@ -273,6 +273,13 @@ class DorisTarget(StreamLoadTarget):
                 continue
             raise TargetError(self._load_failure(ref, answer))
 
+    def check_schema(self, table: str, schema: pa.Schema) -> None:
+        """Also, for arrow loads, reads the table's column types once here in the driver: the target
+        travels to the tasks with them instead of each task asking the FE."""
+        super().check_schema(table, schema)
+        if self.options.format == "arrow":
+            self._arrow_schema(table, schema)
+
     def _arrow_schema(self, table: str, schema: pa.Schema) -> pa.Schema:
         """`schema` with each column in the Arrow type of its table column where the table says it."""
         if table not in self._arrow_types:

@@ -458,6 +458,19 @@ def test_arrow_loads_land_each_value_in_the_table_columns_own_type(emu: DorisEmu
     ]
 
 
+def test_arrow_column_types_are_read_once_in_the_driver_and_travel_to_the_tasks(emu: DorisEmulator) -> None:
+    emu.create_table(DB, "typed", [("id", "BIGINT"), ("small", "INT")])
+    target = make_target(emu, format="arrow")
+    target.check_schema("typed", pa.schema([("id", pa.int64()), ("small", pa.int64())]))  # the job, at start
+    in_task = pickle.loads(pickle.dumps(target))
+    asked: list[str] = []
+    real = in_task.http.request
+    in_task.http.request = lambda method, path, *a, **k: (asked.append(path), real(method, path, *a, **k))[1]
+    txn = Writer(emu).begin(in_task, "typed")
+    txn.write(pa.table({"id": pa.array([1], pa.int64()), "small": pa.array([5], pa.int64())}))
+    assert asked and not [path for path in asked if path.endswith("/_schema")]
+
+
 def test_a_value_that_does_not_fit_the_arrow_column_type_is_refused_not_wrapped(emu: DorisEmulator) -> None:
     emu.create_table(DB, "typed", [("id", "BIGINT"), ("small", "INT")])
     txn = Writer(emu).begin(make_target(emu, format="arrow"), "typed")
