@@ -13,7 +13,7 @@ from .job_spec import JobSpec
 from .metrics import OBSERVED_NAME
 from .routing import struct_column_for
 from .targets import ConfigurationError, target_kind
-from .value_checks import column_limits, value_problems
+from .value_checks import column_limits, raw_value_room, value_problems
 
 ROUTE_COLUMN = "__table"
 _BAD_COLUMN = "__streaming_sink_bad"  # only between build_frame's select and its observe
@@ -59,7 +59,9 @@ def build_frame(raw, spec: JobSpec, tables: dict[str, str], column_types: dict[s
     if spec.table:
         route = F.lit(spec.table)
     elif spec.table_field:
-        route = F.get_json_object(value, f"$.{spec.table_field}")
+        # from_json, not get_json_object: it reads what the tables' parsing reads (NaN included), so a
+        # message with a NaN is routed and its reason names the column rather than the routing field
+        route = F.from_json(value, StructType([StructField(spec.table_field, StringType(), True)]))[spec.table_field]
     else:
         mapping = F.create_map(*[F.lit(x) for pair in spec.topic_tables.items() for x in pair])
         route = mapping[F.col("topic")]
@@ -103,7 +105,7 @@ def build_frame(raw, spec: JobSpec, tables: dict[str, str], column_types: dict[s
     bad = reason.isNotNull()
     if spec.dead_letter_table:
         raw_value = F.when(utf8, value).otherwise(F.base64(F.col("value")))
-        room = column_limits(product, (column_types.get(spec.dead_letter_table) or {}).get("raw_value")).max_bytes
+        room = raw_value_room(product, (column_types.get(spec.dead_letter_table) or {}).get("raw_value"))
         if room is not None:  # a message longer than raw_value holds: kept in Kafka, named by its coordinates
             too_long = F.octet_length(raw_value) > F.lit(room)
             reason = F.when(too_long, F.concat(reason, F.lit(

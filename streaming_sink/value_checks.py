@@ -107,6 +107,22 @@ def _olap_limits(product: str, spelling: str) -> ColumnLimits:
     return ColumnLimits(**common)
 
 
+def raw_value_room(product: str, spelling: str | None) -> int | None:
+    """Bytes the dead-letter table's `raw_value` column holds (None: no limit to respect).
+
+    StarRocks' and Doris' `_schema` report VARCHAR without its length; for that one column the job
+    assumes 65,533 bytes (StarRocks' STRING, and Doris' largest VARCHAR) rather than let a long
+    message be refused there and fail its batch on every retry. Doris' STRING holds far more.
+    """
+    if spelling is None:
+        return None
+    limits = column_limits(product, spelling)
+    if limits.max_bytes is not None or product == "clickhouse":
+        return limits.max_bytes
+    base = spelling.split("(")[0].strip().upper()
+    return 65533 if base in ("VARCHAR", "CHAR") else None
+
+
 def _clickhouse_limits(spelling: str, text: str, nullable: bool = False) -> ColumnLimits:
     """ClickHouse columns are NOT NULL unless Nullable(...): a NULL would become the type's default."""
     for wrapper in ("Nullable", "LowCardinality"):

@@ -91,3 +91,62 @@ def test_values_a_column_cannot_hold_are_dead_letters_naming_the_column(spark_se
     assert dead == {}
     (stored,) = client.query(f"SELECT raw_value FROM {DB}.dead_letters WHERE offset = {len(CASES)}").result_rows[0]
     assert base64.b64decode(stored) == NOT_UTF8  # the bytes, losslessly
+
+
+OLAP_SCHEMA = "id BIGINT NOT NULL, small INT, ratio DOUBLE, at TIMESTAMP, price DECIMAL(10,3)"
+OLAP_GOOD = {"table": "readings", "id": 1, "small": 127, "ratio": 0.5, "at": "2024-03-31T01:30:00Z", "price": "1.5"}
+PAD = "x" * 70_000  # a message longer than StarRocks' STRING (65,533 bytes), which `_schema` calls VARCHAR
+
+
+@pytest.mark.parametrize("product", ["starrocks", "doris"])
+def test_starrocks_and_doris_columns_read_from_schema_send_misfits_to_dead_letters(spark_session, tmp_path, product):
+    """The same checks through the FE's `_schema` (no lengths there): TINYINT range, NaN, Doris DATETIME's
+    whole seconds, decimal places; and a dead letter whose message is longer than StarRocks' STRING keeps
+    its coordinates instead of wedging the batch."""
+    from streaming_sink.targets.doris import DorisTarget
+    from streaming_sink.targets.starrocks import StarRocksTarget
+    from tests.emulators.doris import DorisEmulator
+    from tests.emulators.starrocks import StarRocksEmulator
+
+    cases: list[tuple[object, str | None]] = [
+        (OLAP_GOOD, None),
+        ({**OLAP_GOOD, "id": 2, "small": 300}, "column 'small' of readings (TINYINT): integer out of range [-128, 127]"),
+        ({**OLAP_GOOD, "id": 3, "ratio": float("nan")}, "column 'ratio' of readings (DOUBLE): NaN or infinity"),
+        ({**OLAP_GOOD, "id": 4, "price": "1.005"}, "column 'price' of readings (DECIMAL(6,2)): more than 2 decimal places"),
+        ({**OLAP_GOOD, "id": 5, "at": "2024-01-01T00:00:00.5Z"},
+         "column 'at' of readings (DATETIME): keeps 0 digits of a second" if product == "doris" else None),
+    ]
+    if product == "starrocks":
+        cases.append(({**OLAP_GOOD, "id": 6, "small": 999, "pad": PAD},
+                      "integer out of range [-128, 127]; raw_value left empty: the message is longer than the 65533 bytes"))
+    emulator = StarRocksEmulator(tmp_path / "sr") if product == "starrocks" else DorisEmulator(tmp_path / "doris")
+    with emulator as emu:
+        emu.create_table(DB, "readings", [("id", "BIGINT"), ("small", "TINYINT"), ("ratio", "DOUBLE"),
+                                          ("at", "DATETIME"), ("price", "DECIMAL(6,2)"), ("kafka_partition", "INT"),
+                                          ("kafka_offset", "BIGINT")])
+        emu.create_table(DB, "dead_letters", [("raw_value", "STRING"), ("topic", "VARCHAR(100)"), ("partition", "INT"),
+                                              ("offset", "BIGINT"), ("kafka_timestamp", "DATETIME(6)"), ("reason", "STRING")])
+        target_class = StarRocksTarget if product == "starrocks" else DorisTarget
+        target = target_class(emu.fe_url, DB, "root", "", tables=["readings", "dead_letters"])
+        job = JobSpec(
+            job_id="values", bootstrap="unused", topics=["events"], target_url=f"{product}://unused", database=DB,
+            state_url=f"file://{tmp_path / 'state'}", checkpoint=str(tmp_path / "ckpt"), tables={"readings": OLAP_SCHEMA},
+            table_field="table", dead_letter_table="dead_letters",
+        )
+        sink = ExactlyOnceSink(target=target, state=FileStateStore(tmp_path / "state"), job_id=job.job_id,
+                               table_column="__table", struct_columns=True, dead_letter_table=job.dead_letter_table)
+        sink.start()
+        tables = resolve_tables(job, sink.known_tables)
+        columns = check_columns(target, table_schemas(job, tables))
+        rows = [(bytearray(json.dumps(m).encode()), "events", 0, offset, dt.datetime(2026, 1, 1)) for offset, (m, _) in enumerate(cases)]
+        sink.process(build_frame(spark_session.createDataFrame(rows, KAFKA), job, tables, columns), 0, "q")
+
+        loaded = sorted(row["id"] for row in emu.visible_dicts(DB, "readings"))
+        assert loaded == [m["id"] for m, reason in cases if reason is None]
+        dead = {row["offset"]: row for row in emu.visible_dicts(DB, "dead_letters")}
+        assert set(dead) == {offset for offset, (_, reason) in enumerate(cases) if reason is not None}
+        for offset, (_, reason) in enumerate(cases):
+            if reason is not None:
+                assert reason in dead[offset]["reason"], dead[offset]["reason"]
+        if product == "starrocks":
+            assert dead[len(cases) - 1]["raw_value"] is None  # the message stays in Kafka, at this row's offset

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from streaming_sink.value_checks import ColumnLimits, column_limits
+from streaming_sink.value_checks import ColumnLimits, column_limits, raw_value_room
 
 
 @pytest.mark.parametrize("product, spelling, expected", [
@@ -52,3 +52,12 @@ def test_types_without_limits_check_only_nulls() -> None:
     assert column_limits("clickhouse", "String") == ColumnLimits("String", nullable=False)
     json = column_limits("starrocks", "JSON")
     assert (json.int_range, json.max_bytes, json.decimal, json.fraction_digits, json.nullable) == (None, None, None, None, True)
+
+
+def test_the_dead_letter_raw_value_room_where_schema_gives_no_length() -> None:
+    assert raw_value_room("starrocks", "VARCHAR") == 65533  # StarRocks' STRING, as `_schema` spells it
+    assert raw_value_room("doris", "VARCHAR") == 65533
+    assert raw_value_room("doris", "STRING") is None
+    assert raw_value_room("clickhouse", "Nullable(String)") is None
+    assert raw_value_room("clickhouse", "FixedString(16)") == 16
+    assert raw_value_room("starrocks", None) is None
