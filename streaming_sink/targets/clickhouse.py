@@ -27,15 +27,20 @@ repeated INSERT a no-op, in the table and in its views. What that needs from the
 is in `_commit_by_insert` and docs/clickhouse-views.md.
 
 The same code speaks HTTP (`http://host:8123`) and embedded chdb (`chdb:///path`); chdb allows
-one process per path, so with chdb the writers run in the driver.
+one process per path, so with chdb the writers run in the driver. Over HTTP the writers run in Spark
+tasks (the target is pickled without its connection; one client per thread), and a commit or an abort
+that meets a transport error or an error answer repeats itself (`retries`): docs/design.md, "ClickHouse
+over HTTP".
 """
 from __future__ import annotations
 
 import logging
+import math
 import re
 import threading
+import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable, TypeVar
 from urllib.parse import urlparse
 
 import pyarrow as pa
@@ -49,6 +54,7 @@ from .base import (
 )
 
 log = logging.getLogger(__name__)
+_T = TypeVar("_T")
 
 LEDGER_TABLE = "_streaming_sink_ledger"
 # Ledger states of a label: its partition moves began (moving) or its INSERT … SELECT began (inserting), or it finished.
@@ -79,7 +85,8 @@ class ClickHouseTarget(Target):
     @classmethod
     def option_names(cls) -> set[str]:
         """The keyword options the constructor takes besides the address and credentials."""
-        return {"settings", "verify", "ca_bundle", "commit_mode"}
+        return {"settings", "verify", "ca_bundle", "commit_mode", "connect_timeout_s", "read_timeout_s", "retries", "backoff_s",
+                "backoff_max_s", "commit_parallelism"}
 
     def __init__(
         self,
@@ -91,6 +98,12 @@ class ClickHouseTarget(Target):
         verify: bool = True,
         ca_bundle: str | None = None,
         commit_mode: str = MOVE,
+        connect_timeout_s: float = 10.0,
+        read_timeout_s: float = 300.0,
+        retries: int = 5,
+        backoff_s: float = 0.2,
+        backoff_max_s: float = 5.0,
+        commit_parallelism: int | None = None,
     ) -> None:
         parsed = urlparse(url)
         if parsed.scheme not in ("chdb", "http", "https"):
@@ -110,6 +123,18 @@ class ClickHouseTarget(Target):
                 "see docs/clickhouse-views.md"
             )
         self.commit_mode = commit_mode
+        for name, value in (("connect_timeout_s", connect_timeout_s), ("read_timeout_s", read_timeout_s)):
+            if not isinstance(value, (int, float)) or isinstance(value, bool) or value < 1:
+                raise ConfigurationError(f"ClickHouseTarget {name} {value!r}: seconds, at least 1 (the client counts whole seconds)")
+        if not isinstance(retries, int) or isinstance(retries, bool) or retries < 0:
+            raise ConfigurationError(f"ClickHouseTarget retries {retries!r}: a whole number, 0 or more")
+        # HTTP: how long the client waits to connect and for an answer, and how often a commit or an abort is
+        # repeated after a transport error or an error answer of the server (each repeat resumes where it stopped)
+        self.connect_timeout_s, self.read_timeout_s = float(connect_timeout_s), float(read_timeout_s)
+        self.retries, self.backoff_s, self.backoff_max_s = retries, float(backoff_s), float(backoff_max_s)
+        if commit_parallelism is not None and (not isinstance(commit_parallelism, int) or commit_parallelism < 1):
+            raise ConfigurationError(f"ClickHouseTarget commit_parallelism {commit_parallelism!r}: a whole number, 1 or more")
+        self._commit_parallelism = commit_parallelism  # None: 8 over HTTP, 1 embedded (one engine per process)
         self._local = threading.local()
         # table -> why the job may not load it in this commit mode (None: it may), found by `routable_tables`
         self._refusals: dict[str, str | None] = {}
@@ -137,7 +162,9 @@ class ClickHouseTarget(Target):
 
     @property
     def commit_parallelism(self) -> int:
-        return 1 if self.embedded else 8
+        if self.embedded:
+            return 1
+        return self._commit_parallelism or 8
 
     def client(self) -> Any:
         """A client for this thread (HTTP) or the process's one engine for the path (chdb)."""
@@ -159,6 +186,8 @@ class ClickHouseTarget(Target):
                 settings=self.settings,
                 verify=self.verify,
                 ca_cert=self.ca_bundle,
+                connect_timeout=math.ceil(self.connect_timeout_s),  # clickhouse-connect takes whole seconds
+                send_receive_timeout=math.ceil(self.read_timeout_s),
             )
         return self._local.client
 
@@ -230,7 +259,34 @@ class ClickHouseTarget(Target):
         return _StagingTransaction(self, table, new_ref, record_intent)
 
     def commit(self, committable: Committable) -> CommitOutcome:
-        """Finish the label's commit the way its ledger rows say it began; a label not begun, the way the mode says."""
+        """Finish the label's commit the way its ledger rows say it began; a label not begun, the way the mode says.
+
+        Over HTTP, a transport error (connection refused or cut, answer lost, timeout) or an error answer of the
+        server repeats the whole commit, up to `retries` times: every step is safe to repeat, and a repeat resumes
+        where the statement that failed left it, applied or not. The sink's own verdicts (ambiguous, refused,
+        rows that do not add up) are never repeated.
+        """
+        return self._repeating(f"commit of {committable.label}", lambda: self._commit_once(committable))
+
+    def _repeating(self, what: str, step: Callable[[], _T]) -> _T:
+        """`step()`, repeated with backoff after a transport error or an error answer of the server (clickhouse-connect's
+        DatabaseError, OperationalError included); the sink's own errors raise at once."""
+        from clickhouse_connect.driver.exceptions import DatabaseError
+
+        attempt = 0
+        while True:
+            try:
+                return step()
+            except DatabaseError as error:
+                if self.embedded or attempt >= self.retries:
+                    raise
+                delay = min(self.backoff_max_s, self.backoff_s * (2 ** min(attempt, 16)))
+                attempt += 1
+                log.warning("ClickHouse %s: %s; repeating it in %.1fs (%d of %d)", what, error, delay, attempt, self.retries)
+                self.close()  # a fresh connection for the repeat
+                time.sleep(delay)
+
+    def _commit_once(self, committable: Committable) -> CommitOutcome:
         self._ensure_ledger()
         client, staging = self.client(), committable.label
         if not self._exists(staging):
@@ -266,7 +322,12 @@ class ClickHouseTarget(Target):
         return CommitOutcome.COMMITTED
 
     def abort(self, ref: TxnRef) -> None:
-        """Drop the staging table, unless a commit of the label began: then only committing it is right."""
+        """Drop the staging table, unless a commit of the label began: then only committing it is right.
+
+        Repeated like `commit` after a transport error or an error answer of the server (dropping is idempotent)."""
+        self._repeating(f"abort of {ref.label}", lambda: self._abort_once(ref))
+
+    def _abort_once(self, ref: TxnRef) -> None:
         self._ensure_ledger()
         state = self._ledger_state(ref.label)
         if state is not None:

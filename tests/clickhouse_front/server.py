@@ -502,6 +502,7 @@ class ClickHouseFront:
         class Handler(_Handler):
             owner = front
 
+        # 127.0.0.1 serves every loopback address's clients: the cluster's executors on 127.0.0.2/.3 connect to it
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self._server.daemon_threads = True
         self._thread = threading.Thread(target=self._server.serve_forever, name=f"clickhouse-front:{self.port}", daemon=True)
@@ -786,8 +787,10 @@ class _Handler(BaseHTTPRequestHandler):
             for name, value in headers.items():
                 self.send_header(name, value)
             self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
+            # headers and body in one write: two small writes meet Nagle's algorithm and the client's delayed
+            # ACK, which held every answer back ~40 ms
+            self._headers_buffer.append(b"\r\n" + body)
+            self.flush_headers()
             self.wfile.flush()
         except OSError:  # the client gave up (a timeout): nothing to answer to
             self.close_connection = True

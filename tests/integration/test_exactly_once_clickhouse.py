@@ -5,7 +5,6 @@ order-independent checksum), no staging table and no intent is left, every batch
 """
 from __future__ import annotations
 
-import os
 import random
 import signal
 
@@ -14,6 +13,7 @@ import pytest
 from streaming_sink.committable import BatchState
 from streaming_sink.crash import POINTS
 from devstack.pipeline import LocalPipeline as Scenario
+from tests.integration.exactly_once import assert_stopped_at, kill_seeds
 
 pytestmark = pytest.mark.slow
 
@@ -37,36 +37,17 @@ def _scenario(tmp_path, kafka_broker, state_url) -> Scenario:
     return scenario
 
 
-def _assert_stopped_at(scenario: Scenario, point: str) -> None:
-    """The kill happened where it was asked to: the journal shows that exact protocol step."""
-    record, intents, done = scenario.batch_state(CRASH_BATCH)
-    if point == "after-writers-prepared":
-        assert record is None and intents, "writers should have prepared with intents, and no record yet"
-    elif point == "after-prepared-record":
-        assert record.state is BatchState.PREPARED and not done
-    elif point == "after-first-commit":
-        assert record.state is BatchState.PREPARED and len(done) == 1 < len(record.committables)
-    elif point == "after-committed-record":
-        assert record.state is BatchState.COMMITTED
-    else:
-        raise AssertionError(point)
-
-
 @pytest.mark.parametrize("point, store", POINTS_AND_STORES)
 def test_kill_at_each_protocol_point_then_restart_is_exact(point, store, tmp_path, kafka_broker, request):
     scenario = _scenario(tmp_path, kafka_broker, _state_url(store, request, tmp_path))
     code = scenario.run_driver(crash_at=f"{point}@{CRASH_BATCH}", run=0)
     assert code == -signal.SIGKILL, f"driver should have been killed at {point}, exited {code}:\n{scenario.log_tail(0)}"
-    _assert_stopped_at(scenario, point)
+    assert_stopped_at(scenario, point, CRASH_BATCH)
     scenario.run_to_completion()
     scenario.verify()
 
 
-# One seed per run of the suite (the soak, scripts/soak.sh, kills dozens of times); KILL_SEEDS=11,23,37 runs more.
-KILL_SEEDS = [int(s) for s in os.environ.get("KILL_SEEDS", "23").split(",")]
-
-
-@pytest.mark.parametrize("seed", KILL_SEEDS)
+@pytest.mark.parametrize("seed", kill_seeds())
 def test_kill_at_random_instants_is_exact(seed, tmp_path, kafka_broker, request):
     rng = random.Random(seed)
     scenario = _scenario(tmp_path, kafka_broker, _state_url("redis" if seed % 2 else "file", request, tmp_path))

@@ -81,7 +81,7 @@ TRIALS: list[tuple[str, tuple, str | Callable[[JobSpec], bool]]] = [
     ("35", (("target", {"url": "clickhouse://ch:8123", "database": 5}),), "target.database = 5: expected str, got int"),
     ("36", (STARROCKS, ("target.options", {"timeout": "ten minutes"})), "target.options.timeout = 'ten minutes': invalid literal"),
     ("37", (("target", {"url": "clickhouse://ch:8123", "options": {"timeout": 600}}),),
-     "unknown key 'target.options.timeout' for clickhouse; known: ['ca_bundle', 'commit_mode', 'settings', 'verify']"),
+     "unknown key 'target.options.timeout' for clickhouse (did you mean 'read_timeout_s'?)"),
     ("38", (("routing", {"field": 7}),), "routing.field = 7: expected str, got int"),
     ("39", (("state", {"url": "file://state"}),), "state.url: 'file://state' needs an absolute path"),
     ("40", (("tables", {}),), "tables: give at least one [tables.<name>] with its schema"),

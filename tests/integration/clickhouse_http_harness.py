@@ -1,0 +1,125 @@
+"""ClickHouse over HTTP, writers in Spark tasks: the test front as a `devstack.pipeline.TargetAdapter`, and task hooks.
+
+The front (tests/clickhouse_front: ClickHouse's HTTP interface over the real engine, chdb) runs in the
+pytest process; the driver child and its Spark tasks (local, or executors on the standalone cluster's
+hosts 127.0.0.2/127.0.0.3) reach it over loopback as they would a server, and its fault knobs act on
+the statements they send.
+
+Task-side faults cannot come from the server, so the driver child runs `tests.integration.clickhouse_http_driver`:
+the packaged job with the ClickHouse target wrapped by `HookedClickHouseTarget`, which obeys the same
+variables as the StarRocks harness (tests/integration/starrocks_harness.py, whose hook code it reuses):
+`SS_TEST_DIE_AFTER_PREPARE=<batch>:<partition>` (the first attempt of that task hard-exits its Python
+worker right after its staging tables are prepared) and `SS_TEST_TWIN=<batch>:<partition>` (that task
+also writes and prepares a twin attempt whose result is thrown away: a speculative copy that lost).
+A twin's label keeps the shape of a staging table's name (`ss_…_<12 hex>`), so a twin left behind is
+found like any other staging table.
+"""
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field
+from typing import Any
+
+from devstack.pipeline import TABLE_DDL, table_rows
+from streaming_sink import job
+from streaming_sink.committable import TxnRef
+from streaming_sink.targets.base import NewRef, RecordIntent, TableTransaction
+from streaming_sink.targets.clickhouse import COMMITTED, LEDGER_TABLE, ClickHouseTarget
+from tests.clickhouse_front import ClickHouseFront
+from tests.integration.starrocks_harness import DIE_AFTER_PREPARE, TWIN, _HookedTransaction, _task_matches
+
+__all__ = ["DIE_AFTER_PREPARE", "TWIN", "ClickHouseFrontAdapter", "HookedClickHouseTarget", "hooked_target_from_url", "twin_label"]
+
+
+@dataclass
+class ClickHouseFrontAdapter:
+    """Reads the front over HTTP like any client (its engine is in this process); the driver reaches it over HTTP."""
+
+    front: ClickHouseFront
+    options: dict[str, Any] = field(default_factory=dict)
+
+    def target_url(self) -> str:
+        return self.front.target_url
+
+    def target_options(self) -> dict[str, Any]:
+        return {"read_timeout_s": 30.0, "backoff_s": 0.05, "backoff_max_s": 0.5, **self.options}
+
+    def env(self) -> dict[str, str]:
+        return {}
+
+    def target(self, database: str) -> ClickHouseTarget:
+        """A target over HTTP for reading and setting up (close it after use)."""
+        return ClickHouseTarget(self.front.url, database=database)
+
+    def create_tables(self, database: str, tables: list[str]) -> None:
+        target = self.target(database)
+        try:
+            client = target.client()
+            client.command(f"CREATE DATABASE IF NOT EXISTS {database}")
+            for table in tables:
+                client.command(TABLE_DDL.format(db=database, table=table))
+        finally:
+            target.close()
+
+    def rows(self, database: str, table: str) -> list[tuple]:
+        target = self.target(database)
+        try:
+            return table_rows(target, table)
+        finally:
+            target.close()
+
+    def ledger(self, database: str) -> dict[str, set[str]]:
+        """label -> the states the commit ledger holds for it."""
+        target = self.target(database)
+        try:
+            rows = target.client().query(f"SELECT label, state FROM {database}.{LEDGER_TABLE}").result_rows
+        finally:
+            target.close()
+        states: dict[str, set[str]] = {}
+        for label, state in rows:
+            states.setdefault(label, set()).add(state)
+        return states
+
+    def problems(self, database: str) -> list[str]:
+        """Staging tables left, and commits the ledger says began but never finished."""
+        target = self.target(database)
+        try:
+            found = [f"staging table left: {name}" for name in target.staging_tables()]
+        finally:
+            target.close()
+        found += [f"{label}: commit began ({sorted(states)}), never finished"
+                  for label, states in self.ledger(database).items() if COMMITTED not in states]
+        return found
+
+
+def twin_label(label: str) -> str:
+    """Another staging table name of the same shape: `…_c<chunk>_twin_<12 hex>`."""
+    return f"{label[:-13]}_twin_{hashlib.sha256(label.encode()).hexdigest()[:12]}"
+
+
+class HookedClickHouseTarget(ClickHouseTarget):
+    """A ClickHouseTarget whose transactions obey the task hooks (see the module docstring)."""
+
+    def begin(self, table: str, new_ref: NewRef, record_intent: RecordIntent) -> TableTransaction:
+        inner = super().begin(table, new_ref, record_intent)
+        twin = None
+        if _task_matches(TWIN):
+            def twin_ref(chunk: int) -> TxnRef:
+                ref = new_ref(chunk)
+                return TxnRef(ref.target, ref.database, ref.table, twin_label(ref.label), ref.partition, ref.attempt + "twin")
+
+            twin = super().begin(table, twin_ref, record_intent)
+        return _HookedTransaction(inner, twin)
+
+
+def hooked_target_from_url(url: str, database: str, options: dict[str, Any] | None = None) -> Any:
+    """`target_from_url`, with the ClickHouse target swapped for the hooked one (same state)."""
+    target = _real_target_from_url(url, database, options)
+    if not isinstance(target, ClickHouseTarget):
+        return target
+    hooked = HookedClickHouseTarget.__new__(HookedClickHouseTarget)
+    hooked.__dict__.update(target.__dict__)
+    return hooked
+
+
+_real_target_from_url = job.target_from_url
