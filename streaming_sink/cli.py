@@ -431,7 +431,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "run":
         from . import job
 
-        return job.main(["--config", args.config] if args.config else ["--spec", args.spec])
+        if args.config:
+            from .config import load_config
+
+            return job.execute(lambda: load_config(args.config))
+        return job.main(["--spec", args.spec])
     commands = {"status": cmd_status, "recover": cmd_recover, "abort": cmd_abort, "settle": cmd_settle, "doctor": cmd_doctor}
     try:
         return int(commands[args.command](args))

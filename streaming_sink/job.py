@@ -12,7 +12,8 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
-from typing import Any
+from pathlib import Path
+from typing import Any, Callable
 
 from state import open_store
 
@@ -103,21 +104,26 @@ def run(spec: JobSpec) -> None:
         spark.streams.removeListener(listener)
 
 
+def execute(load_spec: Callable[[], JobSpec]) -> int:
+    """Read the job (a JSON spec, or job.toml through config.py) and run it; a configuration mistake is
+    one line on stderr and exit code 2."""
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s", stream=sys.stderr)
+    logging.getLogger("py4j").setLevel(logging.WARNING)
+    try:
+        run(load_spec())
+    except ConfigurationError as error:
+        print(f"streaming-sink: configuration error: {error}", file=sys.stderr)
+        return 2
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     """`python -m streaming_sink.job --spec spec.json`: a resolved JobSpec (what tests run). Users run
     `streaming-sink run --config job.toml` (cli.py), which reads the TOML first."""
     parser = argparse.ArgumentParser(prog="python -m streaming_sink.job", description=__doc__)
     parser.add_argument("--spec", required=True, help="path of a resolved JSON job spec")
-    args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s", stream=sys.stderr)
-    logging.getLogger("py4j").setLevel(logging.WARNING)
-    try:
-        with open(args.spec) as handle:
-            run(JobSpec.from_json(handle.read()))
-    except ConfigurationError as error:
-        print(f"streaming-sink: configuration error: {error}", file=sys.stderr)
-        return 2
-    return 0
+    path = parser.parse_args(argv).spec
+    return execute(lambda: JobSpec.from_json(Path(path).read_text()))
 
 
 if __name__ == "__main__":

@@ -52,6 +52,7 @@ from .base import (
     CommitAmbiguousError, CommitOutcome, CommittedNotChosenError, ConfigurationError, ExpiryLimit, NewRef, PreparedPart, RecordIntent,
     TableTransaction, Target, TargetError,
 )
+from .clickhouse_engines import DATABASE_FACTS_QUERY, FACTS_QUERY, TableFacts, engine_refusal
 
 log = logging.getLogger(__name__)
 _T = TypeVar("_T")
@@ -138,6 +139,7 @@ class ClickHouseTarget(Target):
         self._local = threading.local()
         # table -> why the job may not load it in this commit mode (None: it may), found by `routable_tables`
         self._refusals: dict[str, str | None] = {}
+        self._engines: dict[str, str] = {}  # table -> engine, as routable_tables found it (travels to tasks)
         self._insert_settings: dict[str, str] | None = None  # the deduplication settings this server knows
         self._dedup_limit: ExpiryLimit | None = None  # insert mode: what the tables' deduplication logs forget
         self._ledger_ready = False
@@ -195,20 +197,27 @@ class ClickHouseTarget(Target):
         return f"{quote(self.database)}.{quote(name)}"
 
     def routable_tables(self) -> set[str]:
+        """The tables whose engine the sink commits atomically (clickhouse_engines.py); the others are left
+        out, each with a warning that says why and what to load instead."""
         client = self.client()
-        rows = client.query(
-            "SELECT name, engine FROM system.tables WHERE database = {db:String}", parameters={"db": self.database}
-        ).result_rows
-        if not rows and not client.query(
+        facts = {
+            row["name"]: TableFacts.from_row(row)
+            for row in client.query(DATABASE_FACTS_QUERY, parameters={"db": self.database}).named_results()
+            if row["name"] != LEDGER_TABLE and not _LABEL_SHAPE.fullmatch(row["name"])
+        }
+        if not facts and not client.query(
             "SELECT count() FROM system.databases WHERE name = {db:String}", parameters={"db": self.database}
         ).result_rows[0][0]:
             raise ConfigurationError(f"ClickHouse database {self.database!r} does not exist at {self.url}")
         self._ensure_ledger()
-        tables = {
-            name
-            for name, engine in rows
-            if engine.endswith(_MOVABLE_ENGINE_SUFFIX) and name != LEDGER_TABLE and not _LABEL_SHAPE.fullmatch(name)
-        }
+        tables = set()
+        for name, table_facts in sorted(facts.items()):
+            why = engine_refusal(table_facts, self.commit_mode)
+            if why:
+                log.warning("ClickHouse table %s.%s cannot be loaded: %s", self.database, name, why)
+            else:
+                tables.add(name)
+                self._engines[name] = table_facts.engine
         self._refusals = {table: self._refusal(table) for table in sorted(tables)}
         refused = sorted(table for table, why in self._refusals.items() if why)
         if refused:
@@ -217,6 +226,12 @@ class ClickHouseTarget(Target):
         if self.commit_mode == INSERT:
             self._dedup_limit = self._deduplication_limit(sorted(set(tables) - set(refused)))
         return tables
+
+    def engine_of(self, table: str) -> str:
+        """The table's engine (from routable_tables, or asked now)."""
+        if table not in self._engines:
+            self._refusal(table)
+        return self._engines.get(table, "")
 
     def check_loadable(self, table: str) -> None:
         """Refuse (ConfigurationError) a table this commit mode cannot load exactly once, with the views involved.
@@ -530,7 +545,13 @@ class ClickHouseTarget(Target):
     # -- what each mode refuses ---------------------------------------------------------------------
 
     def _refusal(self, table: str) -> str | None:
-        """Why this commit mode cannot load `table` exactly once, views included; None when it can."""
+        """Why this commit mode cannot load `table` exactly once, its engine and views included; None when it can."""
+        rows = list(self.client().query(FACTS_QUERY, parameters={"db": self.database, "t": table}).named_results())
+        if rows:
+            self._engines[table] = str(rows[0]["engine"])
+            why = engine_refusal(TableFacts.from_row(rows[0]), self.commit_mode)
+            if why:
+                return f"ClickHouse table {self.database}.{table}: {why}"
         entry = self._entry(self.database, table)
         if entry is None:
             return None  # no such table: the job's own checks name it
@@ -746,6 +767,7 @@ def clickhouse_type(arrow_type: pa.DataType, nullable: bool) -> str:
 
 
 _NULLABLE_PREFIXES = ("Nullable(", "LowCardinality(Nullable(")
+_KEEPS_EVERY_ROW = frozenset({"MergeTree", "ReplicatedMergeTree", "SharedMergeTree"})  # merges fold no rows
 
 
 class _StagingTransaction(TableTransaction):
@@ -765,6 +787,10 @@ class _StagingTransaction(TableTransaction):
             self._record_intent(ref)
             target.client().command(f"CREATE TABLE {target._table(ref.label)} AS {target._table(self._table)}")
             self._ref = ref  # only now: a writer whose CREATE failed (the label's table exists) must not drop it
+            if target.engine_of(self._table) not in _KEEPS_EVERY_ROW:
+                # A Replacing/Summing/Collapsing... staging table would fold rows of equal keys in a background
+                # merge before prepare counts them; the target's own merges apply once the rows are moved.
+                target.client().command(f"SYSTEM STOP MERGES {target._table(ref.label)}")
         target.client().insert_arrow(quote(self._ref.label), chunk, database=target.database)
         self._rows += chunk.num_rows
         self._bytes += chunk.nbytes

@@ -394,3 +394,42 @@ def test_insert_mode_reports_the_deduplication_window_to_doctor(insert_target):
 def test_an_unknown_commit_mode_is_refused():
     with pytest.raises(ConfigurationError, match="commit_mode 'copy'"):
         ClickHouseTarget("chdb:///tmp/never-opened", commit_mode="copy")
+
+
+# -- engines ---------------------------------------------------------------------------------------
+
+
+def test_tables_of_engines_a_move_cannot_commit_are_not_routable_and_the_log_says_why(target, caplog):
+    target.client().command(f"CREATE TABLE {DB}.events_log (id Int64) ENGINE = Log")
+    target.client().command(f"CREATE TABLE {DB}.events_mem (id Int64) ENGINE = Memory")
+    with caplog.at_level("WARNING"):
+        assert target.routable_tables() == {TABLE}
+    assert "events_log cannot be loaded: Log" in caplog.text and "events_mem cannot be loaded: Memory" in caplog.text
+    with pytest.raises(ConfigurationError, match="events_log: Log"):
+        target.check_loadable("events_log")
+
+
+def test_a_replacing_staging_table_folds_no_rows_before_prepare_counts_them(tmp_path):
+    """Rows of equal keys in one batch: a background merge of a ReplacingMergeTree staging table would fold
+    them before prepare counts them, failing the batch for nothing. Staging tables of such engines merge
+    nothing; the target's own merges apply once the rows are moved."""
+    target = ClickHouseTarget(f"chdb://{tmp_path / 'ch'}", database=DB)
+    try:
+        client = target.client()
+        client.command(f"CREATE DATABASE {DB}")
+        client.command(f"CREATE TABLE {DB}.{TABLE} (id Int64, name String) ENGINE = ReplacingMergeTree ORDER BY id")
+        target.routable_tables()
+        txn = ref()
+        transaction = target.begin(TABLE, lambda chunk: txn, lambda recorded: None)
+        for version in range(3):  # three parts with the same keys
+            transaction.write(pa.table({"id": pa.array([1, 2], pa.int64()), "name": [f"v{version}", f"v{version}"]}))
+        try:  # what a background merge would do now
+            client.command(f"OPTIMIZE TABLE {DB}.`{txn.label}` FINAL")
+        except Exception as error:  # merges are stopped on the staging table
+            assert "ABORTED" in str(error) or "Cancelled" in str(error)
+        [part] = transaction.prepare()
+        assert part.rows == 6
+        assert target.commit(part.committable("checksum")) is CommitOutcome.COMMITTED
+        assert client.query(f"SELECT count() FROM {DB}.{TABLE}").result_rows[0][0] == 6
+    finally:
+        target.close()
