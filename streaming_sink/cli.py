@@ -273,7 +273,7 @@ def cmd_recover(args: argparse.Namespace) -> int:
     lines += [f"  batch {a.batch_id}: {a.action} {a.transactions} {a.detail}" for a in done]
     if kept:
         lines.append("  some prepared transactions can no longer be committed: restart the job so it replays "
-                     "them from the source (docs/runbook.md, section 3)")
+                     "them from the source (docs/runbook.md, section 'A server was down longer than the prepared timeout')")
     _emit(args, {"applied": True, "epoch": recovery.epoch, "actions": [a.__dict__ for a in done]}, "\n".join(lines))
     return ExitCode.PROBLEM if kept else ExitCode.OK
 

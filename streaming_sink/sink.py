@@ -343,7 +343,7 @@ class ExactlyOnceSink:
             raise ReplayMismatchError(
                 f"job {self.job_id} batch {record.batch_id}: {unsplittable} committed while other transactions of the "
                 "same table and partition were lost, and they do not say which rows they hold; reloading the partition "
-                "would duplicate them. See docs/runbook.md, section 8 'Replay mismatch'."
+                "would duplicate them. See docs/runbook.md, section 'Replay mismatch'."
             )
         committed = frozenset(  # every survivor, after the check above: each says its flush and rows
             (c.table, c.partition, c.flush, c.flush_rows) for c in survivors if c.flush is not None and c.flush_rows is not None
@@ -360,7 +360,7 @@ class ExactlyOnceSink:
                     f"job {self.job_id} batch {record.batch_id}: partition {partition} of the re-run batch has checksum "
                     f"{replayed.checksum if replayed else 'none (no rows)'} but the prepared data had "
                     f"{record.checksums.get(partition)}; the source did not replay the same data, so the lost part "
-                    "cannot be reloaded safely. See docs/runbook.md, section 8 'Replay mismatch'."
+                    "cannot be reloaded safely. See docs/runbook.md, section 'Replay mismatch'."
                 )
         fresh = [c for r in results for c in r.committables]
         record.lost = sorted(set(record.lost) | {c.label for c in lost})

@@ -178,7 +178,7 @@ def _problems(
         problems.append(
             f"{len(expired)} prepared transaction(s) EXPIRED (up to {human_duration(worst)} ago, batch "
             f"{', '.join(sorted({str(p.batch_id) for p in expired}))}): the server dropped them; restart the job, "
-            "it replays them from Kafka (runbook section 3)")
+            "it replays them from Kafka (runbook section 'A server was down longer than the prepared timeout')")
     expiring = [p for p in pending if not p.expired and p.expires_in_s is not None and margin_s is not None
                 and p.expires_in_s <= margin_s]
     if expiring:

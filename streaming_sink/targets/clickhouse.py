@@ -383,7 +383,7 @@ class ClickHouseTarget(Target):
             f"ClickHouse commit of {c.label} into {self._table(c.table)} was interrupted and its staging table is "
             f"gone: the ledger says {began} but not that it finished, so between 0 and "
             f"{c.rows} rows of it are visible, and the sink cannot tell how many. It stops rather than lose or "
-            "duplicate them. See docs/runbook.md, section 11 'ClickHouse commit interrupted': count this transaction's rows "
+            "duplicate them. See docs/runbook.md, section 'ClickHouse commit interrupted': count this transaction's rows "
             f"in the target (writer partition {c.partition} of the batch its label names, e.g. "
             f"SELECT count() FROM {self._table(c.table)} WHERE kafka_partition = … AND kafka_offset >= … AND "
             f"kafka_offset < …, with the batch's offsets from the checkpoint) and compare with {c.rows}. "

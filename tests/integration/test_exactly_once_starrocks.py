@@ -203,7 +203,7 @@ def test_expired_batch_that_the_source_will_not_replay_fails_loudly(tmp_path, ka
     log = scenario.log_tail(1, lines=100_000)
     assert code not in (0, -signal.SIGKILL), f"the driver should fail loudly, exited {code}"
     assert "ReplayImpossibleError" in log, log[-3000:]
-    assert re.search(r"docs/runbook\.md, section \d+ 'Prepared data lost outside its batch'", log), log[-3000:]
+    assert re.search(r"docs/runbook\.md, section 'Prepared data lost outside its batch'", log), log[-3000:]
     record, _, _ = scenario.batch_state(CRASH_BATCH, query_id=old_query)
     assert record.state is BatchState.PREPARED, "the record of the lost batch must stay for the operator"
     for table in TABLES:  # nothing new was loaded, nothing duplicated: the failure came before any write

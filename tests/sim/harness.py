@@ -567,7 +567,7 @@ class Simulation:
                                f"{len(visible)} visible vs {len(self.source[table])} sent")
         if self.store_lost and not self.target.lists_leftovers:
             # a lost journal forgot intents, and this server cannot list its transactions (StarRocks, Doris):
-            # nothing names them any more, so they end only at the server's own timeout (runbook section 6)
+            # nothing names them any more, so they end only at the server's own timeout (runbook section 'State store lost or rolled back')
             self.clock.advance(TXN_TIMEOUT + 1)
         for txn in self.server.open_txns():
             owner = txn.owner
