@@ -245,6 +245,12 @@ class StateStore(ABC):
     def mark_done(self, job_id: str, epoch: int, query_id: str, batch_id: int, label: str) -> None:
         """Record that one committable is committed (progress inside a PREPARED batch)."""
 
+    def mark_done_many(self, job_id: str, epoch: int, query_id: str, batch_id: int, labels: list[str]) -> None:
+        """Record several committables as committed in one atomic write (the commit phase's group of progress
+        marks). Stores override it with one write; this default, one `mark_done` per label, keeps the contract."""
+        for label in labels:
+            self.mark_done(job_id, epoch, query_id, batch_id, label)
+
     @abstractmethod
     def done_labels(self, job_id: str, query_id: str, batch_id: int) -> set[str]:
         """Labels recorded as committed for a batch."""

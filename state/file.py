@@ -109,16 +109,20 @@ class FileStateStore(StateStore):
 
     def put_batch(self, job_id: str, epoch: int, record: BatchRecord) -> None:
         with self._locked(job_id, epoch):
-            path = self._batch_file(job_id, record.query_id, record.batch_id, "record")
-            write_json_atomic(path, json.loads(record.to_json()))
+            write_json_atomic(self._batch_file(job_id, record.query_id, record.batch_id, "record"), record.encode())
 
     def get_batch(self, job_id: str, query_id: str, batch_id: int) -> BatchRecord | None:
         data = _read_json(self._batch_file(job_id, query_id, batch_id, "record"))
-        return BatchRecord.from_json(json.dumps(data)) if data else None
+        return BatchRecord.decode(data) if data else None
 
     def mark_done(self, job_id: str, epoch: int, query_id: str, batch_id: int, label: str) -> None:
+        self.mark_done_many(job_id, epoch, query_id, batch_id, [label])
+
+    def mark_done_many(self, job_id: str, epoch: int, query_id: str, batch_id: int, labels: list[str]) -> None:
+        if not labels:
+            return
         with self._locked(job_id, epoch):
-            self._update(self._batch_file(job_id, query_id, batch_id, "done"), list, lambda d: d.append(label))
+            self._update(self._batch_file(job_id, query_id, batch_id, "done"), list, lambda d: d.extend(labels))
 
     def done_labels(self, job_id: str, query_id: str, batch_id: int) -> set[str]:
         return set(_read_json(self._batch_file(job_id, query_id, batch_id, "done")) or [])
@@ -166,7 +170,7 @@ def write_json_atomic(path: Path, data: Any) -> None:
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
     try:
         with os.fdopen(fd, "w") as handle:
-            json.dump(data, handle, sort_keys=True)
+            handle.write(json.dumps(data, sort_keys=True))  # one write: json.dump would write every token apart
             handle.flush()
             os.fsync(handle.fileno())
         os.replace(tmp, path)

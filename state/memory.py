@@ -120,6 +120,11 @@ class MemoryStateStore(StateStore):
             self._check(job_id, epoch)
             self._done.setdefault((job_id, query_id, batch_id), set()).add(label)
 
+    def mark_done_many(self, job_id: str, epoch: int, query_id: str, batch_id: int, labels: list[str]) -> None:
+        with self._lock:
+            self._check(job_id, epoch)
+            self._done.setdefault((job_id, query_id, batch_id), set()).update(labels)
+
     def done_labels(self, job_id: str, query_id: str, batch_id: int) -> set[str]:
         with self._lock:
             return set(self._done.get((job_id, query_id, batch_id), set()))

@@ -194,6 +194,10 @@ class RedisStateStore(StateStore):
     def mark_done(self, job_id: str, epoch: int, query_id: str, batch_id: int, label: str) -> None:
         self._fenced(job_id, epoch, [["SADD", self._key(job_id, "done", query_id, batch_id), label]])
 
+    def mark_done_many(self, job_id: str, epoch: int, query_id: str, batch_id: int, labels: list[str]) -> None:
+        if labels:
+            self._fenced(job_id, epoch, [["SADD", self._key(job_id, "done", query_id, batch_id), *labels]])
+
     def done_labels(self, job_id: str, query_id: str, batch_id: int) -> set[str]:
         return set(cast(set[str], self._client.smembers(self._key(job_id, "done", query_id, batch_id))))  # see _client
 

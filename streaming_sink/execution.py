@@ -1,9 +1,17 @@
 """Where the writers of a micro-batch run: in Spark tasks (`mapInArrow`) or in the driver.
 
 Network targets write from the tasks, one transaction per (table, task attempt), so the load is
-as parallel as the batch. Embedded targets (chdb: one process per path) write from the driver,
-one partition at a time, fed by `toLocalIterator` over Arrow IPC blobs: the driver holds at most
-one partition, and rows never become Python objects.
+as parallel as the batch. Embedded targets (chdb: one process per path) write from the driver. By
+default (`driver_fetch="stream"`) Spark computes every partition at once, on every core, and sends
+each partition's Arrow batches to the driver as its task finishes (Spark's own Arrow collect, each
+batch tagged with its partition): the driver writes one partition while Spark computes the others,
+the data crosses from the JVM to Python once, and the driver's Python side holds one Arrow batch
+plus the writer's `flush_bytes`. The driver's JVM keeps the results the Python side has not read
+yet: up to the whole micro-batch when the writes are slower than Spark (Spark's
+`spark.driver.maxResultSize` bounds it, and fails the batch beyond). `driver_fetch="partitions"`
+bounds the JVM to two partitions instead: one Spark job per partition over Arrow IPC blobs
+(`toLocalIterator`, the next partition computed while the driver writes this one), at about half
+the speed. Rows never become Python objects either way.
 
 A writer partition is identified by its content, not by Spark's partition number: a re-run batch
 can number its input partitions differently (the Kafka source orders topic-partitions by how it
@@ -31,15 +39,32 @@ if TYPE_CHECKING:
 Identity = dict[int, int]  # Spark partition number -> writer partition number
 
 
+DRIVER_FETCHES = ("stream", "partitions")
+
+
 class SparkWriterRunner:
-    """The sink's default runner: a micro-batch's DataFrame written by Spark tasks or by the driver."""
+    """The sink's default runner: a micro-batch's DataFrame written by Spark tasks or by the driver.
+
+    `driver_fetch` (writers in the driver only): "stream", every partition computed at once and streamed to
+    the driver as Arrow; "partitions", one partition at a time with the next one prefetched (see the module).
+    """
+
+    def __init__(self, driver_fetch: str = "stream") -> None:
+        if driver_fetch not in DRIVER_FETCHES:
+            raise ValueError(f"driver_fetch {driver_fetch!r}: one of {', '.join(DRIVER_FETCHES)}")
+        self.driver_fetch = driver_fetch
 
     def run(
         self, df: "DataFrame", target: Target, router: Router, context: WriteContext, store: StateStore
     ) -> list[PartitionResult]:
-        identity = _replay_identity(df, context, store) if context.replay is not None else None
         if target.runs_writers_in_driver:
-            return _write_in_driver(df, target, router, context, store, identity)
+            # the replay matches partitions by checksums digested from the very batches the writers see
+            stream = self.driver_fetch == "stream" and _can_stream(df)
+            identity = _replay_identity(df, context, store, _stream_digests if stream else _task_digests)
+            if stream:
+                return _write_in_driver(_arrow_stream(df), target, router, context, store, identity)
+            return _write_in_driver(_ipc_partitions(df), target, router, context, store, identity)
+        identity = _replay_identity(df, context, store, _task_digests)
         return _write_in_tasks(df, target, router, context, store, identity)
 
 
@@ -64,12 +89,11 @@ def _writer_partition(identity: Identity | None, spark_partition: int) -> int:
 
 _CHECKSUM_SCHEMA = pa.schema([("partition", pa.int32()), ("checksum", pa.string())])
 
+Digests = Callable[["DataFrame"], dict[int, str]]  # Spark partition -> content checksum of the re-run batch
 
-def _replay_identity(df: "DataFrame", context: WriteContext, store: StateStore) -> Identity | None:
-    """Match the re-run batch's partitions to the prepared ones by content checksum (one extra read)."""
-    record = store.get_batch(context.job_id, context.query_id, context.batch_id)
-    if record is None or not record.checksums:
-        return None
+
+def _task_digests(df: "DataFrame") -> dict[int, str]:
+    """Each partition's checksum, computed in its task over the Arrow batches a task writer sees."""
 
     def digest(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         checksum = ContentChecksum()
@@ -79,7 +103,25 @@ def _replay_identity(df: "DataFrame", context: WriteContext, store: StateStore) 
             [{"partition": _task_context().partitionId(), "checksum": checksum.hexdigest()}], schema=_CHECKSUM_SCHEMA
         )
 
-    current = {row["partition"]: row["checksum"] for row in df.mapInArrow(digest, "partition int, checksum string").collect()}
+    return {row["partition"]: row["checksum"] for row in df.mapInArrow(digest, "partition int, checksum string").collect()}
+
+
+def _stream_digests(df: "DataFrame") -> dict[int, str]:
+    """Each partition's checksum over the batches the driver's writers see when they are streamed."""
+    checksums: dict[int, ContentChecksum] = {}
+    for partition, batch in _arrow_stream(df):
+        checksums.setdefault(partition, ContentChecksum()).update(batch)
+    return {partition: checksum.hexdigest() for partition, checksum in checksums.items()}
+
+
+def _replay_identity(df: "DataFrame", context: WriteContext, store: StateStore, digests: Digests) -> Identity | None:
+    """In a replay, match the re-run batch's partitions to the prepared ones by content checksum (one extra read)."""
+    if context.replay is None:
+        return None
+    record = store.get_batch(context.job_id, context.query_id, context.batch_id)
+    if record is None or not record.checksums:
+        return None
+    current = digests(df)
     unclaimed: dict[str, list[int]] = {}
     for prepared_partition, checksum in sorted(record.checksums.items(), key=lambda item: int(item[0])):
         unclaimed.setdefault(checksum, []).append(int(prepared_partition))
@@ -123,10 +165,47 @@ def task_writer(
 
 _BLOB_SCHEMA = pa.schema([("partition", pa.int32()), ("ipc", pa.binary())])
 
+#: The column `_arrow_stream` adds to tag each batch with its Spark partition (dropped before any writer sees it).
+PARTITION_COLUMN = "__streaming_sink_spark_partition"
 
-def _write_in_driver(
-    df: "DataFrame", target: Target, router: Router, context: WriteContext, store: StateStore, identity: Identity | None
-) -> list[PartitionResult]:
+
+def _can_stream(df: "DataFrame") -> bool:
+    """Spark's Arrow collect is reachable (a classic session, not Spark Connect) and the tag column is free."""
+    return hasattr(getattr(df, "_jdf", None), "collectAsArrowToPython") and PARTITION_COLUMN not in df.columns
+
+
+def _arrow_stream(df: "DataFrame") -> Iterator[tuple[int, pa.RecordBatch]]:
+    """Every non-empty Arrow batch of the DataFrame with its Spark partition, as Spark's Arrow collect sends them.
+
+    One job computes every partition at once; each finished partition's batches arrive together and in order,
+    partitions in the order they finish (the batch order Spark sends last is not needed: each batch carries its
+    partition in `PARTITION_COLUMN`). Batches are read one at a time, as the caller asks for them.
+    """
+    from pyspark.sql import functions as F
+    from pyspark.sql.pandas.serializers import ArrowCollectSerializer
+    from pyspark.util import _load_from_socket
+
+    tagged = df.withColumn(PARTITION_COLUMN, F.spark_partition_id())
+    port, secret, server = tagged._jdf.collectAsArrowToPython()
+    with _load_from_socket((port, secret), ArrowCollectSerializer()) as stream:
+        for item in stream:
+            if not isinstance(item, pa.RecordBatch):
+                continue  # the batch order, last: not needed
+            if item.num_rows:
+                partition = item.column(item.num_columns - 1)[0].as_py()
+                yield partition, item.drop_columns([PARTITION_COLUMN])
+    # The stream ended as it should (a failed job ends it with an error, raised above): join the serving thread,
+    # which raises what it may have met after the last batch.
+    from pyspark.errors.exceptions.captured import unwrap_spark_exception
+
+    with unwrap_spark_exception():
+        server.getResult()
+
+
+def _ipc_partitions(df: "DataFrame") -> Iterator[tuple[int, pa.RecordBatch]]:
+    """The same as `_arrow_stream`, one Spark job per partition: tasks send their batches as Arrow IPC blobs, and
+    Spark computes the next partition while the driver writes this one (`prefetchPartitions`: two partitions held)."""
+
     def to_ipc(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         partition = _task_context().partitionId()
         for batch in batches:
@@ -138,27 +217,44 @@ def _write_in_driver(
                     [{"partition": partition, "ipc": sink.getvalue().to_pybytes()}], schema=_BLOB_SCHEMA
                 )
 
+    for row in df.mapInArrow(to_ipc, "partition int, ipc binary").toLocalIterator(prefetchPartitions=True):
+        with pa.ipc.open_stream(row["ipc"]) as reader:
+            for batch in reader:
+                yield row["partition"], batch
+
+
+def _write_in_driver(
+    batches: Iterable[tuple[int, pa.RecordBatch]], target: Target, router: Router, context: WriteContext,
+    store: StateStore, identity: Identity | None,
+) -> list[PartitionResult]:
+    """One writer per Spark partition over (partition, batch) pairs in which each partition's batches come together."""
     results: list[PartitionResult] = []
     writer: PartitionWriter | None = None
-    current = -1
-    blobs = df.mapInArrow(to_ipc, "partition int, ipc binary").toLocalIterator(prefetchPartitions=False)
+    current: int | None = None
+    written: set[int] = set()
     try:
-        for row in blobs:
-            if writer is None or row["partition"] != current:  # the first row always opens a writer (no partition is -1)
+        for partition, batch in batches:
+            if partition != current:
+                if partition in written:  # a second writer would begin the same labels again (I4): refuse
+                    raise InvariantBreach(f"the batches of Spark partition {partition} did not arrive together")
                 if writer is not None:
                     results.append(writer.finish())
-                current = row["partition"]
-                writer = PartitionWriter(context, target, router, store, _writer_partition(identity, current))
-            with pa.ipc.open_stream(row["ipc"]) as reader:
-                for batch in reader:
-                    writer.add(batch)
+                current = partition
+                written.add(partition)
+                writer = PartitionWriter(context, target, router, store, _writer_partition(identity, partition))
+            assert writer is not None
+            writer.add(batch)
         if writer is not None:
             results.append(writer.finish())
     except BaseException:
         if writer is not None:
             writer.abort()
         raise
-    return results
+    finally:
+        close = getattr(batches, "close", None)
+        if close is not None:
+            close()  # a stream left early hangs up on Spark instead of waiting to be collected
+    return _one_per_partition(results)
 
 
 def _one_per_partition(results: Iterable[PartitionResult]) -> list[PartitionResult]:

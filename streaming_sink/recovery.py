@@ -17,6 +17,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+import weakref
 from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 from dataclasses import dataclass, replace
 from typing import Callable, Collection, Iterable
@@ -48,6 +49,8 @@ class Recovery:
     def __init__(self, target: Target, store: StateStore, job_id: str, epoch: int) -> None:
         self.target, self.store, self.job_id, self.epoch = target, store, job_id, epoch
         self._clean: set[tuple[str, int]] = set()  # COMMITTED batches with no intents left: nothing to sweep
+        self._pool: ThreadPoolExecutor | None = None  # the commit threads, started at the first parallel commit
+        self._pool_workers = 0
 
     def check_epoch(self) -> None:
         current = self.store.current_epoch(self.job_id)
@@ -86,6 +89,7 @@ class Recovery:
             record.sent = record.sent + unsent
             self.store.put_batch(self.job_id, self.epoch, record)
 
+        marks = _ProgressMarks(self.store, self.job_id, self.epoch, record.query_id, record.batch_id)
         stopped = threading.Event()  # set by the first failure: queued commits are not sent any more
 
         def commit_one(committable: Committable) -> CommitOutcome | None:
@@ -95,8 +99,7 @@ class Recovery:
                 self.check_epoch()  # a fenced driver sends no further commit (I5)
                 outcome = self.target.commit(committable)
                 if outcome is CommitOutcome.COMMITTED:
-                    self.store.mark_done(self.job_id, self.epoch, record.query_id, record.batch_id, committable.label)
-                    crash_point("after-first-commit", record.batch_id)
+                    marks.add(committable.label)
                     if on_commit:
                         on_commit()
                 return outcome
@@ -104,17 +107,7 @@ class Recovery:
                 stopped.set()
                 raise
 
-        pool = ThreadPoolExecutor(max_workers=max(1, self.target.commit_parallelism))
-        try:
-            futures = [pool.submit(commit_one, c) for c in pending]
-            finished, _ = wait(futures, return_when=FIRST_EXCEPTION)
-            failed = next((f for f in futures if f in finished and f.exception() is not None), None)
-            if failed is not None:
-                pool.shutdown(wait=True, cancel_futures=True)  # stop at the first error: fenced, or the target failing
-                raise failed.exception()  # type: ignore[misc]
-            outcomes = [f.result() for f in futures]
-        finally:
-            pool.shutdown(wait=True)
+        outcomes = self._run_commits(commit_one, pending)
         # LOST for a label first sent in this phase is safe: a commit of a label the server does not know
         # commits nothing, so it was unknown before it. LOST for a label sent before may be a forgotten commit.
         ambiguous = [c for c, o in zip(pending, outcomes) if o is CommitOutcome.LOST and c.label in sent_before]
@@ -135,6 +128,37 @@ class Recovery:
                 self.job_id, record.batch_id, len(lost), [c.label for c in lost],
             )
         return lost
+
+    def _run_commits(
+        self, commit_one: Callable[[Committable], CommitOutcome | None], pending: list[Committable]
+    ) -> list[CommitOutcome | None]:
+        """Run `commit_one` over `pending` with the target's parallelism; on the first error, start no further
+        one, wait for those running, and raise it. One at a time runs in the calling thread; more run in a pool
+        this Recovery keeps across batches (its threads start once per driver, not once per batch)."""
+        parallelism = min(max(1, self.target.commit_parallelism), len(pending))
+        if parallelism <= 1:
+            return [commit_one(c) for c in pending]  # stops at the first error: it propagates
+        pool = self._commit_pool(max(1, self.target.commit_parallelism))
+        futures = [pool.submit(commit_one, c) for c in pending]
+        finished, _ = wait(futures, return_when=FIRST_EXCEPTION)
+        failed = next((f for f in futures if f in finished and f.exception() is not None), None)
+        if failed is not None:
+            for future in futures:
+                future.cancel()  # not started yet: never sent (those already started see `stopped`)
+            wait(futures)  # the ones running finish (their progress marks included) before the error goes up
+            raise failed.exception()  # type: ignore[misc]
+        return [f.result() for f in futures]
+
+    def _commit_pool(self, workers: int) -> ThreadPoolExecutor:
+        pool = self._pool
+        if pool is None or self._pool_workers != workers:
+            if pool is not None:
+                pool.shutdown(wait=False)
+            pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix=f"commit-{self.job_id}")
+            # idle threads end when this Recovery is collected (the CLI and tests make many) or at exit
+            weakref.finalize(self, pool.shutdown, wait=False)
+            self._pool, self._pool_workers = pool, workers
+        return pool
 
     def mark_committed(self, record: BatchRecord) -> BatchRecord:
         committed = replace(record, state=BatchState.COMMITTED, epoch=self.epoch)
@@ -189,7 +213,7 @@ class Recovery:
                 f"job {self.job_id}: batch {record.batch_id} of query {record.query_id} was PREPARED but "
                 f"{len(lost)} of its transactions can no longer be committed ({', '.join(c.label for c in lost)}), "
                 "and the streaming query will not re-run that batch. See docs/runbook.md, "
-                "section 9 'Prepared data lost outside its batch': re-ingest that batch's offsets, or accept the loss."
+                "section 'Prepared data lost outside its batch': re-ingest that batch's offsets, or accept the loss."
             )
         committed = self.mark_committed(record)
         self.abort_intents(record.query_id, record.batch_id, keep={c.label for c in record.committables})
@@ -231,6 +255,48 @@ class Recovery:
     def _stale(self, key: tuple[str, int], now: float) -> bool:
         record = self.store.get_batch(self.job_id, *key)
         return record is not None and record.state is BatchState.COMMITTED and now - record.created_at > STALE_QUERY_SECONDS
+
+
+class _ProgressMarks:
+    """Group commit of one commit phase's progress marks (`mark_done`): as few store writes as the commits allow.
+
+    A worker whose commit landed adds its label; if no worker is writing marks, it writes every label waiting,
+    again until none waits, while the other workers go on committing. So each label is recorded by the time the
+    commit phase returns (the worker writing is waited for like any other), with one write per label when
+    commits run one at a time, and far fewer when they run in parallel. A mark only spares recovery a commit it
+    would send again (the servers answer a repeated commit COMMITTED); `sent`, written before any commit, is
+    what keeps a forgotten label from being replayed (I8), so a crash before a mark is written is safe.
+    """
+
+    def __init__(self, store: StateStore, job_id: str, epoch: int, query_id: str, batch_id: int) -> None:
+        self._store, self._key = store, (job_id, epoch, query_id, batch_id)
+        self._lock = threading.Lock()
+        self._waiting: list[str] = []
+        self._writing = False
+        self.recorded = 0
+
+    def add(self, label: str) -> None:
+        with self._lock:
+            self._waiting.append(label)
+            if self._writing:
+                return  # the worker writing takes it in its next write
+            self._writing = True
+        try:
+            while True:
+                with self._lock:
+                    labels, self._waiting = self._waiting, []
+                    if not labels:
+                        self._writing = False
+                        return
+                self._store.mark_done_many(*self._key, labels)
+                first = self.recorded == 0
+                self.recorded += len(labels)
+                if first:
+                    crash_point("after-first-commit", self._key[3])
+        except BaseException:
+            with self._lock:
+                self._writing = False
+            raise
 
 
 @dataclass

@@ -83,6 +83,7 @@ def test_store_wiped_during_the_first_batch() -> None:
 def test_a_speculative_twin_killed_between_its_late_begin_and_its_first_load() -> None:
     """Found by a 40,000-seed run (seed 237347): the twin's intent came before the driver's final abort,
     its begin after it, and it died before loading or confirming. Its empty transaction is left to the
-    server's timeout (its process is dead; runbook section 'Late writers and leftovers on the server'). The checker used to call that an I6 breach."""
+    server's timeout (its process is dead; runbook section 'Late writers and leftovers on the server').
+    The checker used to call that an I6 breach."""
     outcome = run_schedule(237347)
     assert not outcome.violations, outcome.describe()

@@ -108,7 +108,7 @@ def expected_ids(*batches: int) -> list[int]:
 def test_a_committed_label_forgotten_by_the_server_stops_the_job_instead_of_duplicating(sr) -> None:
     store = MemoryStateStore()
     # the commit of the first transaction lands, then the driver dies before it records that
-    crashing = CrashingStore(store, "mark_done")
+    crashing = CrashingStore(store, "mark_done_many")
     with pytest.raises(Crash):
         sink_of(target_of(sr), crashing).process(source(0), 0, QUERY)
     assert len(ids(sr)) == ROWS_PER_PARTITION  # one of two transactions is visible
@@ -146,7 +146,7 @@ def test_a_doris_label_evicted_by_newer_loads_stops_the_job_instead_of_duplicati
 
         store = MemoryStateStore()
         with pytest.raises(Crash):
-            sink_of(target(), CrashingStore(store, "mark_done")).process(source(0), 0, QUERY)
+            sink_of(target(), CrashingStore(store, "mark_done_many")).process(source(0), 0, QUERY)
         visible = sorted(r[0] for r in doris.visible_rows(DB, TABLE))
         assert len(visible) == ROWS_PER_PARTITION
         other_jobs_finish_loads(doris, 2000)  # other writers of the shared database
@@ -202,7 +202,7 @@ def test_a_failover_that_lost_the_prepared_record_of_the_batch_in_flight_is_dete
     sink_of(target_of(sr), store, checkpoint_location=ckpt).process(source(0), 0, QUERY)
     replica = store.snapshot()  # the replica is in sync up to here
     with pytest.raises(Crash):  # one of batch 1's commits lands, then the primary dies
-        sink_of(target_of(sr), CrashingStore(store, "mark_done"), checkpoint_location=ckpt).process(source(1), 1, QUERY)
+        sink_of(target_of(sr), CrashingStore(store, "mark_done_many"), checkpoint_location=ckpt).process(source(1), 1, QUERY)
     store.restore(replica)  # failover
     with pytest.raises(StateStoreLostError, match="batch 1 of query query-1 was PREPARED"):
         sink_of(target_of(sr), store, checkpoint_location=ckpt).process(source(1), 1, QUERY)
@@ -361,7 +361,7 @@ def test_the_operator_settles_an_ambiguous_label_and_the_job_resumes_exactly(sr)
 
     store = MemoryStateStore()
     with pytest.raises(Crash):
-        sink_of(target_of(sr), CrashingStore(store, "mark_done")).process(source(0), 0, QUERY)
+        sink_of(target_of(sr), CrashingStore(store, "mark_done_many")).process(source(0), 0, QUERY)
     sr.clock.advance(3 * 86400 + 60)
     with pytest.raises(ReplayAmbiguousError) as stopped:
         sink_of(target_of(sr), store).process(source(0), 0, QUERY)

@@ -5,18 +5,20 @@ recorded, on the in-memory store with a recording fake target.
 """
 from __future__ import annotations
 
+import threading
+
 import pyarrow as pa
 import pytest
 
 from state import BatchRecord, FileStateStore, MemoryStateStore
 from streaming_sink.committable import BatchState, Committable, TxnRef
 from streaming_sink.recovery import (
-    OperatorActionRefused, Recovery, ReplayImpossibleError, TargetMismatchError, abort_batch, apply_recovery,
-    plan_recovery, settle_label,
+    OperatorActionRefused, Recovery, ReplayImpossibleError, TargetMismatchError, _ProgressMarks, abort_batch,
+    apply_recovery, plan_recovery, settle_label,
 )
 from streaming_sink.routing import Router
 from streaming_sink.sink import ExactlyOnceSink
-from streaming_sink.targets.base import CommitOutcome
+from streaming_sink.targets.base import CommitOutcome, TargetError
 from streaming_sink.writer import ContentChecksum, PartitionWriter, WriteContext
 from devstack.pipeline import create_tables, open_target, table_rows
 
@@ -270,3 +272,111 @@ def test_the_journals_own_target_is_acted_on_by_every_command() -> None:
     assert store.get_batch(JOB, Q, 3).state is BatchState.COMMITTED and store.intents(JOB, Q, 4) == []
     store.add_intent(JOB, recovery.epoch, Q, 5, TxnRef(*JOURNAL_TARGET, "orders", "L5-0", 0, f"e{recovery.epoch}w0t1"))
     assert abort_batch(recovery, Q, 5) == 1
+
+
+# -- the commit phase's own costs: grouped progress marks, one commit pool per driver ------------
+
+
+class ParallelTarget(RecordingTarget):
+    """Commits in parallel; records the thread each commit ran in, and fails the commits named in `failing`."""
+
+    def __init__(self, parallelism: int, failing: frozenset[str] = frozenset()) -> None:
+        super().__init__(*JOURNAL_TARGET)
+        self.commit_parallelism, self.failing = parallelism, failing
+        self.threads: list[threading.Thread] = []
+        self.committed: list[str] = []
+        self._lock = threading.Lock()
+
+    def commit(self, committable: Committable) -> CommitOutcome:
+        with self._lock:
+            self.threads.append(threading.current_thread())
+        if committable.label in self.failing:
+            raise TargetError(f"commit of {committable.label} failed")
+        with self._lock:
+            self.committed.append(committable.label)
+        return CommitOutcome.COMMITTED
+
+
+def prepared(store: MemoryStateStore, epoch: int, batch: int, n: int) -> BatchRecord:
+    kind, database = JOURNAL_TARGET
+    committables = [Committable(kind, database, "orders", f"L{batch}-{p}", p, f"e{epoch}w0t{p}", rows=1) for p in range(n)]
+    record = BatchRecord(Q, batch, BatchState.PREPARED, epoch, committables)
+    store.put_batch(JOB, epoch, record)
+    return record
+
+
+def test_progress_marks_of_commits_that_land_while_one_is_written_go_in_the_next_write() -> None:
+    """Group commit: the worker writing marks takes every label that arrived meanwhile in its next write; the
+    workers whose commits landed meanwhile do not wait. Every mark is written by the time the writer returns."""
+    store = MemoryStateStore()
+    epoch = store.take_epoch(JOB, "driver")
+    writes: list[list[str]] = []
+    writing, release = threading.Event(), threading.Event()
+
+    class FirstWriteWaits:
+        def mark_done_many(self, job_id: str, epoch: int, query_id: str, batch_id: int, labels: list[str]) -> None:
+            writes.append(list(labels))
+            if len(writes) == 1:
+                writing.set()
+                assert release.wait(timeout=60)
+            store.mark_done_many(job_id, epoch, query_id, batch_id, labels)
+
+    marks = _ProgressMarks(FirstWriteWaits(), JOB, epoch, Q, 1)  # type: ignore[arg-type]
+    first = threading.Thread(target=marks.add, args=("L1-0",))
+    first.start()
+    assert writing.wait(timeout=60)
+    marks.add("L1-1")  # landed while L1-0's mark is being written: returns at once, written by the writer
+    marks.add("L1-2")
+    assert writes == [["L1-0"]]
+    release.set()
+    first.join()
+    assert writes == [["L1-0"], ["L1-1", "L1-2"]] and marks.recorded == 3
+    assert store.done_labels(JOB, Q, 1) == {"L1-0", "L1-1", "L1-2"}
+
+
+def test_parallel_commits_record_every_landed_commit_in_fewer_writes_than_commits() -> None:
+    store = MemoryStateStore()
+    epoch = store.take_epoch(JOB, "driver")
+    writes: list[list[str]] = []
+
+    class CountingStore(MemoryStateStore):
+        def mark_done_many(self, job_id: str, epoch: int, query_id: str, batch_id: int, labels: list[str]) -> None:
+            writes.append(list(labels))
+            store.mark_done_many(job_id, epoch, query_id, batch_id, labels)
+
+        def __getattribute__(self, name: str) -> object:
+            if name == "mark_done_many":
+                return object.__getattribute__(self, name)
+            return getattr(store, name)
+
+    target = ParallelTarget(4)
+    record = prepared(store, epoch, 1, 32)
+    assert Recovery(target, CountingStore(), JOB, epoch).commit_pending(record) == []  # type: ignore[arg-type]
+    labels = {c.label for c in record.committables}
+    assert store.done_labels(JOB, Q, 1) == labels == set(target.committed)
+    assert sorted(label for write in writes for label in write) == sorted(labels)  # each recorded once
+
+
+def test_the_commit_pool_is_started_once_per_driver_and_one_commit_runs_in_the_callers_thread() -> None:
+    store = MemoryStateStore()
+    epoch = store.take_epoch(JOB, "driver")
+    target = ParallelTarget(2)
+    recovery = Recovery(target, store, JOB, epoch)
+    for batch in range(3):
+        assert recovery.commit_pending(prepared(store, epoch, batch, 8)) == []
+    assert len(target.threads) == 24 and len(set(target.threads)) <= 2  # a pool per batch would have started 3+
+    assert threading.current_thread() not in target.threads
+    recovery.commit_pending(prepared(store, epoch, 3, 1))
+    assert target.threads[-1] is threading.current_thread()  # one commit: no pool hand-off at all
+
+
+def test_a_failed_commit_in_the_pool_stops_the_phase_and_the_commits_that_landed_are_recorded() -> None:
+    store = MemoryStateStore()
+    epoch = store.take_epoch(JOB, "driver")
+    target = ParallelTarget(3, failing=frozenset({"L1-5"}))
+    record = prepared(store, epoch, 1, 40)
+    with pytest.raises(TargetError, match="commit of L1-5 failed"):
+        Recovery(target, store, JOB, epoch).commit_pending(record)
+    assert "L1-5" not in target.committed
+    assert store.done_labels(JOB, Q, 1) == set(target.committed)  # each that landed is recorded before the error
+    assert store.get_batch(JOB, Q, 1).sent == [c.label for c in record.committables]  # I8: sent before any commit

@@ -61,6 +61,9 @@ def test_record_roundtrip_and_progress(store):
     store.mark_done(JOB, epoch, Q, 5, "L5-0")
     store.mark_done(JOB, epoch, Q, 5, "L5-0")
     assert store.done_labels(JOB, Q, 5) == {"L5-0"}
+    store.mark_done_many(JOB, epoch, Q, 5, ["L5-1", "L5-0", "L5-2"])  # a group of progress marks: one write
+    store.mark_done_many(JOB, epoch, Q, 5, [])
+    assert store.done_labels(JOB, Q, 5) == {"L5-0", "L5-1", "L5-2"}
 
 
 def test_intents_and_sealing(store):
@@ -129,12 +132,13 @@ def test_fencing_refuses_every_write_of_an_older_epoch(store):
         lambda: store.add_intent(JOB, old, Q, 1, ref("x")),
         lambda: store.remove_intents(JOB, old, Q, 1, ["x"]),
         lambda: store.mark_done(JOB, old, Q, 1, "x"),
+        lambda: store.mark_done_many(JOB, old, Q, 1, ["x", "y"]),
         lambda: store.delete_batch(JOB, old, Q, 1),
     ]
     for write in writes:
         with pytest.raises(FencedError, match=f"holds fencing epoch {old}, but epoch {new}"):
             write()
-    assert store.get_batch(JOB, Q, 1) is None and store.intents(JOB, Q, 1) == []
+    assert store.get_batch(JOB, Q, 1) is None and store.intents(JOB, Q, 1) == [] and store.done_labels(JOB, Q, 1) == set()
     store.put_batch(JOB, new, record(1, epoch=new))  # the new driver writes fine
     assert store.get_batch(JOB, Q, 1).epoch == new
 
