@@ -57,10 +57,11 @@ def target(tmp_path):
         yield t
 
 
-def test_values_a_column_cannot_hold_are_dead_letters_naming_the_column(spark_session, target, tmp_path):
+def run_one_batch(spark, target, tmp_path, target_url: str, schema: str, messages: list[bytes]) -> None:
+    """What the packaged job does with one batch: column types read at start, the frame, the sink."""
     job = JobSpec(
-        job_id="values", bootstrap="unused", topics=["events"], target_url=f"chdb://{tmp_path / 'ch'}", database=DB,
-        state_url=f"file://{tmp_path / 'state'}", checkpoint=str(tmp_path / "ckpt"), tables={"readings": SCHEMA},
+        job_id="values", bootstrap="unused", topics=["events"], target_url=target_url, database=DB,
+        state_url=f"file://{tmp_path / 'state'}", checkpoint=str(tmp_path / "ckpt"), tables={"readings": schema},
         table_field="table", dead_letter_table="dead_letters",
     )
     sink = ExactlyOnceSink(target=target, state=FileStateStore(tmp_path / "state"), job_id=job.job_id,
@@ -68,10 +69,13 @@ def test_values_a_column_cannot_hold_are_dead_letters_naming_the_column(spark_se
     sink.start()
     tables = resolve_tables(job, sink.known_tables)
     columns = check_columns(target, table_schemas(job, tables))
-    raw = [json.dumps(m).encode() for m, _ in CASES] + [NOT_UTF8]
-    rows = [(bytearray(value), "events", 0, offset, dt.datetime(2026, 1, 1)) for offset, value in enumerate(raw)]
-    frame = build_frame(spark_session.createDataFrame(rows, KAFKA), job, tables, columns)
-    sink.process(frame, 0, "q")
+    rows = [(bytearray(value), "events", 0, offset, dt.datetime(2026, 1, 1)) for offset, value in enumerate(messages)]
+    sink.process(build_frame(spark.createDataFrame(rows, KAFKA), job, tables, columns), 0, "q")
+
+
+def test_values_a_column_cannot_hold_are_dead_letters_naming_the_column(spark_session, target, tmp_path):
+    messages = [json.dumps(m).encode() for m, _ in CASES] + [NOT_UTF8]
+    run_one_batch(spark_session, target, tmp_path, f"chdb://{tmp_path / 'ch'}", SCHEMA, messages)
 
     client = target.client()
     loaded = client.query(
@@ -128,18 +132,7 @@ def test_starrocks_and_doris_columns_read_from_schema_send_misfits_to_dead_lette
                                               ("offset", "BIGINT"), ("kafka_timestamp", "DATETIME(6)"), ("reason", "STRING")])
         target_class = StarRocksTarget if product == "starrocks" else DorisTarget
         target = target_class(emu.fe_url, DB, "root", "", tables=["readings", "dead_letters"])
-        job = JobSpec(
-            job_id="values", bootstrap="unused", topics=["events"], target_url=f"{product}://unused", database=DB,
-            state_url=f"file://{tmp_path / 'state'}", checkpoint=str(tmp_path / "ckpt"), tables={"readings": OLAP_SCHEMA},
-            table_field="table", dead_letter_table="dead_letters",
-        )
-        sink = ExactlyOnceSink(target=target, state=FileStateStore(tmp_path / "state"), job_id=job.job_id,
-                               table_column="__table", struct_columns=True, dead_letter_table=job.dead_letter_table)
-        sink.start()
-        tables = resolve_tables(job, sink.known_tables)
-        columns = check_columns(target, table_schemas(job, tables))
-        rows = [(bytearray(json.dumps(m).encode()), "events", 0, offset, dt.datetime(2026, 1, 1)) for offset, (m, _) in enumerate(cases)]
-        sink.process(build_frame(spark_session.createDataFrame(rows, KAFKA), job, tables, columns), 0, "q")
+        run_one_batch(spark_session, target, tmp_path, f"{product}://unused", OLAP_SCHEMA, [json.dumps(m).encode() for m, _ in cases])
 
         loaded = sorted(row["id"] for row in emu.visible_dicts(DB, "readings"))
         assert loaded == [m["id"] for m, reason in cases if reason is None]
