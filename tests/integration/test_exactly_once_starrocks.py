@@ -23,6 +23,7 @@ from streaming_sink.committable import BatchState
 from streaming_sink.crash import POINTS
 from tests.emulators.starrocks import StarRocksEmulator
 from tests.integration.starrocks_harness import DIE_AFTER_PREPARE, TWIN, StarRocksEmulatorAdapter
+from tests.integration.exactly_once import assert_stopped_at
 
 pytestmark = pytest.mark.slow
 
@@ -52,21 +53,6 @@ def _scenario(tmp_path, kafka_broker, redis_server, emulator, options=None, per_
     return scenario
 
 
-def _assert_stopped_at(scenario: LocalPipeline, point: str, batch: int) -> None:
-    """The kill happened where it was asked to: the journal shows that exact protocol step."""
-    record, intents, done = scenario.batch_state(batch)
-    if point == "after-writers-prepared":
-        assert record is None and intents, "writers should have prepared with intents, and no record yet"
-    elif point == "after-prepared-record":
-        assert record.state is BatchState.PREPARED and not done
-    elif point == "after-first-commit":
-        assert record.state is BatchState.PREPARED and len(done) == 1 < len(record.committables)
-    elif point == "after-committed-record":
-        assert record.state is BatchState.COMMITTED
-    else:
-        raise AssertionError(point)
-
-
 def _open_labels(emulator: StarRocksEmulator) -> list[str]:
     return [t["label"] for t in emulator.transactions(DB) if t["state"] in ("PREPARE", "PREPARED")]
 
@@ -80,7 +66,7 @@ def test_kill_at_every_protocol_point_in_turn_then_restart_is_exact(tmp_path, ka
         batch = run + 1
         code = scenario.run_driver(crash_at=f"{point}@{batch}", run=run)
         assert code == -signal.SIGKILL, f"driver should have been killed at {point}, exited {code}:\n{scenario.log_tail(run)}"
-        _assert_stopped_at(scenario, point, batch)
+        assert_stopped_at(scenario, point, batch)
         if point in ("after-writers-prepared", "after-prepared-record"):
             assert _open_labels(emulator), "the kill should have left prepared transactions for recovery to settle"
         if point == "after-prepared-record":
