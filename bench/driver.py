@@ -126,7 +126,7 @@ def _batch_function(spec: dict[str, Any], reports: list[dict[str, Any]]) -> Call
         from bench.baseline import AtLeastOnceWriter
 
         return AtLeastOnceWriter(target, "table", reports.append)
-    from state import open_store
+    from streaming_sink.state import open_store
     from streaming_sink import ExactlyOnceSink
 
     def report(batch: Any) -> None:

@@ -12,7 +12,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from state import FileStateStore, StateStore
+from streaming_sink.state import FileStateStore, StateStore
 from streaming_sink import ExactlyOnceSink
 from streaming_sink.routing import Router
 from streaming_sink.targets.base import Target
@@ -128,7 +128,7 @@ def encode_send(url: str, rows: int, formats: tuple[tuple[str, str], ...] = WIRE
 
 def _encode_send_once(url: str, data: pa.Table, kind: str, fmt: str, what: str) -> tuple[float, float, dict[str, Any]]:
     """(wall s, CPU s of this thread, the null server's counters) of one `encode+send` or `writer` run of `data`."""
-    from state import MemoryStateStore
+    from streaming_sink.state import MemoryStateStore
 
     target = null_target(kind, url, fmt)
     store = MemoryStateStore()

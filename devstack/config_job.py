@@ -19,7 +19,7 @@ from typing import Callable
 
 from devstack.pipeline import REPO, open_target, row_checksum
 from devstack.spark import local_spark_conf, spark_env
-from state import open_store
+from streaming_sink.state import open_store
 from streaming_sink.committable import BatchState
 
 DB = "default"

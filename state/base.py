@@ -14,8 +14,8 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
-from streaming_sink.errors import StreamingSinkError
-from streaming_sink.committable import JOURNAL_FORMAT, BatchState, Committable, JournalFormatError, TxnRef, check_format
+from ..errors import StreamingSinkError
+from ..committable import JOURNAL_FORMAT, BatchState, Committable, JournalFormatError, TxnRef, check_format
 
 
 class StateStoreError(StreamingSinkError, RuntimeError):

@@ -17,7 +17,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
-from streaming_sink.committable import TxnRef
+from ..committable import TxnRef
 
 from .base import (
     BatchRecord, BatchSealedError, StateStore, decode_owner, fencing_error, gate_admits, intent_gate, owner_record,

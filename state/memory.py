@@ -11,7 +11,7 @@ import threading
 import time
 from typing import Any, NoReturn
 
-from streaming_sink.committable import TxnRef
+from ..committable import TxnRef
 
 from .base import BatchRecord, BatchSealedError, StateStore, fencing_error, gate_admits, intent_gate
 

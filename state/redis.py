@@ -16,7 +16,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 import redis
 
-from streaming_sink.committable import TxnRef
+from ..committable import TxnRef
 
 from .base import (
     BatchRecord, BatchSealedError, StateStore, StateStoreError, decode_owner, fencing_error, intent_gate, owner_record,

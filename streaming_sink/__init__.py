@@ -1,8 +1,7 @@
 """streaming-sink: exactly-once loads from Spark Structured Streaming into OLAP databases.
 
-Names are resolved lazily so that light modules (the committable records used by the state store,
-the operator CLI) import without loading PySpark, and `state` and `streaming_sink` can import each
-other's records without a cycle.
+Names are resolved lazily so that light modules (the committable records, the state store, the
+operator CLI) import without loading PySpark.
 """
 from __future__ import annotations
 

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
-from state.file import write_json_atomic
+from .state.file import write_json_atomic
 
 
 @dataclass(frozen=True)

@@ -22,9 +22,9 @@ from pathlib import Path
 from typing import Any, Callable, NoReturn
 from urllib.parse import unquote, urlsplit
 
-from state import STORE_SCHEMES, StateStore, StateStoreError, open_store
-from state.base import FencedError
-from state.redis import redact_url
+from .state import STORE_SCHEMES, StateStore, StateStoreError, open_store
+from .state.base import FencedError
+from .state.redis import redact_url
 
 from .committable import JournalFormatError
 from .errors import StreamingSinkError

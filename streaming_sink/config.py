@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import msgspec
-from state import STORE_SCHEMES
+from .state import STORE_SCHEMES
 
 from .config_schema import JobConfig, Table
 from .intervals import parse_interval

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from state import open_store
+from .state import open_store
 
 from .frame import check_columns, resolve_tables, table_schemas
 from .job_spec import JobSpec

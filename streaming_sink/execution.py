@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Callable, Iterable, Iterator
 
 import pyarrow as pa
 
-from state import StateStore
+from .state import StateStore
 
 from .errors import InvariantBreach
 from .routing import Router

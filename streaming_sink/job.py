@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 from typing import Any, Callable
 
-from state import open_store
+from .state import open_store
 
 from .frame import ROUTE_COLUMN, build_frame, check_columns, resolve_tables, spark_schema, table_schemas
 from .intervals import parse_interval

@@ -30,7 +30,7 @@ from .committable import BatchState
 if TYPE_CHECKING:
     from wsgiref.simple_server import WSGIServer
 
-    from state import StateStore
+    from .state import StateStore
 
     from .sink import BatchReport
     from .targets.base import ExpiryLimit

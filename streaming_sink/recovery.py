@@ -22,8 +22,8 @@ from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 from dataclasses import dataclass, replace
 from typing import Callable, Collection, Iterable
 
-from state import BatchRecord, StateStore
-from state.base import attempt_epoch, fencing_error
+from .state import BatchRecord, StateStore
+from .state.base import attempt_epoch, fencing_error
 
 from .committable import BatchState, Committable, TxnRef, label_prefix
 from .crash import crash_point

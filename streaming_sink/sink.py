@@ -20,7 +20,7 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Protocol
 
-from state import BatchRecord, FileStateStore, StateStore, StateStoreLostError
+from .state import BatchRecord, FileStateStore, StateStore, StateStoreLostError
 
 from .committable import BatchState, Committable
 from .crash import crash_point

@@ -12,7 +12,7 @@ from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 from typing import Any
 
-from state import StateStore
+from .state import StateStore
 
 from .committable import BatchState
 from .recovery import leftover_labels

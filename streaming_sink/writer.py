@@ -17,7 +17,7 @@ from typing import Iterable
 
 import pyarrow as pa
 
-from state import StateStore
+from .state import StateStore
 
 from .committable import Committable, TxnRef, make_label
 from .errors import InvariantBreach

@@ -8,7 +8,7 @@ import re
 import pytest
 
 from devstack.pipeline import open_target
-from state import FileStateStore
+from streaming_sink.state import FileStateStore
 from streaming_sink.frame import build_frame, resolve_tables
 from streaming_sink.job_spec import JobSpec
 from streaming_sink.routing import UnknownTableError

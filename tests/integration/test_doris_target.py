@@ -17,7 +17,7 @@ from typing import Any, Iterator
 import pyarrow as pa
 import pytest
 
-from state import BatchRecord, FileStateStore
+from streaming_sink.state import BatchRecord, FileStateStore
 from streaming_sink.committable import BatchState, TxnRef
 from streaming_sink.recovery import Recovery, ReplayImpossibleError
 from streaming_sink.routing import Router

@@ -26,7 +26,7 @@ def _state_url(kind: str, request, tmp_path) -> str:
     return request.getfixturevalue("redis_server").url
 
 
-# Each protocol point once, the two stores taking turns: both keep one contract (tests/unit/test_state_store.py),
+# Each protocol point once, the two stores taking turns: both keep one contract (tests/integration/test_state_store.py),
 # and every point is also killed on Redis in the StarRocks and Doris matrices.
 POINTS_AND_STORES = [(point, "file" if i % 2 == 0 else "redis") for i, point in enumerate(POINTS)]
 

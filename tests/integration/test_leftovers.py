@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pyarrow as pa
 
-from state import FileStateStore
+from streaming_sink.state import FileStateStore
 from streaming_sink.committable import TxnRef, make_label
 from streaming_sink.recovery import Recovery, apply_recovery, plan_recovery
 from streaming_sink.status import job_status

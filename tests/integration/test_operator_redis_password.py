@@ -16,7 +16,7 @@ from typing import Iterator
 import pytest
 
 from devstack.redis import RedisServer
-from state import BatchRecord, RedisStateStore
+from streaming_sink.state import BatchRecord, RedisStateStore
 from streaming_sink.committable import BatchState, Committable
 
 SECRET = "s3cr3t-pw-Hx7"

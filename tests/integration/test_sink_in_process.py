@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from state import FencedError, FileStateStore
+from streaming_sink.state import FencedError, FileStateStore
 from streaming_sink import ExactlyOnceSink
 from streaming_sink.committable import BatchState
 from streaming_sink.routing import UnknownTableError

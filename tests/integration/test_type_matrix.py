@@ -202,7 +202,7 @@ SPARK_ROWS = [0, 1, 3, 4, 5]  # row 2 holds NULL arrays, maps and structs, which
 def test_spark_types_reach_the_target_as_sent_whatever_the_session_zone(spark_session, tmp_path, product, zone) -> None:
     """The step before the matrix: Spark's types through `ExactlyOnceSink` (Spark to Arrow, writers in the driver
     for ClickHouse and in tasks for StarRocks). A session zone other than UTC must not move a timestamp."""
-    from state import FileStateStore
+    from streaming_sink.state import FileStateStore
     from streaming_sink.sink import ExactlyOnceSink
 
     names = list(SPARK_TYPES)

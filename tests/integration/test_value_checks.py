@@ -1,6 +1,7 @@
 """Values a ClickHouse column would alter silently (wrap, clamp, default, truncate, round) or refuse
 (wedging the batch) go to the dead-letter table with a reason naming the column; the rest arrive
-exactly as sent. Real engine (chdb), the packaged job's frame, one batch through the sink."""
+exactly as sent. Real engine (chdb), embedded (writers in the driver) and over HTTP through the test
+front (writers in Spark tasks); the packaged job's frame, one batch through the sink."""
 from __future__ import annotations
 
 import base64
@@ -10,11 +11,11 @@ import json
 
 import pytest
 
-from devstack.pipeline import open_target
-from state import FileStateStore
+from streaming_sink.state import FileStateStore
 from streaming_sink.frame import build_frame, check_columns, resolve_tables, table_schemas
 from streaming_sink.job_spec import JobSpec
 from streaming_sink.sink import ExactlyOnceSink
+from streaming_sink.targets.clickhouse import ClickHouseTarget
 
 DB = "analytics"
 SCHEMA = "id BIGINT NOT NULL, small INT, day DATE, at TIMESTAMP, code STRING, ratio DOUBLE, note STRING, price DECIMAL(10,3)"
@@ -44,8 +45,9 @@ NOT_UTF8 = b'\xff\xfe{"table": "readings", "id": 11}'
 
 
 @pytest.fixture
-def target(tmp_path):
-    with open_target(tmp_path / "ch", DB) as t:
+def target(clickhouse_url):
+    t = ClickHouseTarget(clickhouse_url, DB)
+    try:
         client = t.client()
         client.command(f"CREATE DATABASE {DB}")
         client.command(
@@ -55,6 +57,8 @@ def target(tmp_path):
         client.command(f"CREATE TABLE {DB}.dead_letters (raw_value Nullable(String), topic String, partition Int32, "
                        "offset Int64, kafka_timestamp DateTime64(6), reason String) ENGINE = MergeTree ORDER BY offset")
         yield t
+    finally:
+        t.close()
 
 
 def run_one_batch(spark, target, tmp_path, target_url: str, schema: str, messages: list[bytes]) -> None:
@@ -75,7 +79,7 @@ def run_one_batch(spark, target, tmp_path, target_url: str, schema: str, message
 
 def test_values_a_column_cannot_hold_are_dead_letters_naming_the_column(spark_session, target, tmp_path):
     messages = [json.dumps(m).encode() for m, _ in CASES] + [NOT_UTF8]
-    run_one_batch(spark_session, target, tmp_path, f"chdb://{tmp_path / 'ch'}", SCHEMA, messages)
+    run_one_batch(spark_session, target, tmp_path, target.url, SCHEMA, messages)
 
     client = target.client()
     loaded = client.query(

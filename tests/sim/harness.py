@@ -26,9 +26,9 @@ from typing import Any, Callable
 
 import pyarrow as pa
 
-from state import FencedError, StateStoreLostError
-from state.base import attempt_epoch
-from state.memory import MemoryStateStore
+from streaming_sink.state import FencedError, StateStoreLostError
+from streaming_sink.state.base import attempt_epoch
+from streaming_sink.state.memory import MemoryStateStore
 from streaming_sink import cli
 from streaming_sink.committable import BatchState
 from streaming_sink.recovery import (

@@ -28,27 +28,12 @@ SERVICE_FIXTURES = {
     "clickhouse_front": "the ClickHouse HTTP front",
 }
 
-#: Files that still start something and are moved to tests/integration once the work in flight on them
-#: is merged (they were being edited when the rule came in). Nothing may be added here.
-NOT_MOVED_YET = frozenset({
-    "test_bench_null_server.py",  # the bench null server (HTTP)
-    "test_protocol_findings.py",  # the StarRocks and Doris emulators
-    "test_recovery.py",  # chdb
-    "test_state_store.py",  # Redis
-})
-
 MOVE_IT = "unit tests start nothing: move this test to tests/integration"
-
-
-def _exempt(request: pytest.FixtureRequest) -> bool:
-    return request.node.path.name in NOT_MOVED_YET
 
 
 def _refusing(name: str, what: str) -> Any:
     @pytest.fixture(name=name)
     def refuse(request: pytest.FixtureRequest) -> Any:
-        if _exempt(request):
-            return request.getfixturevalue(name)  # pytest hands the request on to the fixture this one overrides
         pytest.fail(f"{MOVE_IT} (it asks for `{name}`, which starts {what})", pytrace=False)
 
     return refuse
@@ -59,11 +44,7 @@ for _name, _what in SERVICE_FIXTURES.items():
 
 
 @pytest.fixture(autouse=True)
-def _starts_nothing(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    if _exempt(request):
-        yield
-        return
-
+def _starts_nothing(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     def listen(self: socket.socket, *args: Any) -> None:
         pytest.fail(f"{MOVE_IT} (it opened a listening socket on {self.getsockname()})", pytrace=False)
 

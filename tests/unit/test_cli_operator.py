@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from devstack.ports import free_port
-from state import BatchRecord, FileStateStore
+from streaming_sink.state import BatchRecord, FileStateStore
 from streaming_sink.cli import EXIT_CODES_HELP, ExitCode, build_parser, main
 from streaming_sink.committable import BatchState, Committable, TxnRef
 from streaming_sink.status import human_duration

@@ -6,14 +6,15 @@ import ast
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-PACKAGES = ("streaming_sink", "state")
+#: package name -> its folder in the repository (pyproject's package-dir: state/ installs as streaming_sink.state)
+PACKAGES = {"streaming_sink": ROOT / "streaming_sink", "streaming_sink.state": ROOT / "state"}
 
 
 def modules() -> dict[str, Path]:
     found = {}
-    for package in PACKAGES:
-        for path in (ROOT / package).rglob("*.py"):
-            name = ".".join(path.relative_to(ROOT).with_suffix("").parts)
+    for package, folder in PACKAGES.items():
+        for path in folder.rglob("*.py"):
+            name = ".".join((package, *path.relative_to(folder).with_suffix("").parts))
             found[name.removesuffix(".__init__")] = path
     return found
 
@@ -87,3 +88,17 @@ def test_the_checker_sees_a_cycle_through_a_lazy_import() -> None:
     assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
     source = ROOT / "streaming_sink" / "job.py"
     assert "streaming_sink.intervals" in imports("streaming_sink.job", source, modules())
+
+
+def test_nothing_imports_the_journal_stores_by_their_folder_name() -> None:
+    """`state/` is importable as `state` only from a checkout's root; installed, it is `streaming_sink.state`.
+    An `import state` would work in the repository's tests and fail for users (or load a second copy)."""
+    offenders = []
+    for path in ROOT.rglob("*.py"):
+        if path.relative_to(ROOT).parts[0] in (".venv", "data", "build"):
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else (
+                [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level else [])
+            offenders += [f"{path.relative_to(ROOT)}: {name}" for name in names if name.split(".")[0] == "state"]
+    assert offenders == []

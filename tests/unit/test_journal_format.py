@@ -14,8 +14,8 @@ from typing import Any
 import pyarrow as pa
 import pytest
 
-from state import BatchRecord, FileStateStore, MemoryStateStore
-from state.base import decode_owner
+from streaming_sink.state import BatchRecord, FileStateStore, MemoryStateStore
+from streaming_sink.state.base import decode_owner
 from streaming_sink.committable import JOURNAL_FORMAT, BatchState, Committable, JournalFormatError, TxnRef
 from streaming_sink.recovery import Recovery
 from streaming_sink.routing import Router

@@ -11,7 +11,7 @@ from typing import Any
 import pyarrow as pa
 import pytest
 
-from state import MemoryStateStore, StateStore
+from streaming_sink.state import MemoryStateStore, StateStore
 from streaming_sink.committable import BatchState, TxnRef
 from streaming_sink.routing import Router
 from streaming_sink.sink import ExactlyOnceSink

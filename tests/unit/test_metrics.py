@@ -7,7 +7,7 @@ import uuid
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from state import BatchRecord, MemoryStateStore
+from streaming_sink.state import BatchRecord, MemoryStateStore
 from streaming_sink.committable import BatchState, Committable
 from streaming_sink.metrics import BatchMetrics, progress_listener
 from streaming_sink.sink import BatchReport

@@ -11,7 +11,7 @@ from typing import Any, Iterator
 from prometheus_client.parser import text_string_to_metric_families
 from ruamel.yaml import YAML
 
-from state import MemoryStateStore
+from streaming_sink.state import MemoryStateStore
 from streaming_sink.metrics import BatchMetrics
 from streaming_sink.sink import BatchReport
 from streaming_sink.targets.starrocks import StarRocksTarget

@@ -10,11 +10,11 @@ from dataclasses import dataclass
 
 import pyarrow as pa
 
-from state import FileStateStore
+from streaming_sink.state import FileStateStore
 from streaming_sink.execution import task_writer
 from streaming_sink.routing import Router
 from streaming_sink.writer import PartitionResult, WriteContext
-from tests.unit.test_protocol_findings import RecordingTarget
+from tests.recording_target import RecordingTarget
 
 
 @dataclass

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pyarrow as pa
 
-from state import MemoryStateStore
+from streaming_sink.state import MemoryStateStore
 from streaming_sink.committable import TxnRef
 from streaming_sink.routing import Router
 from streaming_sink.targets.base import CommitOutcome, NewRef, PreparedPart, RecordIntent, TableTransaction, Target

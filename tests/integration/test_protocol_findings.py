@@ -11,15 +11,15 @@ from typing import Any, Iterator
 import pyarrow as pa
 import pytest
 
-from state import BatchRecord, FencedError, MemoryStateStore, StateStoreLostError
+from streaming_sink.state import BatchRecord, FencedError, MemoryStateStore, StateStoreLostError
 from streaming_sink.committable import BatchState, TxnRef
 from streaming_sink.recovery import OperatorActionRefused, Recovery, ReplayAmbiguousError, abort_batch
 from streaming_sink.routing import Router
 from streaming_sink.sink import ExactlyOnceSink
-from streaming_sink.targets.base import CommitOutcome
 from streaming_sink.targets.starrocks import StarRocksTarget
 from streaming_sink.writer import PartitionResult, PartitionWriter, WriteContext
 from tests.emulators.starrocks import StarRocksEmulator
+from tests.recording_target import RecordingTarget
 
 DB, TABLE, JOB, QUERY = "db", "t", "job", "query-1"
 ROWS_PER_PARTITION = 100
@@ -234,25 +234,6 @@ def test_accept_empty_state_starts_a_deliberately_fresh_store_but_not_a_partly_r
 # -- R4: fencing covers target actions --------------------------------------------------------
 
 
-class RecordingTarget:
-    """Records commits and aborts; commits always succeed."""
-
-    kind, database, commit_parallelism = "recording", DB, 4
-
-    def __init__(self, on_commit: Any = None) -> None:
-        self.calls: list[tuple[str, str]] = []
-        self.on_commit = on_commit
-
-    def commit(self, committable: Any) -> CommitOutcome:
-        self.calls.append(("commit", committable.label))
-        if self.on_commit:
-            self.on_commit()
-        return CommitOutcome.COMMITTED
-
-    def abort(self, ref: TxnRef) -> None:
-        self.calls.append(("abort", ref.label))
-
-
 def test_a_fenced_driver_aborts_nothing_of_the_newer_driver() -> None:
     store, target = MemoryStateStore(), RecordingTarget()
     old = Recovery(target, store, JOB, store.take_epoch(JOB, "a"))
@@ -378,7 +359,7 @@ def test_the_operator_settles_an_ambiguous_label_and_the_job_resumes_exactly(sr)
 
 
 def test_a_file_store_with_writers_on_a_cluster_is_refused_before_any_data_moves(sr, tmp_path) -> None:
-    from state import FileStateStore
+    from streaming_sink.state import FileStateStore
     from streaming_sink.targets.base import ConfigurationError
 
     sink = ExactlyOnceSink(target_of(sr), FileStateStore(tmp_path / "state"), JOB, table=TABLE, runner=InMemoryRunner())

@@ -10,7 +10,7 @@ import threading
 import pyarrow as pa
 import pytest
 
-from state import BatchRecord, FileStateStore, MemoryStateStore
+from streaming_sink.state import BatchRecord, FileStateStore, MemoryStateStore
 from streaming_sink.committable import BatchState, Committable, TxnRef
 from streaming_sink.recovery import (
     OperatorActionRefused, Recovery, ReplayImpossibleError, TargetMismatchError, _ProgressMarks, abort_batch,

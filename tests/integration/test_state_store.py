@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from state import (
+from streaming_sink.state import (
     BatchRecord, BatchSealedError, FencedError, FileStateStore, MemoryStateStore, RedisStateStore, StateStoreLostError,
     open_store,
 )
@@ -201,7 +201,7 @@ def test_redis_restart_keeps_state(redis_server):
 
 _WRITER = r"""
 import sys
-from state import FileStateStore, BatchRecord
+from streaming_sink.state import FileStateStore, BatchRecord
 from streaming_sink.committable import BatchState, Committable
 store = FileStateStore(sys.argv[1])
 epoch = store.take_epoch("job", "w")
@@ -273,8 +273,8 @@ def test_redis_url_is_redacted_but_still_connects(tmp_path):
     import pickle
 
     from devstack.redis import RedisServer
-    from state import StateStoreError
-    from state.redis import redact_url
+    from streaming_sink.state import StateStoreError
+    from streaming_sink.state.redis import redact_url
 
     assert redact_url("rediss://user:pw@h:6380/2") == "rediss://***@h:6380/2"
     assert redact_url("redis://h:6379/0?password=pw&db=1") == "redis://h:6379/0?password=***&db=1"
