@@ -169,11 +169,8 @@ class DorisTarget(StreamLoadTarget):
 
     options_class = DorisOptions
     common_names = COMMON_NAMES
-
-    def http_settings(self) -> dict[str, Any]:
-        o = self.options
-        return dict(connect_timeout=o.connect_timeout_s, read_timeout=o.request_timeout_s, retries=o.retries,
-                    backoff_s=o.backoff_s)
+    http_options = dict(connect_timeout="connect_timeout_s", read_timeout="request_timeout_s", retries="retries",
+                        backoff_s="backoff_s")
 
     def _started(self) -> None:
         self._label_2pc: bool | None = self.options.abort_by_label

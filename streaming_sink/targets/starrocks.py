@@ -146,11 +146,8 @@ class StarRocksTarget(StreamLoadTarget):
 
     options_class = StarRocksOptions
     common_names = COMMON_NAMES
-
-    def http_settings(self) -> dict[str, Any]:
-        o = self.options
-        return dict(connect_timeout=o.connect_timeout, read_timeout=o.read_timeout, retries=o.http_retries,
-                    backoff_s=o.backoff_s, backoff_max_s=o.backoff_max_s)
+    http_options = dict(connect_timeout="connect_timeout", read_timeout="read_timeout", retries="http_retries",
+                        backoff_s="backoff_s", backoff_max_s="backoff_max_s")
 
     # -- Target protocol -------------------------------------------------------------------------
 

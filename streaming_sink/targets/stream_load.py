@@ -40,12 +40,13 @@ class SharedOptions:
 class StreamLoadTarget(Target):
     """A target whose FE answers at `http` and whose loads use `options.wire_format()`.
 
-    Subclasses name their options class and its older option names, say how the options map onto
-    the HTTP client (`http_settings`), and set up their own state in `_started`.
+    Subclasses name their options class and its older option names, say which of their options set
+    the HTTP client (`http_options`), and set up their own state in `_started`.
     """
 
     options_class: Any  # a SharedOptions dataclass with a `parse(options)` classmethod
     common_names: Mapping[str, str] = {}  # shared option names -> this target's older ones
+    http_options: Mapping[str, str] = {}  # HttpClient keyword (timeouts, retries, backoff) -> this target's option
 
     def __init__(
         self, fe_url: str = "http://127.0.0.1:8030", database: str = "db", user: str = "root", password: str = "",
@@ -70,7 +71,7 @@ class StreamLoadTarget(Target):
 
     def http_settings(self) -> dict[str, Any]:
         """The HTTP client's timeouts, retries and backoff, from this target's options."""
-        raise NotImplementedError
+        return {setting: getattr(self.options, option) for setting, option in self.http_options.items()}
 
     def _started(self) -> None:
         """Per-target state, once the options and the client exist."""
