@@ -9,6 +9,8 @@ rows (the replay checksum depends on it).
 """
 from __future__ import annotations
 
+from typing import Callable
+
 from .job_spec import JobSpec
 from .metrics import OBSERVED_NAME
 from .routing import struct_column_for
@@ -20,8 +22,11 @@ _BAD_COLUMN = "__streaming_sink_bad"  # only between build_frame's select and it
 DEAD_LETTER_COLUMNS = "raw_value STRING, topic STRING, partition INT, offset BIGINT, kafka_timestamp TIMESTAMP, reason STRING"
 
 
-def resolve_tables(spec: JobSpec, target_tables: set[str] | None) -> dict[str, str]:
-    """Table -> schema, checked against what the target has, before anything is read."""
+def resolve_tables(
+    spec: JobSpec, target_tables: set[str] | None, refusal: Callable[[str], str | None] = lambda table: None
+) -> dict[str, str]:
+    """Table -> schema, checked against what the target has, before anything is read. A table the target
+    has but will not load (`Target.refusal`: its engine, say) is refused with the target's reason."""
     if spec.tables is not None:
         tables = dict(spec.tables)
     else:
@@ -36,6 +41,9 @@ def resolve_tables(spec: JobSpec, target_tables: set[str] | None) -> dict[str, s
     tables = dict(sorted(tables.items()))
     if target_tables is not None:
         missing = sorted((set(tables) | ({spec.dead_letter_table} if spec.dead_letter_table else set())) - target_tables)
+        reasons = [why for why in map(refusal, missing) if why]
+        if reasons:
+            raise ConfigurationError("; ".join(reasons))
         if missing:
             raise ConfigurationError(
                 f"table(s) {missing} do not exist in the target database {spec.database!r} (or are not loadable there); "

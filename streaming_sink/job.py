@@ -80,7 +80,7 @@ def run(spec: JobSpec) -> None:
             sink.target.create_table(table, schema)
     # configuration, connectivity, tables, columns and fencing all fail here, before Spark reads anything
     sink.start()
-    tables = resolve_tables(spec, sink.known_tables)
+    tables = resolve_tables(spec, sink.known_tables, sink.target.refusal)
     columns = check_columns(sink.target, table_schemas(spec, tables))
     reader = spark.readStream.format("kafka").options(**source.reader_options())
     frame = build_frame(reader.load(), spec, tables, columns)

@@ -120,6 +120,11 @@ class Target(ABC):
     def check_schema(self, table: str, schema: pa.Schema) -> None:
         """Refuse, before any data moves, rows of `schema` this target could not send to `table`."""
 
+    def refusal(self, table: str) -> str | None:
+        """Why the sink cannot load `table` exactly once (its engine, say), where the target can tell; None otherwise.
+        The job names it when a table it was given is not among `routable_tables`."""
+        return None
+
     def expiry_limits(self) -> list[ExpiryLimit]:
         """What the server forgets that recovery depends on, and when. For `doctor`."""
         return []

@@ -240,11 +240,14 @@ class ClickHouseTarget(Target):
         its tables before Spark reads anything) and `begin` (before any intent), not for every table of
         the database in `routable_tables`, so a view on a table the job never writes stops nothing.
         """
-        if table not in self._refusals:
-            self._refusals[table] = self._refusal(table)
-        why = self._refusals[table]
+        why = self.refusal(table)
         if why:
             raise ConfigurationError(why)
+
+    def refusal(self, table: str) -> str | None:
+        if table not in self._refusals:
+            self._refusals[table] = self._refusal(table)
+        return self._refusals[table]
 
     def expiry_limits(self) -> list[ExpiryLimit]:
         """Nothing expires, unless the ledger was made by an older version (as found by `routable_tables`);
