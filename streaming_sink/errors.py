@@ -13,7 +13,7 @@
     ├── InvariantBreach (RuntimeError)       a protocol invariant does not hold; the batch is refused:
     │                                        BatchDoesNotAddUpError, ReplayAlignmentError, ReplayLostAgainError
     ├── UnknownTableError (ValueError)       a row names a table the target does not have (routing.py)
-    └── EncodingError (ValueError)           a value the wire format cannot carry (encoding.py)
+    └── EncodingError (ValueError)           a value the wire format cannot carry (targets/encoding.py)
 
 The builtin second bases keep `except ValueError` / `except RuntimeError` callers working.
 """

@@ -45,7 +45,7 @@ from urllib.parse import urlparse
 
 import pyarrow as pa
 
-from ..encoding import EncodingError
+from .encoding import EncodingError
 from ..committable import Committable, TxnRef
 from ..crash import crash_point
 from .base import (

@@ -32,7 +32,7 @@ from typing import Any, Iterable, Mapping
 import pyarrow as pa
 
 from ..committable import Committable, TxnRef
-from ..encoding import (
+from .encoding import (
     ArrowFormat, CsvFormat, JsonFormat, WireFormat, columns_header, encode_chunks, header_safe,
 )
 from ..http import AuthenticationError, HttpError, HttpResponse, api_path, excerpt

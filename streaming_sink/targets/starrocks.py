@@ -28,7 +28,7 @@ from typing import Any
 import pyarrow as pa
 
 from ..committable import Committable, TxnRef
-from ..encoding import (
+from .encoding import (
     DEFAULT_CHUNK_BYTES, CsvFormat, JsonFormat, WireFormat, columns_header, encode_chunks, header_safe,
 )
 from ..http import AuthenticationError, HttpConnectionError, HttpError, HttpResponse, api_path

@@ -10,7 +10,7 @@ from typing import Any, Mapping
 
 import pyarrow as pa
 
-from ..encoding import EncodingError, check_header_names
+from .encoding import EncodingError, check_header_names
 from ..errors import ConfigurationError
 from ..http import HttpClient
 from .base import Target, own_names

@@ -19,7 +19,7 @@ import pyarrow as pa
 import pytest
 
 from streaming_sink.committable import TxnRef
-from streaming_sink.encoding import EncodingError
+from streaming_sink.targets.encoding import EncodingError
 from streaming_sink.targets.base import CommitOutcome, Target
 from streaming_sink.targets.clickhouse import ClickHouseTarget
 from streaming_sink.targets.doris import DorisTarget

@@ -15,7 +15,7 @@ import random
 import pyarrow as pa
 import pytest
 
-from streaming_sink.encoding import (
+from streaming_sink.targets.encoding import (
     ArrowFormat, CsvFormat, EncodingError, JsonFormat, check_header_names, columns_header, encode_arrow, encode_chunks, encode_csv,
     encode_json, header_safe,
 )

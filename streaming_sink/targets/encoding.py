@@ -39,7 +39,7 @@ from typing import Callable, Iterator, Union
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from .errors import StreamingSinkError
+from ..errors import StreamingSinkError
 
 Tabular = Union[pa.Table, pa.RecordBatch]
 
