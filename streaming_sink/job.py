@@ -13,17 +13,20 @@ import argparse
 import logging
 import sys
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from .state import open_store
 
 from .frame import ROUTE_COLUMN, build_frame, check_columns, resolve_tables, spark_schema, table_schemas
 from .intervals import parse_interval
 from .job_spec import JobSpec
-from .kafka_source import probe
+from .kafka_source import KafkaSource, probe
 from .metrics import BatchMetrics, progress_listener
 from .sink import ExactlyOnceSink
 from .targets import ConfigurationError, target_from_url
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
 
 
 def build_sink(spec: JobSpec) -> ExactlyOnceSink:
@@ -67,6 +70,7 @@ def trigger_interval_s(trigger: str) -> float | None:
 
 
 def run(spec: JobSpec) -> None:
+    """Run the job until its query ends; the target and the state store are closed however it ends."""
     from .spark_session import build_session
 
     spark = build_session(f"streaming-sink:{spec.job_id}", spec.spark_conf)
@@ -75,6 +79,15 @@ def run(spec: JobSpec) -> None:
     source = spec.kafka_source()
     logging.getLogger("streaming_sink").info("kafka: %s", probe(spark, source))
     sink = build_sink(spec)
+    try:
+        _stream(spark, spec, source, sink)
+    finally:  # an embedded engine holds its path for the whole process until its target is closed
+        sink.target.close()
+        sink.state.close()
+
+
+def _stream(spark: SparkSession, spec: JobSpec, source: KafkaSource, sink: ExactlyOnceSink) -> None:
+    """Check the tables, then run the query to its end."""
     if spec.create_tables and spec.tables is not None:
         for table, schema in table_schemas(spec, spec.tables).items():
             sink.target.create_table(table, schema)

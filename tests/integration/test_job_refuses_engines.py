@@ -28,3 +28,6 @@ def test_a_table_of_an_engine_the_sink_cannot_commit_stops_the_job_naming_the_en
         run(spec)
     assert "orders" not in str(refused.value)  # the loadable table is not blamed
     assert not (tmp_path / "ckpt").exists() or not any((tmp_path / "ckpt").rglob("offsets/*"))  # nothing was read
+    # the refused job let go of the embedded engine: this process can open another path (one at a time)
+    with open_target(tmp_path / "other", DB) as other:
+        assert other.client().command("SELECT 1") == 1
