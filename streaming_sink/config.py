@@ -112,6 +112,7 @@ def resolve_config(data: dict[str, Any], base_dir: Path) -> JobSpec:
         trigger=interval if interval_s is None else f"{interval_s} seconds",
         flush_bytes=_size(sink.flush_bytes, "sink.flush_bytes"),
         accept_empty_state=sink.accept_empty_state,
+        driver_fetch=sink.driver_fetch,
         target_options=options,
         create_tables=create_tables,
         metrics_port=sink.metrics_port,

@@ -70,6 +70,9 @@ class Sink(_Section):
     metrics_port: Union[Port, None] = None
     metrics_host: str = "127.0.0.1"
     accept_empty_state: bool = False
+    driver_fetch: Annotated[Literal["stream", "partitions"], msgspec.Meta(
+        description='embedded ClickHouse: "stream" computes every partition at once (faster, the driver JVM may hold '
+                    'the whole batch); "partitions" one at a time (two held)')] = "stream"
 
 
 class Spark(_Section):

@@ -13,11 +13,19 @@ bounds the JVM to two partitions instead: one Spark job per partition over Arrow
 (`toLocalIterator`, the next partition computed while the driver writes this one), at about half
 the speed. Rows never become Python objects either way.
 
-A writer partition is identified by its content, not by Spark's partition number: a re-run batch
-can number its input partitions differently (the Kafka source orders topic-partitions by how it
-learned the offsets: from the broker on the first run, from the offset log on a re-run). So a
+In the driver, one writer takes every partition of the batch (writer partition `WHOLE_BATCH`): one
+transaction per table and batch, not one per table and Spark partition, so an embedded ClickHouse
+batch of two tables makes two staging tables and two commits whatever the number of partitions.
+Its checksum digests each Spark partition's batches in order and combines the partitions' digests
+sorted, so neither the order in which partitions finish nor their numbers change it, and a replay
+needs no matching: the re-run's one writer must produce the prepared checksum, or the sink stops.
+
+A task's writer partition is identified by its content, not by Spark's partition number: a re-run
+batch can number its input partitions differently (the Kafka source orders topic-partitions by how
+it learned the offsets: from the broker on the first run, from the offset log on a re-run). So a
 replay first digests every partition and writes each under the number of the prepared partition
-with the same checksum (`_replay_identity`).
+with the same checksum (`_replay_identity`). The same holds in the driver for a batch prepared one
+writer per partition (by a version before the whole-batch writer), replayed that way.
 """
 from __future__ import annotations
 
@@ -27,7 +35,7 @@ import pyarrow as pa
 
 from .state import StateStore
 
-from .errors import InvariantBreach
+from .errors import ConfigurationError, InvariantBreach
 from .routing import Router
 from .targets.base import Target
 from .writer import ContentChecksum, PartitionResult, PartitionWriter, WriteContext
@@ -40,6 +48,8 @@ Identity = dict[int, int]  # Spark partition number -> writer partition number
 
 
 DRIVER_FETCHES = ("stream", "partitions")
+#: The writer partition of the driver's one writer (in its labels and the batch record's checksums).
+WHOLE_BATCH = 0
 
 
 class SparkWriterRunner:
@@ -51,19 +61,20 @@ class SparkWriterRunner:
 
     def __init__(self, driver_fetch: str = "stream") -> None:
         if driver_fetch not in DRIVER_FETCHES:
-            raise ValueError(f"driver_fetch {driver_fetch!r}: one of {', '.join(DRIVER_FETCHES)}")
+            raise ConfigurationError(f"driver_fetch {driver_fetch!r}: one of {', '.join(DRIVER_FETCHES)}")
         self.driver_fetch = driver_fetch
 
     def run(
         self, df: "DataFrame", target: Target, router: Router, context: WriteContext, store: StateStore
     ) -> list[PartitionResult]:
         if target.runs_writers_in_driver:
-            # the replay matches partitions by checksums digested from the very batches the writers see
             stream = self.driver_fetch == "stream" and _can_stream(df)
+            fetch = _arrow_stream if stream else _ipc_partitions
+            if not _prepared_per_partition(context, store):
+                return _write_in_driver(fetch(df), target, router, context, store)
+            # the replay matches partitions by checksums digested from the very batches the writers see
             identity = _replay_identity(df, context, store, _stream_digests if stream else _task_digests)
-            if stream:
-                return _write_in_driver(_arrow_stream(df), target, router, context, store, identity)
-            return _write_in_driver(_ipc_partitions(df), target, router, context, store, identity)
+            return _write_per_partition(fetch(df), target, router, context, store, identity)
         identity = _replay_identity(df, context, store, _task_digests)
         return _write_in_tasks(df, target, router, context, store, identity)
 
@@ -223,7 +234,41 @@ def _ipc_partitions(df: "DataFrame") -> Iterator[tuple[int, pa.RecordBatch]]:
                 yield row["partition"], batch
 
 
+def _prepared_per_partition(context: WriteContext, store: StateStore) -> bool:
+    """A replay of a batch whose record has writer partitions other than `WHOLE_BATCH`: prepared one writer per
+    Spark partition, so replayed that way (one partition alone reads the same either way: its own digest)."""
+    if context.replay is None:
+        return False
+    record = store.get_batch(context.job_id, context.query_id, context.batch_id)
+    return record is not None and any(int(partition) != WHOLE_BATCH for partition in record.checksums)
+
+
 def _write_in_driver(
+    batches: Iterable[tuple[int, pa.RecordBatch]], target: Target, router: Router, context: WriteContext,
+    store: StateStore,
+) -> list[PartitionResult]:
+    """One writer over every (partition, batch) pair of the batch, in any order: one transaction per table."""
+    writer = PartitionWriter(context, target, router, store, WHOLE_BATCH)
+    try:
+        for partition, batch in batches:
+            writer.add(batch, source=partition)
+        result = writer.finish()
+    except BaseException:
+        writer.abort()
+        raise
+    finally:
+        _hang_up(batches)
+    return [result] if result.rows else []
+
+
+def _hang_up(batches: Iterable[tuple[int, pa.RecordBatch]]) -> None:
+    """A stream left early hangs up on Spark instead of waiting to be collected."""
+    close = getattr(batches, "close", None)
+    if close is not None:
+        close()
+
+
+def _write_per_partition(
     batches: Iterable[tuple[int, pa.RecordBatch]], target: Target, router: Router, context: WriteContext,
     store: StateStore, identity: Identity | None,
 ) -> list[PartitionResult]:
@@ -251,9 +296,7 @@ def _write_in_driver(
             writer.abort()
         raise
     finally:
-        close = getattr(batches, "close", None)
-        if close is not None:
-            close()  # a stream left early hangs up on Spark instead of waiting to be collected
+        _hang_up(batches)
     return _one_per_partition(results)
 
 

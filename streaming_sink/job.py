@@ -19,6 +19,7 @@ from .state import open_store
 
 from .frame import ROUTE_COLUMN, build_frame, check_columns, resolve_tables, spark_schema, table_schemas
 from .intervals import parse_interval
+from .execution import SparkWriterRunner
 from .job_spec import JobSpec
 from .kafka_source import KafkaSource, probe
 from .metrics import BatchMetrics, progress_listener
@@ -51,6 +52,7 @@ def build_sink(spec: JobSpec) -> ExactlyOnceSink:
         listeners=listeners,
         checkpoint_location=spec.checkpoint,
         accept_empty_state=spec.accept_empty_state,
+        runner=SparkWriterRunner(spec.driver_fetch),
     )
 
 

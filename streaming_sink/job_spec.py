@@ -41,6 +41,7 @@ class JobSpec:
     trigger: str = "available-now"  # or a processing-time interval such as "5 seconds"
     flush_bytes: int = 64 * 1024 * 1024
     accept_empty_state: bool = False  # start once on a deliberately emptied state store (see the runbook)
+    driver_fetch: str = "stream"  # writers in the driver (chdb): how the batch reaches them (execution.DRIVER_FETCHES)
     create_tables: bool = False  # create missing tables from the schemas (embedded ClickHouse only)
     metrics_port: int | None = None  # serve per-batch figures as Prometheus text on this port
     metrics_host: str = "127.0.0.1"  # the address the metrics endpoint binds ("0.0.0.0": every interface)

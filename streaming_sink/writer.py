@@ -83,24 +83,40 @@ class PartitionResult:
 
 
 class ContentChecksum:
-    """Order-sensitive digest of a partition's Arrow batches as Spark delivers them.
+    """Digest of a writer's Arrow batches: order-sensitive within each source (Spark) partition, not across them.
 
     Spark re-runs a batch with the same offsets, so a replayed Kafka partition delivers the same
     rows in the same order; a different digest means the source did not replay the same data.
+    The driver's one writer takes every partition of a batch, in the order they finish and under
+    numbers a re-run may change: so each source's digest is kept apart and several are combined
+    sorted. One source's checksum is its own digest (a task's writer has one source).
     """
 
     def __init__(self) -> None:
-        self._digest = hashlib.sha256()
+        self._digests: dict[int, "hashlib._Hash"] = {}
         self.rows = 0
 
-    def update(self, batch: pa.RecordBatch) -> None:
+    @property
+    def sources(self) -> int:
+        """Source partitions that delivered rows."""
+        return len(self._digests)
+
+    def update(self, batch: pa.RecordBatch, source: int = 0) -> None:
         if batch.num_rows == 0:
             return  # no content; and the driver-side path never sees empty batches
-        self._digest.update(batch.serialize())
+        digest = self._digests.get(source)
+        if digest is None:
+            digest = self._digests[source] = hashlib.sha256()
+        digest.update(batch.serialize())
         self.rows += batch.num_rows
 
     def hexdigest(self) -> str:
-        return f"{self.rows}:{self._digest.hexdigest()[:32]}"
+        digests = sorted(d.hexdigest() for d in self._digests.values())
+        if len(digests) == 1:
+            combined = digests[0]
+        else:
+            combined = hashlib.sha256("".join(digests).encode()).hexdigest()
+        return f"{self.rows}:{combined[:32]}"
 
 
 class PartitionWriter:
@@ -125,8 +141,9 @@ class PartitionWriter:
         self._written: dict[str, list[tuple[int, int]]] = {}  # per table: (flush number, rows) of each write
         self._unconfirmed: list[TxnRef] = []  # intents recorded whose begin has not been confirmed yet
 
-    def add(self, batch: pa.RecordBatch) -> None:
-        self._checksum.update(batch)
+    def add(self, batch: pa.RecordBatch, source: int = 0) -> None:
+        """`source`: the Spark partition the batch came from, when one writer takes several (the driver's)."""
+        self._checksum.update(batch, source)
         for table, rows in self._router.split(batch):
             if rows.num_rows == 0:
                 continue
@@ -163,7 +180,9 @@ class PartitionWriter:
         for table in sorted(self._transactions):
             parts = self._transactions[table].prepare()
             written = self._written.get(table, [])
-            one_per_flush = len(parts) == len(written)  # only then can a replay tell committed flushes apart
+            # Only then can a replay tell committed flushes apart; and only with one source: the flushes of a
+            # writer that takes several partitions fall where their arrival order put them, which a re-run changes.
+            one_per_flush = len(parts) == len(written) and self._checksum.sources <= 1
             for index, part in enumerate(parts):
                 flush, rows = written[index] if one_per_flush else (None, None)
                 # the target's counts of rejected rows arrive in `extra`; the journal holds them typed

@@ -68,6 +68,7 @@ _STATE_COLUMN = f"state String DEFAULT '{COMMITTED}'"
 # make_label's shape: "ss_", sanitised parts joined by "_", then "_" and 12 hex digits of a hash.
 _LABEL_SHAPE = re.compile(r"ss_\w*_[0-9a-f]{12}", re.ASCII)
 _MOVABLE_ENGINE_SUFFIX = "MergeTree"
+_CANNOT_ORDER_BY = 44  # ILLEGAL_COLUMN: a column type ORDER BY cannot compare (AggregateFunction, ...)
 _CHDB_CLIENTS: dict[str, Any] = {}  # one embedded engine per path per process
 _CHDB_LOCK = threading.Lock()
 
@@ -585,10 +586,14 @@ class ClickHouseTarget(Target):
                 f"{setting} is 0, so a repeated INSERT is not deduplicated (ALTER TABLE {quote(entry.database)}."
                 f"{quote(entry.name)} MODIFY SETTING {setting} = 10000)"
             )
+        from clickhouse_connect.driver.exceptions import DatabaseError
+
         columns = ", ".join(quote(name) for name in self._insertable_columns(entry.name))
         try:
             self.client().query(f"SELECT {columns} FROM {self._table(entry.name)} ORDER BY {columns} LIMIT 0")
-        except Exception as error:  # e.g. AggregateFunction columns
+        except DatabaseError as error:
+            if getattr(error, "code", None) != _CANNOT_ORDER_BY:
+                raise  # a lost connection or a failing server says nothing about the table: repeated, or stops loudly
             problems.append(f"its rows cannot be put in a total order, which repeatable INSERT blocks need ({error})")
         seen: set[tuple[str, str]] = set()
         pending = list(entry.feeds)

@@ -1,10 +1,13 @@
 """A ClickHouse HTTP server in front of the real engine (chdb), for tests of the HTTP path.
 
 It speaks the part of ClickHouse's HTTP interface that clickhouse-connect uses, and hands every
-statement, as bytes, to the embedded engine: the engine parses it (inline INSERT data included),
-checks settings and parameters, and writes the output format the client asked for, so the bytes
-and the errors are the engine's own. What the front does itself is the HTTP layer, as ClickHouse's
-HTTP handler does it (src/Server/HTTPHandler.cpp, docs https://clickhouse.com/docs/interfaces/http):
+statement, as bytes, to the embedded engine: the engine parses it, checks settings and parameters,
+reads an INSERT's data in its format and writes the output format the client asked for, so the bytes
+and the errors are the engine's own. An INSERT's data (what follows `FORMAT <name>`) goes to the
+engine as a stream (chdb's streaming insert), as a server reads the body, never as query text:
+chdb ends inline data at the first blank line, which any Arrow body may hold. What the front does
+itself is the HTTP layer, as ClickHouse's HTTP handler does it (src/Server/HTTPHandler.cpp, docs
+https://clickhouse.com/docs/interfaces/http):
 
 * the statement is the `query` URL parameter, a line break, then the (decompressed) body; with
   `multipart/form-data` it is the `query` form field (text fields only: no external tables);
@@ -59,6 +62,7 @@ import json
 import lzma
 import re
 import socket
+import ssl
 import threading
 import time
 import uuid
@@ -105,7 +109,7 @@ _NAME_RE = re.compile(r"\(([A-Z][A-Z0-9_]+)\)\s*$")
 # A trailing `FORMAT name` (maybe followed by SETTINGS) names the output format of a query.
 _TRAILING_FORMAT_RE = re.compile(r"\bFORMAT\s+([A-Za-z][A-Za-z0-9_]*)\s*(?:SETTINGS\b[^;]*)?;?\s*$", re.IGNORECASE | re.DOTALL)
 # The statement part of an INSERT with inline data: up to its format name.
-_INSERT_HEAD_RE = re.compile(rb"^\s*INSERT\b.*?\bFORMAT\s+[A-Za-z][A-Za-z0-9_]*", re.IGNORECASE | re.DOTALL)
+_INSERT_HEAD_RE = re.compile(rb"^\s*(?P<insert>INSERT\b.*?)\s+FORMAT\s+(?P<format>[A-Za-z][A-Za-z0-9_]*)", re.IGNORECASE | re.DOTALL)
 _LEADING_NOISE_RE = re.compile(r"^(?:\s+|--[^\n]*\n?|/\*.*?\*/|\()*", re.DOTALL)
 _RESULT_KEYWORDS = frozenset({"SELECT", "WITH", "SHOW", "DESC", "DESCRIBE", "EXISTS", "EXPLAIN", "CHECK"})
 _CONTENT_TYPES = (
@@ -380,6 +384,9 @@ class Engine:
             self._use(database)
             self._apply(settings)
             started = time.monotonic()
+            insert = None if params else inline_insert(sql)
+            if insert is not None:
+                return self._stream_insert(*insert, started)
             result = self._raw(sql, fmt, params)
             outcome = Outcome(
                 body=result.bytes() or b"", read_rows=result.rows_read(), read_bytes=result.bytes_read(),
@@ -388,6 +395,17 @@ class Engine:
             if after is not None:
                 after(self)
             return outcome
+
+    def _stream_insert(self, statement: str, fmt: str, data: bytes, started: float) -> Outcome:
+        """An INSERT whose data is streamed in its format, as a server reads the request body (under the lock)."""
+        try:
+            with self._session.send_insert(statement, fmt) as inserter:
+                inserter.append(data)
+                result = inserter.finish()
+        except Exception as error:  # chdb's RuntimeError, carrying ClickHouse's message
+            raise ClickHouseError.from_engine(error) from None
+        return Outcome(b"", written_rows=result.rows_written, written_bytes=result.bytes_written,
+                       elapsed_s=time.monotonic() - started)
 
     def after_use(self) -> str:
         """The engine's database after a USE statement (called under the lock)."""
@@ -477,11 +495,14 @@ class ClickHouseFront:
 
     `password`: if given, the user `default` must present it (HTTP Basic or `user`/`password`
     parameters or X-ClickHouse-User/Key headers); otherwise any credentials are accepted.
+    `tls`: (certificate chain file, key file): serve HTTPS (ClickHouse's `https_port`) instead of HTTP.
     """
 
-    def __init__(self, path: str | Path, password: str | None = None, display_name: str = "clickhouse-front") -> None:
+    def __init__(self, path: str | Path, password: str | None = None, display_name: str = "clickhouse-front",
+                 tls: tuple[str, str] | None = None) -> None:
         self.path = str(path)
         self.password = password
+        self.tls = tls
         self.display_name = display_name
         self.faults = Faults()
         self.sessions = _Sessions()
@@ -505,6 +526,12 @@ class ClickHouseFront:
         # 127.0.0.1 serves every loopback address's clients: the cluster's executors on 127.0.0.2/.3 connect to it
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self._server.daemon_threads = True
+        if self.tls is not None:
+            context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+            context.load_cert_chain(*self.tls)
+            # the handshake happens in the connection's own thread, on its first read: a client that never
+            # completes one holds only its thread, never the accepting one
+            self._server.socket = context.wrap_socket(self._server.socket, server_side=True, do_handshake_on_connect=False)
         self._thread = threading.Thread(target=self._server.serve_forever, name=f"clickhouse-front:{self.port}", daemon=True)
         self._thread.start()
         return self
@@ -536,13 +563,13 @@ class ClickHouseFront:
 
     @property
     def url(self) -> str:
-        """The address as the target's transport takes it (`http://127.0.0.1:port`)."""
-        return f"http://{self.host}:{self.port}"
+        """The address as the target's transport takes it (`http://127.0.0.1:port`, or `https://…` with `tls`)."""
+        return f"{'https' if self.tls else 'http'}://{self.host}:{self.port}"
 
     @property
     def target_url(self) -> str:
-        """The address as a job's `target.url` names it (`clickhouse://127.0.0.1:port`)."""
-        return f"clickhouse://{self.host}:{self.port}"
+        """The address as a job's `target.url` names it (`clickhouse://127.0.0.1:port`, or `clickhouses://…` with `tls`)."""
+        return f"{'clickhouses' if self.tls else 'clickhouse'}://{self.host}:{self.port}"
 
     @property
     def engine(self) -> Engine:
@@ -715,6 +742,20 @@ class _StatusError(ClickHouseError):
         return self._status
 
 
+def inline_insert(sql: bytes) -> tuple[str, str, bytes] | None:
+    """An INSERT with inline data as (the statement without FORMAT, the format, the data); None for anything else.
+
+    As ClickHouse's parser reads it: the data starts after the format name, spaces and at most one line break."""
+    head = _INSERT_HEAD_RE.match(sql[:65536])
+    if head is None:
+        return None
+    data = sql[head.end():].lstrip(b" \t\f")
+    data = data[2:] if data.startswith(b"\r\n") else data[1:] if data.startswith(b"\n") else data
+    if not data:
+        return None  # no data: the engine answers as it does for a bare INSERT … FORMAT
+    return head.group("insert").decode("utf-8", errors="replace"), head.group("format").decode(), data
+
+
 def statement_text(sql: bytes) -> str:
     """The statement as text: an INSERT's up to its format name (the data after it is not text)."""
     head = _INSERT_HEAD_RE.match(sql[:65536])
@@ -734,6 +775,12 @@ class _Handler(BaseHTTPRequestHandler):
 
     def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - the base class's name
         pass
+
+    def handle(self) -> None:
+        try:
+            super().handle()
+        except ssl.SSLError:  # a client that refused the certificate, or spoke no TLS: nothing to answer
+            self.close_connection = True
 
     def do_GET(self) -> None:  # noqa: N802 - http.server's naming
         self._dispatch()

@@ -23,7 +23,8 @@ from clickhouse_connect.driver.exceptions import DatabaseError, OperationalError
 from streaming_sink.committable import TxnRef, make_label
 from streaming_sink.targets import target_from_url
 from streaming_sink.targets.base import CommitOutcome
-from streaming_sink.targets.clickhouse import LEDGER_TABLE, ClickHouseTarget
+from streaming_sink.targets.clickhouse import _INSERT_SETTINGS, LEDGER_TABLE, ClickHouseTarget
+from streaming_sink.targets.clickhouse_engines import DATABASE_FACTS_QUERY, FACTS_QUERY
 from tests.clickhouse_front import ClickHouseFront
 from tests.clickhouse_front.twin import Twin, outcome
 
@@ -60,6 +61,12 @@ TARGET_STATEMENTS: list[tuple[str, tuple[Any, ...], dict[str, Any]]] = [
     ("query", ("SELECT engine_full FROM system.tables WHERE database = {db:String} AND name = {t:String}",),
      {"parameters": {"db": DB, "t": LEDGER_TABLE}}),
     ("query", (TABLES_Q,), {"parameters": {"db": DB}}),
+    ("query", (DATABASE_FACTS_QUERY + " ORDER BY name",), {"parameters": {"db": DB}}),  # engine checks (ordered to compare)
+    ("query", (FACTS_QUERY,), {"parameters": {"db": DB, "t": TABLE}}),
+    ("query", ("SELECT name FROM system.settings WHERE has({names:Array(String)}, name) ORDER BY name",),  # commit_mode insert
+     {"parameters": {"names": list(_INSERT_SETTINGS)}}),
+    ("query", ("SELECT value FROM system.merge_tree_settings WHERE name = {n:String}",),
+     {"parameters": {"n": "non_replicated_deduplication_window"}}),
     ("query", ("SELECT name, type FROM system.columns WHERE database = {db:String} AND table = {t:String} ORDER BY position",),
      {"parameters": {"db": DB, "t": TABLE}}),
     ("command", (f"CREATE TABLE `{DB}`.`{STAGING}` AS `{DB}`.`{TABLE}`",), {}),
@@ -67,18 +74,21 @@ TARGET_STATEMENTS: list[tuple[str, tuple[Any, ...], dict[str, Any]]] = [
     ("insert_arrow", (f"`{STAGING}`", orders(range(0, 10))), {"database": DB}),
     ("insert", (f"{DB}.{STAGING}", [[10, "n10"], [11, "n11"]]), {"column_names": ["id", "name"]}),
     ("insert_arrow", (f"`{STAGING}`", orders(range(12, 14))), {"database": DB, "settings": {"insert_deduplication_token": "tok-1"}}),
+    # an INSERT's body is data whatever its bytes: chdb, handed it as query text, stops inline data at a blank line
+    ("insert_arrow", (f"`{STAGING}`", pa.table({"id": pa.array([14], pa.int64()), "name": ["one line\n\nand another"]})),
+     {"database": DB}),
     ("query", (f"SELECT count() FROM `{DB}`.`{STAGING}`",), {}),
     ("command", (f"EXISTS TABLE `{DB}`.`{STAGING}`",), {}),
     ("query", ("SELECT DISTINCT partition_id FROM system.parts WHERE database = {db:String} AND table = {t:String} AND active "
                "ORDER BY partition_id",), {"parameters": {"db": DB, "t": STAGING}}),
     ("query", (f"SELECT DISTINCT state FROM `{DB}`.`{LEDGER_TABLE}` WHERE label = {{label:String}}",), {"parameters": {"label": STAGING}}),
     ("command", (f"INSERT INTO `{DB}`.`{LEDGER_TABLE}` (label, target_table, rows, state) VALUES "
-                 f"('{STAGING}', '{TABLE}', 14, 'moving')",), {}),
+                 f"('{STAGING}', '{TABLE}', 15, 'moving')",), {}),
     ("command", (f"ALTER TABLE `{DB}`.`{STAGING}` MOVE PARTITION ID '0' TO TABLE `{DB}`.`{TABLE}`",), {}),
     ("command", (f"ALTER TABLE `{DB}`.`{STAGING}` MOVE PARTITION ID '1' TO TABLE `{DB}`.`{TABLE}`",), {}),
     ("query", (f"SELECT count() FROM `{DB}`.`{STAGING}`",), {}),
     ("command", (f"INSERT INTO `{DB}`.`{LEDGER_TABLE}` (label, target_table, rows, state) VALUES "
-                 f"('{STAGING}', '{TABLE}', 14, 'committed')",), {}),
+                 f"('{STAGING}', '{TABLE}', 15, 'committed')",), {}),
     ("query", (f"SELECT DISTINCT state FROM `{DB}`.`{LEDGER_TABLE}` WHERE label = {{label:String}} ORDER BY state",),
      {"parameters": {"label": STAGING}}),
     ("command", (f"DROP TABLE IF EXISTS `{DB}`.`{STAGING}` SYNC",), {}),

@@ -6,29 +6,31 @@ hosts 127.0.0.2/127.0.0.3) reach it over loopback as they would a server, and it
 the statements they send.
 
 Task-side faults cannot come from the server, so the driver child runs `tests.integration.clickhouse_http_driver`:
-the packaged job with the ClickHouse target wrapped by `HookedClickHouseTarget`, which obeys the same
-variables as the StarRocks harness (tests/integration/starrocks_harness.py, whose hook code it reuses):
-`SS_TEST_DIE_AFTER_PREPARE=<batch>:<partition>` (the first attempt of that task hard-exits its Python
-worker right after its staging tables are prepared) and `SS_TEST_TWIN=<batch>:<partition>` (that task
-also writes and prepares a twin attempt whose result is thrown away: a speculative copy that lost).
-A twin's label keeps the shape of a staging table's name (`ss_…_<12 hex>`), so a twin left behind is
-found like any other staging table.
+the packaged job with the ClickHouse target wrapped by `HookedClickHouseTarget`, which obeys the task
+hooks shared with the StarRocks harness (tests/integration/exactly_once.py): `SS_TEST_DIE_AFTER_PREPARE=<batch>:<partition>`
+(the first attempt of that task hard-exits its Python worker right after its staging tables are prepared)
+and `SS_TEST_TWIN=<batch>:<partition>` (that task also writes and prepares a twin attempt whose result is
+thrown away: a speculative copy that lost). A twin's label keeps the shape of a staging table's name
+(`ss_…_<12 hex>`), so a twin left behind is found like any other staging table.
 """
 from __future__ import annotations
 
 import hashlib
+from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any
+from pathlib import Path
+from typing import Any, Iterator
 
-from devstack.pipeline import TABLE_DDL, table_rows
+from devstack.pipeline import TABLE_DDL, ClickHouseAdapter, table_rows
 from streaming_sink import job
-from streaming_sink.committable import TxnRef
 from streaming_sink.targets.base import NewRef, RecordIntent, TableTransaction
 from streaming_sink.targets.clickhouse import COMMITTED, LEDGER_TABLE, ClickHouseTarget
 from tests.clickhouse_front import ClickHouseFront
-from tests.integration.starrocks_harness import DIE_AFTER_PREPARE, TWIN, _HookedTransaction, _task_matches
+from tests.infra.tls import issue_certificates
+from tests.integration.exactly_once import DIE_AFTER_PREPARE, TWIN, hooked_begin
 
-__all__ = ["DIE_AFTER_PREPARE", "TWIN", "ClickHouseFrontAdapter", "HookedClickHouseTarget", "hooked_target_from_url", "twin_label"]
+__all__ = ["DIE_AFTER_PREPARE", "TWIN", "ClickHouseFrontAdapter", "HookedClickHouseTarget", "clickhouse_adapter",
+           "hooked_target_from_url", "twin_label"]
 
 
 @dataclass
@@ -48,8 +50,8 @@ class ClickHouseFrontAdapter:
         return {}
 
     def target(self, database: str) -> ClickHouseTarget:
-        """A target over HTTP for reading and setting up (close it after use)."""
-        return ClickHouseTarget(self.front.url, database=database)
+        """A target over HTTP for reading and setting up, with the job's options (TLS ones too); close it after use."""
+        return ClickHouseTarget(self.front.url, database=database, **self.target_options())
 
     def create_tables(self, database: str, tables: list[str]) -> None:
         target = self.target(database)
@@ -92,6 +94,24 @@ class ClickHouseFrontAdapter:
         return found
 
 
+@contextmanager
+def clickhouse_adapter(transport: str, path: Path) -> Iterator[ClickHouseAdapter | ClickHouseFrontAdapter]:
+    """The pipeline's ClickHouse on the real engine at `path`, reached as `transport` says: "chdb" (embedded, writers
+    in the driver), "http" or "https" (a front started on the path, writers in Spark tasks; https: a certificate of
+    a test CA made here, which the job trusts through `ca_bundle`)."""
+    if transport == "chdb":
+        yield ClickHouseAdapter(path)
+        return
+    tls, options = None, {}
+    if transport == "https":
+        certificates = path.parent / "tls"
+        certificates.mkdir()
+        ca, cert, key = issue_certificates(certificates)
+        tls, options = (cert, key), {"ca_bundle": ca}
+    with ClickHouseFront(path, tls=tls) as front:
+        yield ClickHouseFrontAdapter(front, options)
+
+
 def twin_label(label: str) -> str:
     """Another staging table name of the same shape: `…_c<chunk>_twin_<12 hex>`."""
     return f"{label[:-13]}_twin_{hashlib.sha256(label.encode()).hexdigest()[:12]}"
@@ -101,15 +121,7 @@ class HookedClickHouseTarget(ClickHouseTarget):
     """A ClickHouseTarget whose transactions obey the task hooks (see the module docstring)."""
 
     def begin(self, table: str, new_ref: NewRef, record_intent: RecordIntent) -> TableTransaction:
-        inner = super().begin(table, new_ref, record_intent)
-        twin = None
-        if _task_matches(TWIN):
-            def twin_ref(chunk: int) -> TxnRef:
-                ref = new_ref(chunk)
-                return TxnRef(ref.target, ref.database, ref.table, twin_label(ref.label), ref.partition, ref.attempt + "twin")
-
-            twin = super().begin(table, twin_ref, record_intent)
-        return _HookedTransaction(inner, twin)
+        return hooked_begin(super().begin, table, new_ref, record_intent, twin_label)
 
 
 def hooked_target_from_url(url: str, database: str, options: dict[str, Any] | None = None) -> Any:

@@ -1,4 +1,4 @@
-"""The StarRocks emulator as a `devstack.pipeline.TargetAdapter`, and the task-side fault hooks.
+"""The StarRocks emulator in the crash matrix (`StarRocksCrashTarget`), its `devstack.pipeline.TargetAdapter`, and task hooks.
 
 The emulator runs in the pytest process; the driver child (and its Spark tasks) reach it over
 loopback with a password, so every FE->BE 307 must carry the credentials again.
@@ -6,130 +6,70 @@ loopback with a password, so every FE->BE 307 must carry the credentials again.
 Task-side faults cannot come from the server (a task that dies *after* its prepare succeeded, a
 speculative duplicate), so the driver child runs `tests.integration.starrocks_driver` instead of
 `streaming_sink.job`:
-it is the packaged job with the StarRocks target wrapped by `HookedStarRocksTarget`, which reads
-its instructions from environment variables that Spark's Python workers inherit:
-
-* `SS_TEST_DIE_AFTER_PREPARE=<batch>:<partition>`: the first attempt of that task hard-exits its
-  Python worker right after its transactions are prepared (no abort runs, like a lost executor);
-  `spark.master=local[2,3]` lets Spark retry the task.
-* `SS_TEST_TWIN=<batch>:<partition>`: that task also writes and prepares everything through a twin
-  attempt whose result is thrown away, which is what a speculative attempt that lost the race
-  leaves behind (Spark runs no speculative copies in local mode, where every executor is one host).
+it is the packaged job with the StarRocks target wrapped by `HookedStarRocksTarget`, which obeys the
+task hooks of tests/integration/exactly_once.py (`SS_TEST_DIE_AFTER_PREPARE`, `SS_TEST_TWIN`).
 """
 from __future__ import annotations
 
-import os
-import sys
-from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
-import pyarrow as pa
-
+from devstack.pipeline import DB
 from streaming_sink import job
-from streaming_sink.committable import TxnRef
-from streaming_sink.targets import PASSWORD_ENV, USER_ENV
-from streaming_sink.targets.base import NewRef, PreparedPart, RecordIntent, TableTransaction
+from streaming_sink.targets.base import NewRef, RecordIntent, TableTransaction
 from streaming_sink.targets.starrocks import StarRocksTarget
 from tests.emulators.starrocks import StarRocksEmulator
+from tests.integration.crash_targets import EmulatorAdapter, EmulatorCrashTarget
+from tests.integration.exactly_once import DIE_AFTER_PREPARE, TWIN, hooked_begin
 
-DIE_AFTER_PREPARE = "SS_TEST_DIE_AFTER_PREPARE"
-TWIN = "SS_TEST_TWIN"
-COLUMNS = [("id", "BIGINT"), ("name", "VARCHAR(64)"), ("amount", "DOUBLE"), ("kafka_partition", "INT"),
-           ("kafka_offset", "BIGINT")]
+__all__ = ["DIE_AFTER_PREPARE", "TWIN", "HookedStarRocksTarget", "StarRocksCrashTarget", "StarRocksEmulatorAdapter",
+           "hooked_target_from_url"]
+PASSWORD = "s3cret"
 OPEN_STATES = ("PREPARE", "PREPARED")
 
 
-@dataclass
-class StarRocksEmulatorAdapter:
-    """Reads the emulator directly (it is in this process); the driver reaches it over HTTP."""
+class StarRocksEmulatorAdapter(EmulatorAdapter):
+    """The driver reaches the emulator over HTTP; the test reads it directly (it is in this process)."""
 
     emulator: StarRocksEmulator
-    options: dict[str, Any] = field(default_factory=dict)
+    defaults = {"backoff_s": 0.05, "backoff_max_s": 0.5, "read_timeout": 20.0}
 
-    def target_url(self) -> str:
-        return f"starrocks://127.0.0.1:{self.emulator.fe_port}"
 
-    def target_options(self) -> dict[str, Any]:
-        from devstack.pipeline import TABLES
+class StarRocksCrashTarget(EmulatorCrashTarget):
+    """180 messages, 45 a trigger over 3 partitions (3 tasks a batch), writers in Spark tasks that may retry
+    (`local[2,3]`), the hooked driver below."""
 
-        return {"tables": TABLES, "backoff_s": 0.05, "backoff_max_s": 0.5, "read_timeout": 20.0, **self.options}
+    name = "starrocks"
+    default_seed = "29"
+    random_kill_wait_s = 2.0
+    chain_options = {"commit_parallelism": 1}  # so "after-first-commit" leaves exactly one of the batch's commits done
+    emulator: StarRocksEmulator
 
-    def env(self) -> dict[str, str]:
-        return {USER_ENV: self.emulator.user, PASSWORD_ENV: self.emulator.password}
+    @classmethod
+    def new_emulator(cls, root: Path) -> StarRocksEmulator:
+        return StarRocksEmulator(root / "starrocks", password=PASSWORD)
 
-    def create_tables(self, database: str, tables: list[str]) -> None:
-        for table in tables:
-            self.emulator.create_table(database, table, COLUMNS)
+    def pipeline_settings(self, options: dict[str, Any]) -> dict[str, Any]:
+        return {
+            "messages_per_partition": 60, "max_offsets_per_trigger": 45,
+            "adapter": StarRocksEmulatorAdapter(self.emulator, dict(options)),
+            "driver_module": "tests.integration.starrocks_driver",
+            "spark_conf": {"spark.master": "local[2,3]"},
+        }
 
-    def rows(self, database: str, table: str) -> list[tuple]:
-        return sorted(self.emulator.visible_rows(database, table))
-
-    def problems(self, database: str) -> list[str]:
-        """Transactions left open, and labels with more than one committed transaction."""
-        txns = self.emulator.transactions(database)
-        found = [f"{t['label']} left {t['state']}" for t in txns if t["state"] in OPEN_STATES]
-        committed: dict[str, int] = {}
-        for t in txns:
-            if t["state"] in ("COMMITTED", "VISIBLE"):
-                committed[t["label"]] = committed.get(t["label"], 0) + 1
-        found += [f"{label} committed {n} times" for label, n in committed.items() if n > 1]
-        return found
+    def open_labels(self) -> list[str]:
+        """Transactions begun or prepared and not settled, in any batch."""
+        return [t["label"] for t in self.emulator.transactions(DB) if t["state"] in OPEN_STATES]
 
 
 # -- the hooked driver (runs in the driver child and, pickled, in its Spark tasks) ----------------
 
 
-def _task_matches(variable: str) -> bool:
-    """True in the first attempt of the task the variable names (`<batch>:<partition>`)."""
-    wanted = os.environ.get(variable)
-    if not wanted:
-        return False
-    from pyspark import TaskContext
-
-    task = TaskContext.get()
-    if task is None or task.attemptNumber() != 0:
-        return False
-    batch, partition = wanted.split(":")
-    return task.getLocalProperty("streaming.sql.batchId") == batch and task.partitionId() == int(partition)
-
-
 class HookedStarRocksTarget(StarRocksTarget):
-    """A StarRocksTarget whose transactions obey the test hooks above."""
+    """A StarRocksTarget whose transactions obey the task hooks (a twin's label: the label's first 110 characters + `_twin`)."""
 
     def begin(self, table: str, new_ref: NewRef, record_intent: RecordIntent) -> TableTransaction:
-        inner = super().begin(table, new_ref, record_intent)
-        twin = None
-        if _task_matches(TWIN):
-            def twin_ref(chunk: int) -> TxnRef:
-                ref = new_ref(chunk)
-                return TxnRef(ref.target, ref.database, ref.table, ref.label[:110] + "_twin",
-                              ref.partition, ref.attempt + "twin")
-
-            twin = super().begin(table, twin_ref, record_intent)
-        return _HookedTransaction(inner, twin)
-
-
-class _HookedTransaction(TableTransaction):
-    def __init__(self, inner: TableTransaction, twin: TableTransaction | None) -> None:
-        self._inner, self._twin = inner, twin
-
-    def write(self, chunk: pa.Table) -> None:
-        if self._twin is not None:
-            self._twin.write(chunk)
-        self._inner.write(chunk)
-
-    def prepare(self) -> list[PreparedPart]:
-        if self._twin is not None:
-            self._twin.prepare()  # prepared, and its result dropped: the loser of a speculative race
-        parts = self._inner.prepare()
-        if _task_matches(DIE_AFTER_PREPARE):
-            sys.stderr.write("test hook: Python worker dies after prepare\n")
-            sys.stderr.flush()
-            os._exit(17)
-        return parts
-
-    def abort(self) -> None:
-        self._inner.abort()
+        return hooked_begin(super().begin, table, new_ref, record_intent, lambda label: label[:110] + "_twin")
 
 
 def hooked_target_from_url(url: str, database: str, options: dict[str, Any] | None = None) -> Any:

@@ -1,10 +1,13 @@
 """The ClickHouse commit is one idempotent, verifiable step, whatever interleaves with it (review R3, R6, R7, O4).
 
-Real embedded ClickHouse (chdb), one path per test. Interleavings are injected by wrapping the
-target's own helpers or the client's `command`, never by timing.
+The real engine, one data path per test, reached both ways the target reaches ClickHouse (the
+`clickhouse_url` fixture): embedded (chdb), and over HTTP through the test front (tests/clickhouse_front),
+where every statement and answer crosses clickhouse-connect's HTTP client. Interleavings are injected by
+wrapping the target's own helpers or the client's `command`, never by timing.
 """
 from __future__ import annotations
 
+import pickle
 from dataclasses import replace
 from typing import Any, Callable
 
@@ -13,7 +16,10 @@ import pytest
 
 from streaming_sink.committable import Committable, TxnRef, make_label
 from streaming_sink.targets.base import CommitAmbiguousError, CommitOutcome, ConfigurationError, TargetError
+from streaming_sink.targets import target_from_url
 from streaming_sink.targets.clickhouse import LEDGER_TABLE, ClickHouseTarget
+from tests.clickhouse_front import ClickHouseFront
+from tests.infra.tls import issue_certificates
 
 DB, TABLE, ROWS = "analytics", "orders", 10
 # Two partitions, so a commit moves twice and can be cut between the moves.
@@ -28,8 +34,8 @@ class Crash(BaseException):
     """A kill -9 at the injection point: nothing after it runs."""
 
 
-def make_target(tmp_path, legacy_ledger: bool = False) -> ClickHouseTarget:
-    target = ClickHouseTarget(f"chdb://{tmp_path / 'ch'}", database=DB)
+def make_target(url: str, legacy_ledger: bool = False) -> ClickHouseTarget:
+    target = ClickHouseTarget(url, database=DB)
     client = target.client()
     client.command(f"CREATE DATABASE IF NOT EXISTS {DB}")
     client.command(TABLE_DDL.format(name=TABLE))
@@ -40,8 +46,8 @@ def make_target(tmp_path, legacy_ledger: bool = False) -> ClickHouseTarget:
 
 
 @pytest.fixture
-def target(tmp_path):
-    target = make_target(tmp_path)
+def target(clickhouse_url):
+    target = make_target(clickhouse_url)
     yield target
     target.close()
 
@@ -175,15 +181,15 @@ def test_staging_gone_without_a_ledger_row_is_aborted_on_a_ledger_that_keeps_row
     assert ledger_limit(target) is None
 
 
-def test_a_legacy_ledger_with_a_ttl_is_upgraded_and_says_lost(tmp_path):
+def test_a_legacy_ledger_with_a_ttl_is_upgraded_and_says_lost(clickhouse_url):
     old = ref(partition=5)
-    target = ClickHouseTarget(f"chdb://{tmp_path / 'ch'}", database=DB)
+    target = ClickHouseTarget(clickhouse_url, database=DB)
     client = target.client()
     client.command(f"CREATE DATABASE {DB}")
     client.command(LEGACY_LEDGER_DDL)
     client.command(f"INSERT INTO {DB}.{LEDGER_TABLE} (label, target_table, rows) VALUES ('{old.label}', '{TABLE}', 3)")
     target.close()
-    target = make_target(tmp_path)  # the upgrade happens here
+    target = make_target(clickhouse_url)  # the upgrade happens here
     try:
         columns = target.table_columns(LEDGER_TABLE)
         assert "state" in columns
@@ -246,6 +252,32 @@ def test_https_options_reach_the_client_and_are_refused_without_https(monkeypatc
         ClickHouseTarget("http://ch:8123", verify=False)
 
 
+def test_over_https_a_ca_bundle_trusts_the_server_the_system_cas_do_not_and_verify_false_skips_the_check(tmp_path):
+    """The TLS options on a real TLS connection: the front serves HTTPS with a certificate of a test CA. A target made
+    from the job's `clickhouses://` URL with `ca_bundle` writes (pickled, as a Spark task gets it) and commits; one
+    checking against the system's CAs is refused by its client; `verify = false` connects without checking."""
+    from clickhouse_connect.driver.exceptions import OperationalError
+
+    ca, cert, key = issue_certificates(tmp_path)
+    with ClickHouseFront(tmp_path / "ch", tls=(cert, key)) as front:
+        target = target_from_url(front.target_url, DB, {"ca_bundle": ca})
+        assert isinstance(target, ClickHouseTarget) and target.url == front.url and front.url.startswith("https://")
+        target.client().command(f"CREATE DATABASE {DB}")
+        target.client().command(TABLE_DDL.format(name=TABLE))
+        target.routable_tables()
+        writer = pickle.loads(pickle.dumps(target))
+        committable = prepare(writer, ref())
+        writer.close()
+        assert target.commit(committable) is CommitOutcome.COMMITTED and visible(target) == list(range(ROWS))
+        untrusted = ClickHouseTarget(front.url, database=DB, connect_timeout_s=5)
+        with pytest.raises(OperationalError, match="CERTIFICATE_VERIFY_FAILED"):
+            untrusted.routable_tables()
+        unchecked = ClickHouseTarget(front.url, database=DB, verify=False)
+        assert visible(unchecked) == list(range(ROWS))
+        for each in (target, untrusted, unchecked):
+            each.close()
+
+
 # -- materialized views and commit_mode "insert" (review R8) ------------------------------------------------------
 
 WINDOW = "SETTINGS non_replicated_deduplication_window = 1000"
@@ -253,9 +285,9 @@ TOTALS_DDL = f"CREATE TABLE {DB}.orders_totals (k UInt8, n UInt64, s Int64) ENGI
 VIEW_DDL = f"CREATE MATERIALIZED VIEW {DB}.orders_mv TO {DB}.orders_totals AS SELECT 0 AS k, count() AS n, sum(id) AS s FROM {DB}.{TABLE}"
 
 
-def make_view_target(tmp_path, mode: str = "insert", table_window: bool = True, totals_window: bool = True) -> ClickHouseTarget:
+def make_view_target(url: str, mode: str = "insert", table_window: bool = True, totals_window: bool = True) -> ClickHouseTarget:
     """`orders` (two partitions) feeding `orders_mv`, which sums into `orders_totals`."""
-    target = ClickHouseTarget(f"chdb://{tmp_path / 'ch'}", database=DB, commit_mode=mode)
+    target = ClickHouseTarget(url, database=DB, commit_mode=mode)
     client = target.client()
     client.command(f"CREATE DATABASE IF NOT EXISTS {DB}")
     client.command(TABLE_DDL.format(name=TABLE) + (f" {WINDOW}" if table_window else ""))
@@ -266,8 +298,8 @@ def make_view_target(tmp_path, mode: str = "insert", table_window: bool = True, 
 
 
 @pytest.fixture
-def insert_target(tmp_path):
-    target = make_view_target(tmp_path)
+def insert_target(clickhouse_url):
+    target = make_view_target(clickhouse_url)
     yield target
     target.close()
 
@@ -329,22 +361,22 @@ def test_staging_gone_after_the_insert_began_is_ambiguous_never_lost(insert_targ
     assert "ClickHouse commit interrupted" in str(raised.value)
 
 
-def test_a_label_whose_insert_began_is_finished_by_insert_in_move_mode_too(tmp_path):
+def test_a_label_whose_insert_began_is_finished_by_insert_in_move_mode_too(clickhouse_url):
     """The ledger, not the current option, says how a begun commit ends (a user switched back to move)."""
-    target = make_view_target(tmp_path)
+    target = make_view_target(clickhouse_url)
     try:
         committable = prepare(target, ref())
         target._write_ledger(committable, "inserting")
         target.close()
-        mover = ClickHouseTarget(f"chdb://{tmp_path / 'ch'}", database=DB)  # commit_mode "move"
+        mover = ClickHouseTarget(clickhouse_url, database=DB)  # commit_mode "move"
         assert mover.commit(committable) is CommitOutcome.COMMITTED
         assert visible(mover) == list(range(ROWS)) and totals(mover) == (ROWS, sum(range(ROWS)))
     finally:
         target.close()
 
 
-def test_move_mode_refuses_a_table_that_feeds_a_view_naming_the_view_and_the_option(tmp_path):
-    target = make_view_target(tmp_path, mode="move")
+def test_move_mode_refuses_a_table_that_feeds_a_view_naming_the_view_and_the_option(clickhouse_url):
+    target = make_view_target(clickhouse_url, mode="move")
     try:
         assert TABLE in target.routable_tables()  # listed, so a route to it is refused by name, not as unknown
         for check in (target.check_loadable, lambda t: target.check_schema(t, pa.schema([])),
@@ -355,8 +387,8 @@ def test_move_mode_refuses_a_table_that_feeds_a_view_naming_the_view_and_the_opt
         target.close()
 
 
-def test_move_mode_loads_a_table_without_views_beside_one_with_views(tmp_path):
-    target = make_view_target(tmp_path, mode="move")
+def test_move_mode_loads_a_table_without_views_beside_one_with_views(clickhouse_url):
+    target = make_view_target(clickhouse_url, mode="move")
     try:
         target.client().command(TABLE_DDL.format(name="plain"))
         target.check_loadable("plain")
@@ -375,8 +407,8 @@ def test_a_view_created_after_prepare_stops_a_move_commit_before_anything_moves(
 
 
 @pytest.mark.parametrize("table_window, totals_window, culprit", [(False, True, f"{DB}.{TABLE}"), (True, False, f"{DB}.orders_totals")])
-def test_insert_mode_refuses_tables_whose_repeated_insert_would_not_be_deduplicated(tmp_path, table_window, totals_window, culprit):
-    target = make_view_target(tmp_path, table_window=table_window, totals_window=totals_window)
+def test_insert_mode_refuses_tables_whose_repeated_insert_would_not_be_deduplicated(clickhouse_url, table_window, totals_window, culprit):
+    target = make_view_target(clickhouse_url, table_window=table_window, totals_window=totals_window)
     try:
         with pytest.raises(ConfigurationError, match="non_replicated_deduplication_window") as refused:
             target.check_schema(TABLE, pa.schema([]))
@@ -384,6 +416,15 @@ def test_insert_mode_refuses_tables_whose_repeated_insert_would_not_be_deduplica
         assert "MODIFY SETTING non_replicated_deduplication_window" in str(refused.value)
     finally:
         target.close()
+
+
+def test_insert_mode_refuses_a_table_whose_rows_cannot_be_sorted(insert_target):
+    """A repeated INSERT … SELECT must cut the rows into the same blocks, so it sorts them; ClickHouse cannot compare
+    AggregateFunction values, so such a table is refused (an error of another kind is raised as it is)."""
+    insert_target.client().command(f"CREATE TABLE {DB}.sums (k Int64, s AggregateFunction(sum, Int64)) "
+                                   f"ENGINE = AggregatingMergeTree ORDER BY k {WINDOW}")
+    with pytest.raises(ConfigurationError, match=r"sums cannot be loaded .* rows cannot be put in a total order.*ILLEGAL_COLUMN"):
+        insert_target.check_loadable("sums")
 
 
 def test_insert_mode_reports_the_deduplication_window_to_doctor(insert_target):
@@ -409,11 +450,11 @@ def test_tables_of_engines_a_move_cannot_commit_are_not_routable_and_the_log_say
         target.check_loadable("events_log")
 
 
-def test_a_replacing_staging_table_folds_no_rows_before_prepare_counts_them(tmp_path):
+def test_a_replacing_staging_table_folds_no_rows_before_prepare_counts_them(clickhouse_url):
     """Rows of equal keys in one batch: a background merge of a ReplacingMergeTree staging table would fold
     them before prepare counts them, failing the batch for nothing. Staging tables of such engines merge
     nothing; the target's own merges apply once the rows are moved."""
-    target = ClickHouseTarget(f"chdb://{tmp_path / 'ch'}", database=DB)
+    target = ClickHouseTarget(clickhouse_url, database=DB)
     try:
         client = target.client()
         client.command(f"CREATE DATABASE {DB}")

@@ -1,4 +1,7 @@
-"""The packaged job's parsing and routing: good rows to their tables, every bad one to the dead letters."""
+"""The packaged job's parsing and routing: good rows to their tables, every bad one to the dead letters.
+
+ClickHouse is reached both ways (the `clickhouse_url` fixture): embedded, writers in the driver, and over
+HTTP through the test front, writers in Spark tasks."""
 from __future__ import annotations
 
 import datetime as dt
@@ -7,7 +10,6 @@ import re
 
 import pytest
 
-from devstack.pipeline import open_target
 from streaming_sink.state import FileStateStore
 from streaming_sink.frame import build_frame, resolve_tables
 from streaming_sink.job_spec import JobSpec
@@ -32,26 +34,24 @@ MESSAGES = [
 ]
 
 
-def spec(tmp_path, dead_letters: str | None = "dead_letters") -> JobSpec:
+def spec(tmp_path, target_url: str, dead_letters: str | None = "dead_letters") -> JobSpec:
     return JobSpec(
-        job_id="dlq", bootstrap="unused", topics=["events"], target_url=f"chdb://{tmp_path / 'ch'}", database=DB,
+        job_id="dlq", bootstrap="unused", topics=["events"], target_url=target_url, database=DB,
         state_url=f"file://{tmp_path / 'state'}", checkpoint=str(tmp_path / "ckpt"), tables=SCHEMAS,
         table_field="table", dead_letter_table=dead_letters,
     )
 
 
 @pytest.fixture
-def target(tmp_path):
-    with open_target(tmp_path / "ch", DB) as t:
-        client = t.client()
-        client.command(f"CREATE DATABASE {DB}")
-        client.command(f"CREATE TABLE {DB}.orders (id Int64, name Nullable(String), amount Nullable(Float64), "
-                       "kafka_partition Int32, kafka_offset Int64) ENGINE = MergeTree ORDER BY id")
-        client.command(f"CREATE TABLE {DB}.payments (id Int64, method Nullable(String), kafka_partition Int32, "
-                       "kafka_offset Int64) ENGINE = MergeTree ORDER BY id")
-        client.command(f"CREATE TABLE {DB}.dead_letters (raw_value Nullable(String), topic String, partition Int32, "
-                       "offset Int64, kafka_timestamp DateTime64(6), reason String) ENGINE = MergeTree ORDER BY (topic, partition, offset)")
-        yield t
+def target(clickhouse_target):
+    client = clickhouse_target.client()
+    client.command(f"CREATE TABLE {DB}.orders (id Int64, name Nullable(String), amount Nullable(Float64), "
+                   "kafka_partition Int32, kafka_offset Int64) ENGINE = MergeTree ORDER BY id")
+    client.command(f"CREATE TABLE {DB}.payments (id Int64, method Nullable(String), kafka_partition Int32, "
+                   "kafka_offset Int64) ENGINE = MergeTree ORDER BY id")
+    client.command(f"CREATE TABLE {DB}.dead_letters (raw_value Nullable(String), topic String, partition Int32, "
+                   "offset Int64, kafka_timestamp DateTime64(6), reason String) ENGINE = MergeTree ORDER BY (topic, partition, offset)")
+    return clickhouse_target
 
 
 def kafka_frame(spark):
@@ -71,7 +71,7 @@ def run_batch(spark, target, tmp_path, job: JobSpec):
 
 
 def test_bad_messages_go_to_dead_letters_with_reasons_and_counts_reconcile(spark_session, target, tmp_path):
-    report = run_batch(spark_session, target, tmp_path, spec(tmp_path))
+    report = run_batch(spark_session, target, tmp_path, spec(tmp_path, target.url))
     client = target.client()
     orders = client.query(f"SELECT id, name, amount, kafka_offset FROM {DB}.orders ORDER BY id").result_rows
     payments = client.query(f"SELECT id, method, kafka_offset FROM {DB}.payments ORDER BY id").result_rows
@@ -90,17 +90,22 @@ def test_bad_messages_go_to_dead_letters_with_reasons_and_counts_reconcile(spark
 
 
 def test_without_a_dead_letter_table_a_bad_message_fails_the_batch_and_names_it(spark_session, target, tmp_path):
-    with pytest.raises(UnknownTableError, match=r"bad message events/0@\d+: ") as failure:
-        run_batch(spark_session, target, tmp_path, spec(tmp_path, dead_letters=None))
-    # whichever partition the driver reads first names its first bad message, with that message's reason
+    from pyspark.errors import PythonException
+
+    # writers in the driver raise the error itself; in Spark tasks, Spark hands it to the driver wrapped, by name
+    raised = UnknownTableError if target.embedded else PythonException
+    with pytest.raises(raised, match=r"bad message events/0@\d+: ") as failure:
+        run_batch(spark_session, target, tmp_path, spec(tmp_path, target.url, dead_letters=None))
+    assert target.embedded or "streaming_sink.routing.UnknownTableError: rows route to unknown table" in str(failure.value)
+    # whichever partition a writer reads first names its first bad message, with that message's reason
     offset = int(re.search(r"events/0@(\d+): ", str(failure.value)).group(1))
     assert f"events/0@{offset}: {MESSAGES[offset][1]}; configure a dead-letter table" in str(failure.value)
     assert target.client().query(f"SELECT count() FROM {DB}.orders").result_rows == [(0,)]
     assert target.staging_tables() == []
 
 
-def test_missing_table_is_a_configuration_error_naming_it(target, tmp_path):
-    job = spec(tmp_path)
+def test_missing_table_is_a_configuration_error_naming_it(tmp_path):
+    job = spec(tmp_path, "chdb:///unused")
     job.tables = dict(SCHEMAS, refunds="id BIGINT")
     with pytest.raises(ConfigurationError, match=r"\['refunds'\] do not exist in the target database 'analytics'"):
         resolve_tables(job, {"orders", "payments", "dead_letters"})
@@ -109,7 +114,7 @@ def test_missing_table_is_a_configuration_error_naming_it(target, tmp_path):
 
 def test_table_order_does_not_depend_on_the_process(tmp_path):
     """The frame's layout feeds the replay checksum: it must be the same in every driver process."""
-    job = spec(tmp_path)
+    job = spec(tmp_path, "chdb:///unused")
     job.tables = None
     job.schema = "id BIGINT"
     names = {f"t{i}" for i in range(20)}
@@ -124,7 +129,7 @@ def test_batch_figures_reach_the_metrics_endpoint(spark_session, target, tmp_pat
     metrics = BatchMetrics("dlq")
     server = metrics.serve(0)
     try:
-        job = spec(tmp_path)
+        job = spec(tmp_path, target.url)
         sink = ExactlyOnceSink(target=target, state=FileStateStore(tmp_path / "state"), job_id=job.job_id,
                                table_column="__table", struct_columns=True, dead_letter_table=job.dead_letter_table,
                                listeners=[metrics.record])
@@ -142,10 +147,10 @@ def test_batch_figures_reach_the_metrics_endpoint(spark_session, target, tmp_pat
     assert 'streaming_sink_dead_letters_total{job_id="dlq"} 5.0' in text
 
 
-def test_kafka_metadata_columns_a_user_chooses_arrive_as_the_records_carried_them(spark_session, tmp_path):
+def test_kafka_metadata_columns_a_user_chooses_arrive_as_the_records_carried_them(spark_session, tmp_path, clickhouse_target):
     from streaming_sink.frame import table_schemas
 
-    job = JobSpec(job_id="meta", bootstrap="unused", topics=["a", "b"], target_url=f"chdb://{tmp_path / 'ch'}",
+    job = JobSpec(job_id="meta", bootstrap="unused", topics=["a", "b"], target_url=clickhouse_target.url,
                   database=DB, state_url=f"file://{tmp_path / 'state'}", checkpoint=str(tmp_path / "ckpt"),
                   tables={"orders": "id BIGINT NOT NULL, name STRING"}, table="orders",
                   metadata_columns=["key", "timestamp", "topic", "offset", "partition"])
@@ -155,16 +160,15 @@ def test_kafka_metadata_columns_a_user_chooses_arrive_as_the_records_carried_the
                ("ключ-🔑".encode(), '{"id": 3}', "b", 1, 0, dt.datetime(1999, 12, 31, 23, 59, 59))]
     raw = spark_session.createDataFrame([(bytearray(k) if k else None, bytearray(v.encode()), *rest) for k, v, *rest in records],
                                         "key BINARY, " + KAFKA)
-    with open_target(tmp_path / "ch", DB) as target:
-        target.client().command(f"CREATE DATABASE {DB}")
-        for table, schema in table_schemas(job, job.tables).items():
-            target.create_table(table, schema)
-        sink = ExactlyOnceSink(target=target, state=FileStateStore(tmp_path / "state"), job_id=job.job_id,
-                               table_column="__table", struct_columns=True)
-        sink.start()
-        sink.process(build_frame(raw, job, resolve_tables(job, sink.known_tables)), 0, "q")
-        rows = target.client().query(f"SELECT id, kafka_topic, kafka_partition, kafka_offset, kafka_timestamp, kafka_key "
-                                     f"FROM {DB}.orders ORDER BY id").result_rows
+    target = clickhouse_target
+    for table, schema in table_schemas(job, job.tables).items():
+        target.create_table(table, schema)
+    sink = ExactlyOnceSink(target=target, state=FileStateStore(tmp_path / "state"), job_id=job.job_id,
+                           table_column="__table", struct_columns=True)
+    sink.start()
+    sink.process(build_frame(raw, job, resolve_tables(job, sink.known_tables)), 0, "q")
+    rows = target.client().query(f"SELECT id, kafka_topic, kafka_partition, kafka_offset, kafka_timestamp, kafka_key "
+                                 f"FROM {DB}.orders ORDER BY id").result_rows
     assert [(i, t, p, o, ts.replace(tzinfo=None), k) for i, t, p, o, ts, k in rows] == [
         (1, "a", 0, 7, T0, "k-1"), (2, "b", 3, 9, T0 + dt.timedelta(microseconds=1), None),
         (3, "b", 1, 0, dt.datetime(1999, 12, 31, 23, 59, 59), "ключ-🔑")]

@@ -14,14 +14,18 @@ import decimal
 import pyarrow as pa
 import pytest
 
-from streaming_sink.state import FileStateStore
-from streaming_sink import ExactlyOnceSink
+from streaming_sink.state import BatchRecord, FileStateStore, MemoryStateStore
+from streaming_sink import ExactlyOnceSink, execution
+from streaming_sink import sink as sink_module
 from streaming_sink.execution import (
-    PARTITION_COLUMN, SparkWriterRunner, _arrow_stream, _ipc_partitions, _stream_digests, _task_digests, _write_in_driver,
+    PARTITION_COLUMN, WHOLE_BATCH, SparkWriterRunner, _arrow_stream, _ipc_partitions, _stream_digests, _task_digests,
+    _write_per_partition,
 )
 from streaming_sink.errors import InvariantBreach
 from streaming_sink.routing import Router
-from streaming_sink.writer import ContentChecksum, WriteContext
+from streaming_sink.targets.clickhouse import ClickHouseTarget
+from streaming_sink.targets.memory import MemoryTarget
+from streaming_sink.writer import ContentChecksum, PartitionWriter, WriteContext
 from devstack.pipeline import create_tables, open_target, table_rows
 
 DB = "analytics"
@@ -58,6 +62,18 @@ def digests_of(pairs) -> dict[int, str]:
     return {p: c.hexdigest() for p, c in checksums.items()}
 
 
+def whole_batch_digest(pairs) -> str:
+    """The checksum of one writer over every partition, fed the partitions in reverse order."""
+    by_partition: dict[int, list[pa.RecordBatch]] = {}
+    for partition, batch in pairs:
+        by_partition.setdefault(partition, []).append(batch)
+    checksum = ContentChecksum()
+    for partition in sorted(by_partition, reverse=True):
+        for batch in by_partition[partition]:
+            checksum.update(batch, source=partition)
+    return checksum.hexdigest()
+
+
 def test_both_driver_paths_hand_the_writers_what_a_task_sees(spark) -> None:
     df = typed_frame(spark, 5000)
     tasks = _task_digests(df)
@@ -79,7 +95,7 @@ def test_a_partition_whose_batches_come_apart_is_refused_before_a_second_writer_
     with open_target(tmp_path / "ch", DB) as target:
         context = WriteContext("job", "q", 0, store.take_epoch("job", "t"), 0, 1 << 20)
         with pytest.raises(InvariantBreach, match="partition 0 did not arrive together"):
-            _write_in_driver([(0, batch), (1, batch), (0, batch)], target, Router(None, None, "__table"), context, store, None)
+            _write_per_partition([(0, batch), (1, batch), (0, batch)], target, Router(None, None, "__table"), context, store, None)
 
 
 @pytest.mark.parametrize("driver_fetch", ["stream", "partitions"])
@@ -93,7 +109,9 @@ def test_the_sink_loads_a_batch_exactly_through_either_path(spark, tmp_path, dri
         report = sink.process(df, 0, "q")
         assert report.action == "written" and report.rows == 3000
         record = FileStateStore(tmp_path / "state").get_batch("job", "q", 0)
-        assert record.checksums == _task_digests(df)  # what a replay matches partitions with
+        # one writer for the batch: one transaction per table, and a checksum that ignores the partitions' order
+        assert sorted(c.table for c in record.committables) == ["orders", "payments"]
+        assert record.checksums == {WHOLE_BATCH: whole_batch_digest(_ipc_partitions(df))}
         assert [r[0] for r in table_rows(target, "orders")] == sorted(i for i in range(3000) if i % 2)
         assert [r[0] for r in table_rows(target, "payments")] == sorted(i for i in range(3000) if not i % 2)
 
@@ -101,3 +119,77 @@ def test_the_sink_loads_a_batch_exactly_through_either_path(spark, tmp_path, dri
 def test_an_unknown_driver_fetch_is_refused() -> None:
     with pytest.raises(ValueError, match="driver_fetch 'all'"):
         SparkWriterRunner("all")
+
+
+# -- replays of a batch whose staging table was lost: the re-run numbers the partitions differently --------------
+
+SOURCE_SCHEMA = "id BIGINT, name STRING, amount DOUBLE, __table STRING, kafka_partition INT, kafka_offset BIGINT"
+SOURCE = [[(p * 1000 + i, f"n{p}-{i}", i / 4, ("orders", "payments")[(i // 3 + p) % 2], p, i) for i in range(40)] for p in range(3)]
+
+
+def kafka_frame(spark, order: list[int]):
+    """The same three Kafka partitions as Spark partitions numbered in `order` (the Kafka source's re-run may do so)."""
+    rows = [row for p in order for row in SOURCE[p]]
+    return spark.createDataFrame(spark.sparkContext.parallelize(rows, len(order)), SOURCE_SCHEMA)
+
+
+class _Stop(Exception):
+    """Raised at the commit point instead of a kill: the batch stays PREPARED."""
+
+
+def prepare_then_lose_a_staging_table(spark, monkeypatch, target: ClickHouseTarget, store: FileStateStore) -> BatchRecord:
+    def stop_at_commit_point(name: str, batch_id: int) -> None:
+        if name == "after-prepared-record":
+            raise _Stop(name)
+
+    monkeypatch.setattr(sink_module, "crash_point", stop_at_commit_point)
+    with pytest.raises(_Stop):
+        ExactlyOnceSink(target, store, "job", table_column="__table").process(kafka_frame(spark, [0, 1, 2]), 0, "q")
+    monkeypatch.undo()
+    record = store.get_batch("job", "q", 0)
+    target.client().command(f"DROP TABLE {DB}.`{record.committables[0].label}`")
+    return record
+
+
+def replay_renumbered_and_verify(spark, target: ClickHouseTarget, store: FileStateStore) -> None:
+    report = ExactlyOnceSink(target, store, "job", table_column="__table").process(kafka_frame(spark, [2, 1, 0]), 0, "q")
+    assert report.action == "recovered-prepared" and report.replayed == 1
+    for table in ("orders", "payments"):
+        assert table_rows(target, table) == sorted(r[:3] + r[4:] for part in SOURCE for r in part if r[3] == table)
+    assert not target.staging_tables() and not store.intents("job", "q", 0)
+
+
+def test_a_lost_part_is_replayed_by_the_one_driver_writer_from_renumbered_partitions(spark, tmp_path, monkeypatch) -> None:
+    create_tables(tmp_path / "ch", DB, ["orders", "payments"])
+    store = FileStateStore(tmp_path / "state")
+    with open_target(tmp_path / "ch", DB) as target:
+        record = prepare_then_lose_a_staging_table(spark, monkeypatch, target, store)
+        assert set(record.checksums) == {WHOLE_BATCH} and len(record.committables) == 2
+        replay_renumbered_and_verify(spark, target, store)
+
+
+def test_a_batch_prepared_one_writer_per_partition_is_replayed_per_partition(spark, tmp_path, monkeypatch) -> None:
+    """As an older version prepared it: the replay matches the renumbered partitions by content."""
+    monkeypatch.setattr(execution, "_write_in_driver", lambda batches, target, router, context, store:
+                        _write_per_partition(batches, target, router, context, store, None))
+    create_tables(tmp_path / "ch", DB, ["orders", "payments"])
+    store = FileStateStore(tmp_path / "state")
+    with open_target(tmp_path / "ch", DB) as target:
+        record = prepare_then_lose_a_staging_table(spark, monkeypatch, target, store)
+        assert set(record.checksums) == {0, 1, 2} and len(record.committables) == 6
+        replay_renumbered_and_verify(spark, target, store)
+
+
+def test_flushes_of_a_writer_over_several_partitions_are_not_offered_for_a_partial_replay() -> None:
+    """Their rows depend on the order the partitions arrived in, which a re-run changes: a replay that lost some
+    of them must reload all or stop, never skip the flushes it believes committed."""
+    def committables(sources: list[int]) -> list[tuple]:
+        store = MemoryStateStore()
+        context = WriteContext("job", "q", 0, store.take_epoch("job", "t"), 0, flush_bytes=1)
+        writer = PartitionWriter(context, MemoryTarget(["t"], per_flush=True), Router(None, table="t"), store, WHOLE_BATCH)
+        for source in sources:
+            writer.add(pa.record_batch({"id": pa.array([source], pa.int64())}), source=source)
+        return [(c.flush, c.flush_rows) for c in writer.finish().committables]
+
+    assert committables([0, 0]) == [(0, 1), (1, 1)]
+    assert committables([0, 1]) == [(None, None), (None, None)]

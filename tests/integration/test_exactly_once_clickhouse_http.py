@@ -5,7 +5,8 @@ Real Kafka (3 partitions) -> the packaged job in a child process (local Spark, 2
 HTTP interface served by the test front over the real engine (tests/clickhouse_front, in this process)
 -> the Redis state store. The driver is SIGKILLed at every named protocol point and at seeded random
 instants; the front injects server faults (a connection dropped after a MOVE was applied, 5xx, answers
-held beyond the client's timeout); tasks die after prepare and a twin attempt loses its race.
+held beyond the client's timeout); tasks die after prepare and a twin attempt loses its race; a prepared
+staging table is dropped by hand and its part is replayed from the re-run batch.
 
 Every pipeline test ends with `verify()`: both tables equal the source row by row (count, checksum,
 sorted rows), no staging table is left, every commit the ledger says began finished, no intent is
@@ -139,10 +140,34 @@ def test_server_faults_and_task_deaths_end_exact_without_a_restart(tmp_path, kaf
     assert not any("_twin_" in c.label for c in twin_batch.committables)
 
 
+@pytest.mark.slow
+def test_a_lost_staging_table_is_replayed_by_the_tasks_from_the_rerun_batch(tmp_path, kafka_broker, redis_server, front):
+    """A prepared part whose staging table is gone is loaded again from the re-run batch: the tasks digest their
+    partitions and the one whose content matches the lost part writes it again, under its writer partition."""
+    scenario = _scenario(tmp_path, kafka_broker, redis_server, front)
+    assert scenario.run_driver(crash_at=f"after-prepared-record@{CRASH_BATCH}", run=0) == -signal.SIGKILL
+    record, _, _ = scenario.batch_state(CRASH_BATCH)
+    victim = record.committables[0]
+    target = scenario.adapter.target(DB)
+    try:
+        target.client().command(f"DROP TABLE {DB}.`{victim.label}`")  # the prepared part is gone
+    finally:
+        target.close()
+    scenario.run_to_completion()
+    scenario.verify()
+    record, _, _ = scenario.batch_state(CRASH_BATCH)
+    assert record.lost == [victim.label]
+    assert any("replayed 1 lost" in event for event in record.events)
+
+
 # -- one label, two actors, over HTTP (reviews R3 and R7) ------------------------------------------------------
 
 TABLE, ROWS = "orders", 10
 TABLE_DDL = f"CREATE TABLE IF NOT EXISTS {DB}.{TABLE} (id Int64, name String) ENGINE = MergeTree PARTITION BY id % 2 ORDER BY id"
+# commit_mode "insert": the table deduplicates repeated INSERTs and feeds a view that counts and sums it into a table that does too
+WINDOW = "SETTINGS non_replicated_deduplication_window = 1000"
+VIEW_DDL = (f"CREATE TABLE {DB}.totals (k UInt8, n UInt64, s Int64) ENGINE = SummingMergeTree ORDER BY k {WINDOW}",
+            f"CREATE MATERIALIZED VIEW {DB}.totals_mv TO {DB}.totals AS SELECT 0 AS k, count() AS n, sum(id) AS s FROM {DB}.{TABLE}")
 
 
 class Gate:
@@ -232,10 +257,12 @@ class Gate:
         return self.outcomes
 
 
-def _setup(front: ClickHouseFront) -> ClickHouseTarget:
-    target = ClickHouseTarget(front.url, database=DB)
+def _setup(front: ClickHouseFront, commit_mode: str = "move") -> ClickHouseTarget:
+    target = ClickHouseTarget(front.url, database=DB, commit_mode=commit_mode)
     target.client().command(f"CREATE DATABASE IF NOT EXISTS {DB}")
-    target.client().command(TABLE_DDL)
+    target.client().command(TABLE_DDL + (f" {WINDOW}" if commit_mode == "insert" else ""))
+    for ddl in VIEW_DDL if commit_mode == "insert" else ():
+        target.client().command(ddl)
     target.routable_tables()  # the ledger exists from here
     return target
 
@@ -255,6 +282,13 @@ def _visible(target: ClickHouseTarget) -> list[int]:
 
 def _truncate(target: ClickHouseTarget) -> None:
     target.client().command(f"TRUNCATE TABLE {DB}.{TABLE}")
+    target.client().command(f"TRUNCATE TABLE IF EXISTS {DB}.totals")
+
+
+def _totals(target: ClickHouseTarget) -> tuple[int, int]:
+    """What the view counted and summed: (ROWS, sum of ids) when every row fired it once."""
+    n, total = target.client().query(f"SELECT sum(n), sum(s) FROM {DB}.totals").result_rows[0]
+    return int(n), int(total)
 
 
 def _schedules(first: str, second: str, first_steps: int, second_steps: int, cuts: int,
@@ -366,32 +400,56 @@ def test_a_losing_writer_of_the_same_label_never_drops_the_winners_staging_over_
         target.close()
 
 
-def test_a_commit_repeats_after_each_server_fault_and_lands_every_row_once(front):
+@pytest.mark.parametrize("commit_mode", ["move", pytest.param("insert", marks=pytest.mark.slow)])
+def test_a_commit_repeats_after_each_server_fault_and_lands_every_row_once(front, commit_mode):
     """Each fault knob on each statement of a commit (answers held past the client's timeout: on the statements
-    that change something): the commit repeats itself and ends COMMITTED, exact."""
-    setup = _setup(front)
+    that change something): the commit repeats itself and ends COMMITTED, exact. The error answer is a 500, which
+    the client never repeats itself (it does a 503 to a read), so the target's own repeat meets every statement.
+    In commit_mode "insert" that includes an INSERT … SELECT applied and its answer lost, then sent again: the view
+    counts every row once. Each commit is a target's first (as a driver's after a restart), which sends every
+    statement the count saw."""
+    setup = _setup(front, commit_mode)
     counted = _prepare(setup, "count")
     before = len(front.statements)
     setup.commit(counted)
     statements = front.statements[before:]
     _truncate(setup)
-    target = ClickHouseTarget(front.url, database=DB, read_timeout_s=1, retries=10, backoff_s=0.01, backoff_max_s=0.05)
-    target.routable_tables()
-    knobs = (("drop_after_apply", {}), ("fail_before", {"status": 503}), ("drop_before", {}), ("delay", {"seconds": 30}))
+    knobs = (("drop_after_apply", {}), ("fail_before", {"status": 500, "code": 241, "name": "MEMORY_LIMIT_EXCEEDED"}),
+             ("drop_before", {}), ("delay", {"seconds": 30}))
     for n, statement in enumerate(statements):
         for knob, params in knobs if not statement.startswith("SELECT") else knobs[:3]:  # held answers: on writes
             committable = _prepare(setup, f"fault{n}{knob}")
             text = statement.replace(_LABEL_IN_COUNT, committable.label)
             getattr(front.faults, knob).arm(lambda sql, text=text: sql == text, times=1, **params)
+            target = ClickHouseTarget(front.url, database=DB, commit_mode=commit_mode, read_timeout_s=1, retries=10,
+                                      backoff_s=0.01, backoff_max_s=0.05)
             try:
                 assert target.commit(committable) is CommitOutcome.COMMITTED, (knob, text)
             finally:
                 front.faults.release()
+                target.close()
             assert getattr(front.faults, knob).fired == 1, (knob, text)
             assert _visible(setup) == list(range(ROWS)) and setup.staging_tables() == [], (knob, text)
+            assert commit_mode == "move" or _totals(setup) == (ROWS, sum(range(ROWS))), (knob, text, _totals(setup))
             front.faults.reset()
             _truncate(setup)
-    target.close()
+    setup.close()
+
+
+def test_a_server_error_while_insert_mode_checks_a_table_is_repeated_never_taken_for_a_refusal(front):
+    """Before a label's first INSERT, commit_mode "insert" checks the table again, one check being a query that sorts
+    its rows. An error answer to that query from a failing server (the client repeats no 500) says nothing about
+    the table: the commit repeats itself and lands, exact, instead of refusing the table as unsortable."""
+    setup = _setup(front, "insert")
+    committable = _prepare(setup, "probe")
+    front.faults.fail_before.arm(r"ORDER BY `id`, `name` LIMIT 0", times=1, status=500, code=241, name="MEMORY_LIMIT_EXCEEDED")
+    target = ClickHouseTarget(front.url, database=DB, commit_mode="insert", backoff_s=0.01)
+    try:
+        assert target.commit(committable) is CommitOutcome.COMMITTED
+    finally:
+        target.close()
+    assert front.faults.fail_before.fired == 1
+    assert _visible(setup) == list(range(ROWS)) and _totals(setup) == (ROWS, sum(range(ROWS)))
     setup.close()
 
 

@@ -1,10 +1,9 @@
-"""Exactly-once from a real Kafka topic into the Doris emulator, through kill -9, faults and replays.
+"""Exactly-once from a real Kafka topic into the Doris emulator: its own scenarios (tests/integration/doris_harness.py).
 
-The packaged job runs in a child process (`devstack.pipeline.LocalPipeline`) with its writers in
-the Spark tasks; the Doris emulator (tests/emulators/doris.py) runs in this process, so the test
-can move its clock while the driver is down, restart it, and arm faults. Every flush is its own
-Doris transaction here (flush_bytes=1, small Arrow batches), so each (table, partition) of a
-batch spans several PRECOMMITTED transactions, as a large partition would in production.
+The packaged job runs in a child process with its writers in the Spark tasks; the emulator runs in
+this process, so a test can move its clock while the driver is down, restart it, and arm faults
+(aimed by label pattern: `Rule`). The kills at every protocol point and at random instants are the
+shared matrix's (test_exactly_once_matrix.py, on `DorisCrashTarget`).
 
 Every test ends with `verify`: both tables equal the source row by row (count, order-independent
 checksum, sorted rows), no transaction is left PREPARE/PRECOMMITTED/COMMITTED, no label holds two
@@ -13,224 +12,55 @@ batch record (and every live committable is visible), no intent is left.
 """
 from __future__ import annotations
 
-import json
-import random
-import re
 import signal
 from collections import Counter
-from dataclasses import dataclass, field
-from typing import Any, Iterator
+from typing import Any
 
 import pytest
 
-from devstack.pipeline import DB, TABLES, LocalPipeline
-from streaming_sink.committable import BatchState
-from streaming_sink.crash import POINTS
-from streaming_sink.targets import PASSWORD_ENV, USER_ENV
-from tests.emulators.doris import DorisEmulator
-from tests.emulators.faults import Call
-from tests.emulators.http_server import Response
+from devstack.pipeline import DB, TABLES
+from tests.integration.crash_targets import COLUMNS, LABEL
+from tests.integration.doris_harness import PASSWORD, USER, DorisCrashTarget, DorisPipeline, Rule, ScriptedDoris, batch_txns
 
 pytestmark = pytest.mark.slow
 
 CRASH_BATCH = 2
-USER, PASSWORD = "loader", "s3cret"  # not the default: proves credentials survive the FE -> BE 307
-COLUMNS = [("id", "BIGINT"), ("name", "VARCHAR(64)"), ("amount", "DOUBLE"), ("kafka_partition", "INT"),
-           ("kafka_offset", "BIGINT")]
-# The readable part of a label (streaming_sink.committable.make_label) of the pipeline's job:
-# query id prefix, batch, table, partition, attempt (epoch, write pass, task attempt), chunk.
-LABEL = re.compile(
-    r"^ss_orders_ingest_(?P<query>[0-9a-f]{8})_(?P<batch>\d+)_(?P<table>" + "|".join(TABLES) + r")_p(?P<partition>\d+)"
-    r"_e(?P<epoch>\d+)w(?P<write_pass>\d+)t(?P<task>\d+)_c(?P<chunk>\d+)_[0-9a-f]{12}$"
-)
 
 
 class RowsDuplicated(AssertionError):
     """A table holds more rows than the source: a replay loaded committed rows again."""
 
 
-# -- the emulator, with faults aimed by label pattern ------------------------------------------------
-
-
-@dataclass
-class Rule:
-    """Fail (HTTP 503) or expire requests whose op and label parts match; at most `times` of them."""
-
-    action: str  # "fail" | "expire"
-    op: str
-    parts: dict[str, str]
-    times: int = 1_000_000
-    fired: int = 0
-
-    def matches(self, call: Call) -> bool:
-        if self.fired >= self.times or call.op != self.op or call.label is None:
-            return False
-        found = LABEL.search(call.label)
-        return found is not None and all(found.group(k) == v for k, v in self.parts.items())
-
-
-class ScriptedDoris(DorisEmulator):
-    """The Doris emulator plus faults aimed at a label pattern (the generic knobs need exact labels,
-    which embed the query id and the driver's fencing epoch, unknown before the job starts)."""
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.rules: list[Rule] = []
-
-    def route(self, role: str, req: Any, call: Call) -> Response:
-        for rule in self.rules:
-            if role == "fe" and rule.matches(call):
-                rule.fired += 1
-                if rule.action == "fail":
-                    return Response.text("emulated HTTP 503 (scripted)", status=503)
-                with self.lock:
-                    self._expire_label(call.db, call.label)
-        return super().route(role, req, call)
-
-
-# -- the pipeline around it --------------------------------------------------------------------------
-
-
-@dataclass
-class DorisAdapter:
-    """How devstack.pipeline reaches the in-process Doris emulator (its TargetAdapter protocol)."""
-
-    emu: ScriptedDoris
-    options: dict[str, Any] = field(default_factory=dict)
-
-    def target_url(self) -> str:
-        return f"doris://127.0.0.1:{self.emu.fe_port}"
-
-    def target_options(self) -> dict[str, Any]:
-        return {"tables": TABLES, "backoff_s": 0.05, **self.options}
-
-    def env(self) -> dict[str, str]:
-        return {USER_ENV: USER, PASSWORD_ENV: PASSWORD}
-
-    def create_tables(self, database: str, tables: list[str]) -> None:
-        for table in tables:
-            self.emu.create_table(database, table, COLUMNS)
-
-    def rows(self, database: str, table: str) -> list[tuple]:
-        return sorted(tuple(row) for row in self.emu.visible_rows(database, table))
-
-    def problems(self, database: str) -> list[str]:
-        txns = self.emu.transactions(database)
-        problems = [f"txn {t['txn_id']} ({t['label']}) left {t['state']}" for t in txns if t["state"] not in ("VISIBLE", "ABORTED")]
-        visible = Counter(t["label"] for t in txns if t["state"] == "VISIBLE")
-        problems += [f"label {label} committed {n} times" for label, n in visible.items() if n > 1]
-        return problems
-
-
-@dataclass
-class DorisPipeline(LocalPipeline):
-    """LocalPipeline with a flush per Arrow batch: every (table, partition) spans several Doris transactions."""
-
-    flush_bytes: int = 1
-
-    def write_spec(self) -> None:
-        super().write_spec()
-        spec = json.loads(self.spec_path.read_text())
-        spec["flush_bytes"] = self.flush_bytes
-        self.spec_path.write_text(json.dumps(spec))
-
-    @property
-    def emu(self) -> ScriptedDoris:
-        assert isinstance(self.adapter, DorisAdapter)
-        return self.adapter.emu
-
-    def records(self) -> dict[int, Any]:
-        store = self.store()
-        return {key[1]: store.get_batch(self.job_id, *key) for key in store.batch_keys(self.job_id)}
-
-    def verify_all(self) -> None:
-        """`LocalPipeline.verify`, then the emulator's transactions against the state store's records."""
-        self.verify()
-        live = Counter(c.label for r in self.records().values() for c in r.live_committables())
-        assert all(n == 1 for n in live.values()), f"a label is live in two batch records: {live.most_common(3)}"
-        visible = {t["label"]: t for t in self.emu.transactions(DB) if t["state"] == "VISIBLE"}
-        assert set(visible) == set(live), (
-            f"visible but in no record: {sorted(set(visible) - set(live))[:5]}; "
-            f"recorded but not visible: {sorted(set(live) - set(visible))[:5]}"
-        )
-        assert sum(t["rows"] for t in visible.values()) == sum(len(v) for v in self.source.values())
+target = pytest.fixture(DorisCrashTarget.for_test)
 
 
 @pytest.fixture
-def emulator(tmp_path) -> Iterator[ScriptedDoris]:
-    with ScriptedDoris(tmp_path / "doris", user=USER, password=PASSWORD) as emu:
-        yield emu
+def emulator(target: DorisCrashTarget) -> ScriptedDoris:
+    return target.emulator
 
 
-def make_pipeline(tmp_path, kafka_broker, state_url: str, emu: ScriptedDoris, options: dict[str, Any] | None = None,
-                  spark_conf: dict[str, str] | None = None, topic: str = "") -> DorisPipeline:
-    pipeline = DorisPipeline(
-        tmp_path, kafka_broker, state_url, topic=topic,
-        messages_per_partition=160, max_offsets_per_trigger=120,  # 4 batches of 40 messages per partition
-        adapter=DorisAdapter(emu, options or {}),
-        spark_conf={"spark.sql.execution.arrow.maxRecordsPerBatch": "20", **(spark_conf or {})},
-    )
-    pipeline.produce()
+def make_pipeline(tmp_path, kafka_broker, state_url: str, target: DorisCrashTarget, options: dict[str, Any] | None = None,
+                  spark_conf: dict[str, str] | None = None) -> DorisPipeline:
+    pipeline = target.pipeline(tmp_path, kafka_broker, state_url, options, spark_conf)
+    assert isinstance(pipeline, DorisPipeline)
     return pipeline
 
 
-def state_url_for(kind: str, tmp_path, request) -> str:
-    return f"file://{tmp_path / 'state'}" if kind == "file" else request.getfixturevalue("redis_server").url
+def redis_url(request) -> str:
+    return request.getfixturevalue("redis_server").url
 
 
-def batch_txns(emu: DorisEmulator, batch: int) -> list[dict[str, Any]]:
-    return [t for t in emu.transactions(DB) if (m := LABEL.search(t["label"])) and int(m.group("batch")) == batch]
+# -- precommit expiry and replays -----------------------------------------------------
 
-
-# -- crash points, precommit expiry, random kills -----------------------------------------------------
-
-# One job life, killed once at each protocol point (one per batch) and restarted each time. Not
-# after-committed-record in the last batch: its re-run only finds the batch COMMITTED, and the
-# batch's intents wait for a later batch's sweep (noted for the coordinator in the issue-4 report).
-CHAIN = [("after-writers-prepared", 0), ("after-committed-record", 1), ("after-prepared-record", 2),
-         ("after-first-commit", 3)]
-assert sorted(point for point, _ in CHAIN) == sorted(POINTS)
-
-
-def assert_stopped_at(pipeline: "DorisPipeline", point: str, batch: int) -> None:
-    """The kill happened where it was asked to: the journal and the emulator show that exact step."""
-    record, intents, done = pipeline.batch_state(batch)
-    states = Counter(t["state"] for t in batch_txns(pipeline.emu, batch))
-    if point == "after-writers-prepared":
-        assert record is None and intents and states == {"PRECOMMITTED": len(intents)}, states
-    elif point == "after-prepared-record":
-        assert record.state is BatchState.PREPARED and not done
-        assert states == {"PRECOMMITTED": len(record.committables)}, states
-        assert len(record.committables) > 2 * len(TABLES)  # several transactions per (table, partition)
-    elif point == "after-first-commit":
-        # Commits run in parallel: others may have finished before the kill landed, never all of them.
-        assert record.state is BatchState.PREPARED and 1 <= len(done) < len(record.committables)
-        assert states["VISIBLE"] >= len(done) and states["VISIBLE"] + states["PRECOMMITTED"] == len(record.committables)
-    elif point == "after-committed-record":
-        assert record.state is BatchState.COMMITTED and set(states) == {"VISIBLE"}, states
-    else:
-        raise AssertionError(point)
-
-
-def test_kill_at_every_protocol_point_then_restart_is_exact(tmp_path, kafka_broker, emulator, request):
-    pipeline = make_pipeline(tmp_path, kafka_broker, state_url_for("redis", tmp_path, request), emulator,
-                             topic=f"events-chain-{tmp_path.name}")
-    for run, (point, batch) in enumerate(CHAIN):
-        code = pipeline.run_driver(crash_at=f"{point}@{batch}", run=run)
-        assert code == -signal.SIGKILL, f"run {run} should have died at {point}@{batch}, exited {code}:\n{pipeline.log_tail(run)}"
-        assert_stopped_at(pipeline, point, batch)
-    pipeline.run_to_completion(first_run=len(CHAIN))
-    pipeline.verify_all()
-
-
-def test_precommit_expiry_during_a_long_outage_is_replayed_exactly(tmp_path, kafka_broker, emulator):
+def test_precommit_expiry_during_a_long_outage_is_replayed_exactly(tmp_path, kafka_broker, target, emulator):
     """Driver dies after the commit point; Doris aborts the PRECOMMITTED txns an hour later and the cluster
     restarts; the restarted job finds them "already aborted", reloads them from the re-run batch under fresh
     labels, and ends exact."""
-    pipeline = make_pipeline(tmp_path, kafka_broker, f"file://{tmp_path / 'state'}", emulator)
+    pipeline = make_pipeline(tmp_path, kafka_broker, f"file://{tmp_path / 'state'}", target)
     assert pipeline.run_driver(crash_at=f"after-prepared-record@{CRASH_BATCH}", run=0) == -signal.SIGKILL
-    assert_stopped_at(pipeline, "after-prepared-record", CRASH_BATCH)
+    target.assert_stopped_at(pipeline, "after-prepared-record", CRASH_BATCH)
     record, _, _ = pipeline.batch_state(CRASH_BATCH)
+    assert len(record.committables) > 2 * len(TABLES)  # several transactions per (table, partition)
     emulator.clock.advance(3601)  # stream_load_default_precommit_timeout_second = 3600
     emulator.restart()  # data and label history persist
     expired = {t["label"]: t["reason"] for t in batch_txns(emulator, CRASH_BATCH)}
@@ -287,22 +117,13 @@ def test_replay_finds_renumbered_partitions(tmp_path, emulator, spark_session, m
     assert not [t for t in emulator.transactions(DB) if t["state"] not in ("VISIBLE", "ABORTED")]
 
 
-def test_kill_at_random_instants_is_exact(tmp_path, kafka_broker, emulator):
-    rng = random.Random(29)
-    pipeline = make_pipeline(tmp_path, kafka_broker, f"file://{tmp_path / 'state'}", emulator)
-    killed = pipeline.kill_at_random_instants(rng, runs=2, max_wait_s=2.5)
-    assert killed >= 1, "the random instants never hit a running driver; the test proved nothing"
-    pipeline.run_to_completion(first_run=10)
-    pipeline.verify_all()
-
-
-def test_some_chunks_of_a_partition_lost_are_replayed_without_duplicating_the_others(tmp_path, kafka_broker, emulator):
+def test_some_chunks_of_a_partition_lost_are_replayed_without_duplicating_the_others(tmp_path, kafka_broker, target, emulator):
     """One chunk of (orders, partition 0) expires on its way to commit while its sibling chunk commits
     (as after a crash between their commits and a long outage): the replay must not load the sibling's
     rows a second time."""
     emulator.rules.append(Rule("expire", "commit", {"batch": str(CRASH_BATCH), "table": "orders", "partition": "0",
                                                     "write_pass": "0", "chunk": "1"}, times=1))
-    pipeline = make_pipeline(tmp_path, kafka_broker, f"file://{tmp_path / 'state'}", emulator)
+    pipeline = make_pipeline(tmp_path, kafka_broker, f"file://{tmp_path / 'state'}", target)
     pipeline.run_to_completion(first_run=0)
     assert emulator.rules[0].fired == 1
     record, _, _ = pipeline.batch_state(CRASH_BATCH)
@@ -316,13 +137,13 @@ def test_some_chunks_of_a_partition_lost_are_replayed_without_duplicating_the_ot
 # -- fault knobs ----------------------------------------------------------------------------------------
 
 
-def test_load_side_faults_and_a_be_restart_are_survived_exactly(tmp_path, kafka_broker, emulator, request):
+def test_load_side_faults_and_a_be_restart_are_survived_exactly(tmp_path, kafka_broker, target, emulator, request):
     faults = emulator.faults
     faults.http_5xx.arm(times=3, op="stream_load", role="be")
     faults.drop_connection_before.arm(times=2, op="stream_load", role="fe")
     faults.slow_response.arm(times=1, op="stream_load", role="be", seconds=3)  # applied; answer after the timeout
     faults.http_5xx.arm(times=1, op="get_load_state")  # the start-up check
-    pipeline = make_pipeline(tmp_path, kafka_broker, state_url_for("redis", tmp_path, request), emulator,
+    pipeline = make_pipeline(tmp_path, kafka_broker, redis_url(request), target,
                              options={"request_timeout_s": 1.0})
     proc = pipeline.start_driver(run=0)
     try:
@@ -337,7 +158,7 @@ def test_load_side_faults_and_a_be_restart_are_survived_exactly(tmp_path, kafka_
     pipeline.verify_all()
 
 
-def test_commit_side_faults_and_an_emulator_restart_are_survived_exactly(tmp_path, kafka_broker, emulator):
+def test_commit_side_faults_and_an_emulator_restart_are_survived_exactly(tmp_path, kafka_broker, target, emulator):
     faults = emulator.faults
     faults.write_lock_timeout.arm(times=3)
     faults.drop_connection_after_commit.arm(times=2)
@@ -348,7 +169,7 @@ def test_commit_side_faults_and_an_emulator_restart_are_survived_exactly(tmp_pat
     faults.expire_prepared.arm(times=1, op="abort")  # harmless: aborting what is aborted anyway
     # Every chunk of (payments, partition 1) of batch 3 expires just before its commit: lost, replayed.
     emulator.rules.append(Rule("expire", "commit", {"batch": "3", "table": "payments", "partition": "1", "write_pass": "0"}))
-    pipeline = make_pipeline(tmp_path, kafka_broker, f"file://{tmp_path / 'state'}", emulator)
+    pipeline = make_pipeline(tmp_path, kafka_broker, f"file://{tmp_path / 'state'}", target)
     assert pipeline.run_driver(crash_at=f"after-writers-prepared@{CRASH_BATCH}", run=0) == -signal.SIGKILL
     emulator.restart()
     pipeline.run_to_completion()
@@ -366,16 +187,16 @@ def test_commit_side_faults_and_an_emulator_restart_are_survived_exactly(tmp_pat
 # -- retried and speculative tasks ------------------------------------------------------------------------
 
 
-def test_a_task_that_fails_after_precommitting_is_retried_exactly(tmp_path, kafka_broker, emulator):
+def test_a_task_that_fails_after_precommitting_is_retried_exactly(tmp_path, kafka_broker, target, emulator):
     """Attempt 0 of partition 0 pre-commits its first chunk, then its second load fails for good, and its own
     abort fails too: Spark retries the task (local[2,3]); the driver commits attempt 1 and aborts attempt 0's txn.
     Speculation is on as well (Spark never launches copies on a single host; see the unit tests for duplicates)."""
     # Labels carry Spark's taskAttemptId, unknown beforehand: the first task of partition 0 to load is attempt 0.
-    target = {"batch": str(CRASH_BATCH), "partition": "0", "write_pass": "0"}
-    emulator.rules.append(Rule("fail", "stream_load", {**target, "chunk": "1"}, times=2))
-    emulator.rules.append(Rule("fail", "abort", {**target, "chunk": "0"}, times=2))  # the task's own cleanup
+    aimed = {"batch": str(CRASH_BATCH), "partition": "0", "write_pass": "0"}
+    emulator.rules.append(Rule("fail", "stream_load", {**aimed, "chunk": "1"}, times=2))
+    emulator.rules.append(Rule("fail", "abort", {**aimed, "chunk": "0"}, times=2))  # the task's own cleanup
     pipeline = make_pipeline(
-        tmp_path, kafka_broker, f"file://{tmp_path / 'state'}", emulator, options={"retries": 1},
+        tmp_path, kafka_broker, f"file://{tmp_path / 'state'}", target, options={"retries": 1},
         spark_conf={"spark.master": "local[2,3]", "spark.speculation": "true", "spark.speculation.interval": "100ms",
                     "spark.speculation.multiplier": "1.1", "spark.speculation.quantile": "0.25"},
     )

@@ -1,4 +1,7 @@
-"""Exactly-once from a real Kafka topic, through Spark tasks, into the StarRocks emulator.
+"""Exactly-once from a real Kafka topic, through Spark tasks, into the StarRocks emulator: its own scenarios.
+
+The kills at every protocol point and at random instants are the shared matrix's
+(test_exactly_once_matrix.py, on `StarRocksCrashTarget`); these are the faults only StarRocks has.
 
 Real Kafka (3 partitions) -> the packaged job in a child process (local Spark, 2 cores, retries
 allowed: `local[2,3]`; the writers run in the tasks) -> the StarRocks emulator running in this
@@ -11,81 +14,30 @@ fired, so a knob that never triggers cannot pass silently.
 """
 from __future__ import annotations
 
-import random
 import re
 import signal
-from pathlib import Path
 
 import pytest
 
-from devstack.pipeline import DB, TABLES, LocalPipeline
+from devstack.pipeline import DB, TABLES
 from streaming_sink.committable import BatchState
-from streaming_sink.crash import POINTS
 from tests.emulators.starrocks import StarRocksEmulator
-from tests.integration.starrocks_harness import DIE_AFTER_PREPARE, TWIN, StarRocksEmulatorAdapter
-from tests.integration.exactly_once import assert_stopped_at
+from tests.integration.starrocks_harness import DIE_AFTER_PREPARE, TWIN, StarRocksCrashTarget
 
 pytestmark = pytest.mark.slow
 
 CRASH_BATCH = 2
-PASSWORD = "s3cret"
+
+
+target = pytest.fixture(StarRocksCrashTarget.for_test)
 
 
 @pytest.fixture
-def emulator(tmp_path: Path):
-    with StarRocksEmulator(tmp_path / "starrocks", password=PASSWORD) as emu:
-        yield emu
+def emulator(target: StarRocksCrashTarget) -> StarRocksEmulator:
+    return target.emulator
 
 
-def _scenario(tmp_path, kafka_broker, redis_server, emulator, options=None, per_trigger=45, **kwargs) -> LocalPipeline:
-    scenario = LocalPipeline(
-        tmp_path,
-        kafka_broker,
-        redis_server.url,
-        messages_per_partition=60,
-        max_offsets_per_trigger=per_trigger,  # 180 messages over 3 partitions: 3 tasks per batch
-        adapter=StarRocksEmulatorAdapter(emulator, dict(options or {})),
-        driver_module="tests.integration.starrocks_driver",
-        spark_conf={"spark.master": "local[2,3]", **kwargs.pop("spark_conf", {})},
-        **kwargs,
-    )
-    scenario.produce()
-    return scenario
-
-
-def _open_labels(emulator: StarRocksEmulator) -> list[str]:
-    return [t["label"] for t in emulator.transactions(DB) if t["state"] in ("PREPARE", "PREPARED")]
-
-
-def test_kill_at_every_protocol_point_in_turn_then_restart_is_exact(tmp_path, kafka_broker, redis_server, emulator):
-    """One crash point per batch (1, 2, 3, 4 of 6), each followed by a restart on the same checkpoint;
-    after the kill with a PREPARED record the whole StarRocks cluster restarts too (PREPARED survives)."""
-    # one commit at a time, so "after-first-commit" leaves exactly one of the batch's commits done
-    scenario = _scenario(tmp_path, kafka_broker, redis_server, emulator, options={"commit_parallelism": 1}, per_trigger=30)
-    for run, point in enumerate(POINTS):
-        batch = run + 1
-        code = scenario.run_driver(crash_at=f"{point}@{batch}", run=run)
-        assert code == -signal.SIGKILL, f"driver should have been killed at {point}, exited {code}:\n{scenario.log_tail(run)}"
-        assert_stopped_at(scenario, point, batch)
-        if point in ("after-writers-prepared", "after-prepared-record"):
-            assert _open_labels(emulator), "the kill should have left prepared transactions for recovery to settle"
-        if point == "after-prepared-record":
-            emulator.restart()  # FE and BE: memory lost, PREPARED transactions kept on disk
-    scenario.run_to_completion(first_run=len(POINTS))
-    scenario.verify()
-    assert len(scenario.store().batch_keys(scenario.job_id)) == 6
-
-
-def test_kill_at_random_instants_is_exact(tmp_path, kafka_broker, redis_server, emulator):
-    rng = random.Random(29)
-    scenario = _scenario(tmp_path, kafka_broker, redis_server, emulator)
-    killed = scenario.kill_at_random_instants(rng, runs=3, max_wait_s=2.0)
-    assert killed >= 1, "the random instants never hit a running driver; the test proved nothing"
-    scenario.run_to_completion(first_run=10)
-    scenario.verify()
-
-
-def test_commit_faults_resolve_through_the_label_state(tmp_path, kafka_broker, redis_server, emulator):
+def test_commit_faults_resolve_through_the_label_state(tmp_path, kafka_broker, redis_server, target, emulator):
     """publish timeout (FAILED, yet committed), write-lock timeout (stays PREPARED), an answer lost
     after the commit applied, a 5xx: each commit ends COMMITTED exactly once."""
     faults = emulator.faults
@@ -93,14 +45,14 @@ def test_commit_faults_resolve_through_the_label_state(tmp_path, kafka_broker, r
     faults.write_lock_timeout.arm(times=3, op="commit", role="fe")
     faults.drop_connection_after_commit.arm(times=2, op="commit", role="fe")
     faults.http_5xx.arm(times=1, op="commit", role="fe", status=503)
-    scenario = _scenario(tmp_path, kafka_broker, redis_server, emulator)
+    scenario = target.pipeline(tmp_path, kafka_broker, redis_server.url)
     scenario.run_to_completion(first_run=0)
     scenario.verify()
     for knob in ("publish_timeout", "write_lock_timeout", "drop_connection_after_commit", "http_5xx"):
         assert getattr(faults, knob).fired >= 1, f"knob {knob} never fired"
 
 
-def test_data_phase_faults_are_retried_or_fail_the_task(tmp_path, kafka_broker, redis_server, emulator):
+def test_data_phase_faults_are_retried_or_fail_the_task(tmp_path, kafka_broker, redis_server, target, emulator):
     """Busy labels, FE routing misses, connections cut before the server acts, 5xx, a slow prepare
     whose answer comes after the client gave up, a BE restart that loses every open transaction:
     retried where that is safe, otherwise the task fails, rolls back, and Spark retries it under a
@@ -115,7 +67,7 @@ def test_data_phase_faults_are_retried_or_fail_the_task(tmp_path, kafka_broker, 
     faults.http_5xx.arm(times=1, op="load", role="be", status=500)  # load outcome unknown: the task fails
     faults.slow_response.arm(times=1, op="prepare", role="be", seconds=30)  # longer than read_timeout
     faults.restart_be.arm(times=1, op="load", role="be")  # every open transaction loses its BE context
-    scenario = _scenario(tmp_path, kafka_broker, redis_server, emulator, options={"read_timeout": 2.0})
+    scenario = target.pipeline(tmp_path, kafka_broker, redis_server.url, options={"read_timeout": 2.0})
     try:
         scenario.run_to_completion(first_run=0)
     finally:
@@ -129,10 +81,10 @@ def test_data_phase_faults_are_retried_or_fail_the_task(tmp_path, kafka_broker, 
 
 
 def test_task_dying_after_prepare_and_a_speculative_twin_leave_no_duplicates(
-    tmp_path, kafka_broker, redis_server, emulator
+    tmp_path, kafka_broker, redis_server, target, emulator
 ):
-    scenario = _scenario(
-        tmp_path, kafka_broker, redis_server, emulator,
+    scenario = target.pipeline(
+        tmp_path, kafka_broker, redis_server.url,
         spark_conf={"spark.speculation": "true"},
         driver_env={DIE_AFTER_PREPARE: f"{CRASH_BATCH}:0", TWIN: "1:1"},
     )
@@ -161,9 +113,9 @@ def _task_attempt(label: str) -> int:
 
 
 def test_prepared_transactions_that_expire_while_the_driver_is_down_are_replayed(
-    tmp_path, kafka_broker, redis_server, emulator
+    tmp_path, kafka_broker, redis_server, target, emulator
 ):
-    scenario = _scenario(tmp_path, kafka_broker, redis_server, emulator, options={"prepared_timeout": 300})
+    scenario = target.pipeline(tmp_path, kafka_broker, redis_server.url, options={"prepared_timeout": 300})
     assert scenario.run_driver(crash_at=f"after-prepared-record@{CRASH_BATCH}", run=0) == -signal.SIGKILL
     record, _, _ = scenario.batch_state(CRASH_BATCH)
     emulator.clock.advance(301)  # the driver stays down longer than prepared_timeout
@@ -176,9 +128,9 @@ def test_prepared_transactions_that_expire_while_the_driver_is_down_are_replayed
     assert any("replayed" in event for event in record.events), record.events
 
 
-def test_expired_batch_that_the_source_will_not_replay_fails_loudly(tmp_path, kafka_broker, redis_server, emulator):
+def test_expired_batch_that_the_source_will_not_replay_fails_loudly(tmp_path, kafka_broker, redis_server, target, emulator):
     """A new checkpoint means Spark never re-runs the PREPARED batch, whose data expired: stop, name the runbook."""
-    scenario = _scenario(tmp_path, kafka_broker, redis_server, emulator, options={"prepared_timeout": 300})
+    scenario = target.pipeline(tmp_path, kafka_broker, redis_server.url, options={"prepared_timeout": 300})
     assert scenario.run_driver(crash_at=f"after-prepared-record@{CRASH_BATCH}", run=0) == -signal.SIGKILL
     (old_query,) = scenario.query_ids()
     emulator.clock.advance(301)
@@ -195,15 +147,15 @@ def test_expired_batch_that_the_source_will_not_replay_fails_loudly(tmp_path, ka
     for table in TABLES:  # nothing new was loaded, nothing duplicated: the failure came before any write
         assert emulator.visible_rows(DB, table) == visible_before[table]
         assert len(set(visible_before[table])) == len(visible_before[table])
-    assert _open_labels(emulator) == []
+    assert target.open_labels() == []
 
 
 def test_a_state_store_wiped_mid_commit_stops_the_job_loudly_and_loads_nothing_twice(
-    tmp_path, kafka_broker, redis_server, emulator
+    tmp_path, kafka_broker, redis_server, target
 ):
     """R2: batch 2 is PREPARED and one transaction committed when Redis loses everything (a restart
     without AOF). Spark re-runs batch 2; rewriting it would load the committed part twice."""
-    scenario = _scenario(tmp_path, kafka_broker, redis_server, emulator, options={"commit_parallelism": 1}, per_trigger=30)
+    scenario = target.pipeline(tmp_path, kafka_broker, redis_server.url, options={"commit_parallelism": 1}, max_offsets_per_trigger=30)
     code = scenario.run_driver(crash_at="after-first-commit@2", run=0)
     assert code == -signal.SIGKILL, scenario.log_tail(0)
     visible = {table: scenario.adapter.rows(DB, table) for table in ("orders", "payments")}

@@ -14,6 +14,7 @@ from streaming_sink import http as http_module
 from streaming_sink.http import (
     AuthenticationError, HttpClient, HttpConnectionError, HttpProtocolError, HttpStatusError,
 )
+from tests.infra.tls import issue_certificates
 
 AUTH = "Basic " + base64.b64encode(b"root:pw").decode()
 
@@ -236,30 +237,13 @@ def test_urls_with_credentials_or_without_a_host_are_refused() -> None:
         HttpClient("fe:8030")
 
 
-def _tls_files(tmp_path) -> tuple[str, str, str]:
-    """A test CA and a certificate it signed for 127.0.0.1: (ca.pem, server.pem, server.key)."""
-    import subprocess
-
-    def openssl(*args: str) -> None:
-        subprocess.run(["openssl", *args], cwd=tmp_path, check=True, capture_output=True)
-
-    (tmp_path / "san.ext").write_text("subjectAltName=IP:127.0.0.1\n")
-    openssl("req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes", "-keyout", "ca.key",
-            "-out", "ca.pem", "-days", "1", "-subj", "/CN=streaming-sink test CA")
-    openssl("req", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes", "-keyout", "server.key",
-            "-out", "server.csr", "-subj", "/CN=127.0.0.1")
-    openssl("x509", "-req", "-in", "server.csr", "-CA", "ca.pem", "-CAkey", "ca.key", "-CAcreateserial",
-            "-out", "server.pem", "-days", "1", "-extfile", "san.ext")
-    return tuple(str(tmp_path / name) for name in ("ca.pem", "server.pem", "server.key"))  # type: ignore[return-value]
-
-
 def test_https_checks_the_certificate_against_the_configured_ca_bundle(tmp_path, monkeypatch) -> None:
     import ssl
 
     from streaming_sink.targets import target_from_url
     from streaming_sink.targets.starrocks import StarRocksTarget
 
-    ca, cert, key = _tls_files(tmp_path)
+    ca, cert, key = issue_certificates(tmp_path)
     server = Recorder(lambda h, n: answer(h, 200, b"{}"))
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     context.load_cert_chain(cert, key)

@@ -1,4 +1,5 @@
-"""R6 on ClickHouse: a staging table no record or intent names is listed by `status` and dropped by `recover`."""
+"""R6 on ClickHouse: a staging table no record or intent names is listed by `status` and dropped by `recover`,
+embedded (chdb) and over HTTP (the test front), where the operator's commands reach the server."""
 from __future__ import annotations
 
 import pyarrow as pa
@@ -12,8 +13,8 @@ from streaming_sink.targets.clickhouse import ClickHouseTarget
 DB, JOB, Q = "analytics", "job", "query-1"
 
 
-def test_a_staging_table_the_journal_forgot_is_listed_and_dropped(tmp_path) -> None:
-    target = ClickHouseTarget(f"chdb://{tmp_path / 'ch'}", DB)
+def test_a_staging_table_the_journal_forgot_is_listed_and_dropped(tmp_path, clickhouse_url) -> None:
+    target = ClickHouseTarget(clickhouse_url, DB)
     target.create_table("orders", pa.schema([("id", pa.int64())]))
     target.routable_tables()
     store = FileStateStore(tmp_path / "state")

@@ -1,15 +1,21 @@
-"""The operator's commands on what a killed job left behind, then the job restarted: still exact."""
+"""The operator's commands on what a killed job left behind, then the job restarted: still exact.
+
+Embedded ClickHouse (chdb), and ClickHouse over HTTPS through the test front with a certificate of a test
+CA: the job (driver and tasks) and the operator's commands trust it through `ca_bundle`, which the commands
+read from the job's TOML (`--config`), as an operator's would."""
 from __future__ import annotations
 
 import json
 import signal
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
 from devstack.pipeline import DB, LocalPipeline
 from streaming_sink.committable import BatchState
+from tests.integration.clickhouse_http_harness import clickhouse_adapter
 
 pytestmark = pytest.mark.slow
 
@@ -17,15 +23,39 @@ pytestmark = pytest.mark.slow
 def cli(pipeline: LocalPipeline, *args: str, target: bool = True) -> subprocess.CompletedProcess:
     command = [sys.executable, "-m", "streaming_sink.cli", *args, "--job", pipeline.job_id, "--state", pipeline.state_url]
     if target:
-        command += ["--target", f"chdb://{pipeline.chdb_path}", "--database", DB]
+        command += ["--target", pipeline.adapter.target_url(), "--database", DB, "--config", str(operator_config(pipeline))]
     return subprocess.run(command, capture_output=True, text=True, timeout=120)
 
 
-@pytest.fixture
-def pipeline(tmp_path, kafka_broker):
-    p = LocalPipeline(tmp_path, kafka_broker, f"file://{tmp_path / 'state'}")
-    p.produce()
-    return p
+def operator_config(pipeline: LocalPipeline) -> Path:
+    """The job's TOML, whose `target.options` (TLS ones included) the commands take: flags give the rest."""
+    assert pipeline.adapter is not None
+    options = ", ".join(f"{name} = {json.dumps(value)}" for name, value in pipeline.adapter.target_options().items())
+    path = pipeline.root / "job.toml"
+    path.write_text(f"""job_id = "{pipeline.job_id}"
+[kafka]
+bootstrap_servers = "{pipeline.broker.bootstrap}"
+topics = ["{pipeline.topic}"]
+[routing]
+field = "table"
+[tables.orders]
+schema = "id BIGINT NOT NULL, name STRING, amount DOUBLE"
+[target]
+url = "{pipeline.adapter.target_url()}"
+database = "{DB}"
+options = {{ {options} }}
+[state]
+url = "{pipeline.state_url}"
+""")
+    return path
+
+
+@pytest.fixture(params=["chdb", "https"])
+def pipeline(request, tmp_path, kafka_broker):
+    with clickhouse_adapter(request.param, tmp_path / "ch") as adapter:
+        p = LocalPipeline(tmp_path, kafka_broker, f"file://{tmp_path / 'state'}", adapter=adapter)
+        p.produce()
+        yield p
 
 
 def test_status_and_recover_finish_a_prepared_batch_before_the_job_returns(pipeline):

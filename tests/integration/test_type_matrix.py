@@ -1,7 +1,7 @@
 """Every type the sink writes, at its edges, through every target and wire format, read back equal to what
 was sent, or refused with an error that names the column: never altered silently.
 
-Targets: embedded ClickHouse (the real engine), StarRocks (CSV, JSON) and Doris (CSV, JSON, Arrow)
+Targets: ClickHouse (the real engine, embedded and over HTTP through the test front), StarRocks (CSV, JSON) and Doris (CSV, JSON, Arrow)
 through their emulators, which apply each product's documented conversion rules in strict mode
 (docs/protocol.md, Common: value conversion). The values are Arrow, as Spark hands them to the sink
 (`test_spark_types_reach_arrow_as_the_matrix_sends_them` pins that step). docs/types.md is the table
@@ -121,11 +121,12 @@ class Case:
         self.name, self.make, self.read = name, make, read
 
 
-@pytest.fixture(params=["clickhouse", "starrocks-csv", "starrocks-json", "doris-csv", "doris-json", "doris-arrow"])
+@pytest.fixture(params=["clickhouse", "clickhouse-http", "starrocks-csv", "starrocks-json", "doris-csv", "doris-json", "doris-arrow"])
 def case(request, tmp_path) -> Iterator[Case]:
     product, _, fmt = request.param.partition("-")
     if product == "clickhouse":
-        target = ClickHouseTarget(f"chdb://{tmp_path / 'ch'}", database=DB)
+        url = request.getfixturevalue("clickhouse_front").url if fmt == "http" else f"chdb://{tmp_path / 'ch'}"
+        target = ClickHouseTarget(url, database=DB)
         target.client().command(f"CREATE DATABASE {DB}")
 
         def make_ch(names: list[str]) -> Target:
@@ -162,7 +163,7 @@ def case(request, tmp_path) -> Iterator[Case]:
 # What each (target, format) cannot hold, and must refuse naming the column: {case: {column: rows refused}}.
 REFUSED: dict[str, dict[str, set[int]]] = {
     # ClickHouse Array, Map and Tuple columns cannot be Nullable: a NULL would be stored as [], {}, (NULL, NULL).
-    "clickhouse": {"arr": {2}, "m": {2}, "st": {2}},
+    **{case: {"arr": {2}, "m": {2}, "st": {2}} for case in ("clickhouse", "clickhouse-http")},
     # Doris reads an Arrow timestamp as unsigned on older versions: instants before 1970-01-01 08:00 +08:00
     # are refused rather than risked (docs/protocol.md, Doris: Arrow and Parquet loads).
     "doris-arrow": {"ts": {0}, "fx": {0, 1, 2}},
@@ -198,10 +199,12 @@ SPARK_TYPES = {
 SPARK_ROWS = [0, 1, 3, 4, 5]  # row 2 holds NULL arrays, maps and structs, which ClickHouse cannot (refused above)
 
 
-@pytest.mark.parametrize("product, zone", [("clickhouse", "Asia/Kolkata"), ("starrocks", "America/New_York")])
-def test_spark_types_reach_the_target_as_sent_whatever_the_session_zone(spark_session, tmp_path, product, zone) -> None:
+@pytest.mark.parametrize("product, zone", [("clickhouse", "Asia/Kolkata"), ("clickhouse-http", "Asia/Kolkata"),
+                                           ("starrocks", "America/New_York")])
+def test_spark_types_reach_the_target_as_sent_whatever_the_session_zone(spark_session, tmp_path, product, zone, request) -> None:
     """The step before the matrix: Spark's types through `ExactlyOnceSink` (Spark to Arrow, writers in the driver
-    for ClickHouse and in tasks for StarRocks). A session zone other than UTC must not move a timestamp."""
+    for embedded ClickHouse and in tasks for ClickHouse over HTTP and StarRocks). A session zone other than UTC must
+    not move a timestamp."""
     from streaming_sink.state import FileStateStore
     from streaming_sink.sink import ExactlyOnceSink
 
@@ -213,8 +216,9 @@ def test_spark_types_reach_the_target_as_sent_whatever_the_session_zone(spark_se
     spark_session.conf.set("spark.sql.session.timeZone", zone)
     try:
         frame = spark_session.createDataFrame(rows, schema).repartition(2)
-        if product == "clickhouse":
-            target: Target = ClickHouseTarget(f"chdb://{tmp_path / 'ch'}", database=DB)
+        if product.startswith("clickhouse"):
+            url = request.getfixturevalue("clickhouse_front").url if product == "clickhouse-http" else f"chdb://{tmp_path / 'ch'}"
+            target: Target = ClickHouseTarget(url, database=DB)
             target.client().command(f"CREATE DATABASE {DB}")
             columns = ", ".join(["id Int64"] + [f"{n} {COLUMNS[n][2]}" for n in names])
             target.client().command(f"CREATE TABLE {DB}.t ({columns}) ENGINE = MergeTree ORDER BY id")

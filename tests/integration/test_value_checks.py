@@ -15,7 +15,6 @@ from streaming_sink.state import FileStateStore
 from streaming_sink.frame import build_frame, check_columns, resolve_tables, table_schemas
 from streaming_sink.job_spec import JobSpec
 from streaming_sink.sink import ExactlyOnceSink
-from streaming_sink.targets.clickhouse import ClickHouseTarget
 
 DB = "analytics"
 SCHEMA = "id BIGINT NOT NULL, small INT, day DATE, at TIMESTAMP, code STRING, ratio DOUBLE, note STRING, price DECIMAL(10,3)"
@@ -45,20 +44,15 @@ NOT_UTF8 = b'\xff\xfe{"table": "readings", "id": 11}'
 
 
 @pytest.fixture
-def target(clickhouse_url):
-    t = ClickHouseTarget(clickhouse_url, DB)
-    try:
-        client = t.client()
-        client.command(f"CREATE DATABASE {DB}")
-        client.command(
-            f"CREATE TABLE {DB}.readings (id Int64, small Int8, day Date, at DateTime('UTC'), code FixedString(3), "
-            "ratio Float32, note String, price Decimal(6, 2), kafka_partition Int32, kafka_offset Int64) "
-            "ENGINE = MergeTree ORDER BY id")
-        client.command(f"CREATE TABLE {DB}.dead_letters (raw_value Nullable(String), topic String, partition Int32, "
-                       "offset Int64, kafka_timestamp DateTime64(6), reason String) ENGINE = MergeTree ORDER BY offset")
-        yield t
-    finally:
-        t.close()
+def target(clickhouse_target):
+    client = clickhouse_target.client()
+    client.command(
+        f"CREATE TABLE {DB}.readings (id Int64, small Int8, day Date, at DateTime('UTC'), code FixedString(3), "
+        "ratio Float32, note String, price Decimal(6, 2), kafka_partition Int32, kafka_offset Int64) "
+        "ENGINE = MergeTree ORDER BY id")
+    client.command(f"CREATE TABLE {DB}.dead_letters (raw_value Nullable(String), topic String, partition Int32, "
+                   "offset Int64, kafka_timestamp DateTime64(6), reason String) ENGINE = MergeTree ORDER BY offset")
+    return clickhouse_target
 
 
 def run_one_batch(spark, target, tmp_path, target_url: str, schema: str, messages: list[bytes]) -> None:

@@ -75,6 +75,7 @@ def test_a_real_target_does_not_create_tables(tmp_path, monkeypatch):
          "target.options.load_timeout_s = 5 s is shorter than 10 s"),
         ("sink.flush_bytes", 10, "sink.flush_bytes: 10 is not a byte count"),
         ("sink.metrics_port", 70000, "sink.metrics_port = 70000: expected int <= 65535"),
+        ("sink.driver_fetch", "all", "sink.driver_fetch = 'all': not one of stream, partitions"),
     ],
 )
 def test_configuration_errors_name_the_key(tmp_path, monkeypatch, path, value, message):
@@ -82,6 +83,15 @@ def test_configuration_errors_name_the_key(tmp_path, monkeypatch, path, value, m
     with pytest.raises(ConfigurationError) as error:
         resolve_config(with_change(path, value), tmp_path)
     assert message in str(error.value)
+
+
+def test_driver_fetch_reaches_the_sink_s_runner(tmp_path):
+    """Streaming by default; "partitions" bounds the driver's JVM to two partitions of a batch (execution.py)."""
+    from streaming_sink.job import build_sink
+
+    assert resolve_config(GOOD, tmp_path).driver_fetch == "stream"
+    spec = resolve_config(with_change("sink.driver_fetch", "partitions"), tmp_path)
+    assert build_sink(spec).runner.driver_fetch == "partitions"
 
 
 def test_state_url_from_the_environment(tmp_path, monkeypatch):
