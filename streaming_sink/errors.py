@@ -16,6 +16,8 @@
     └── EncodingError (ValueError)           a value the wire format cannot carry (targets/encoding.py)
 
 The builtin second bases keep `except ValueError` / `except RuntimeError` callers working.
+An error raised in a Spark task reaches the caller with its own type and message, its traceback as
+the cause (`execution.sink_error_of`).
 """
 from __future__ import annotations
 

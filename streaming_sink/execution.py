@@ -29,13 +29,15 @@ writer per partition (by a version before the whole-batch writer), replayed that
 """
 from __future__ import annotations
 
+import importlib
+import re
 from typing import TYPE_CHECKING, Callable, Iterable, Iterator
 
 import pyarrow as pa
 
 from .state import StateStore
 
-from .errors import ConfigurationError, InvariantBreach
+from .errors import ConfigurationError, InvariantBreach, StreamingSinkError
 from .routing import Router
 from .targets.base import Target
 from .writer import ContentChecksum, PartitionResult, PartitionWriter, WriteContext
@@ -147,8 +149,40 @@ def _replay_identity(df: "DataFrame", context: WriteContext, store: StateStore, 
 def _write_in_tasks(
     df: "DataFrame", target: Target, router: Router, context: WriteContext, store: StateStore, identity: Identity | None
 ) -> list[PartitionResult]:
-    rows = df.mapInArrow(task_writer(target, router, context, store, identity), "result string").collect()
+    from pyspark.errors import PythonException
+
+    try:
+        rows = df.mapInArrow(task_writer(target, router, context, store, identity), "result string").collect()
+    except PythonException as failure:
+        own = sink_error_of(failure)
+        if own is None:
+            raise
+        raise own from failure
     return _one_per_partition(PartitionResult.from_json(row["result"]) for row in rows)
+
+
+# The line of a task's traceback that names one of the sink's own errors: "<module>.<Class>: <message>".
+_SINK_ERROR_LINE = re.compile(r"^(streaming_sink(?:\.\w+)+)\.(\w+): (.*)$", re.MULTILINE)
+
+
+def sink_error_of(failure: Exception) -> StreamingSinkError | None:
+    """The sink's own error that ended a Spark task, as its own type with its message, so callers catch it by
+    type whichever side wrote (Spark hands a task's error to the driver as text; the message is the line that names
+    the error, the traceback stays in the `failure` it is raised from); None for any other error."""
+    text = str(failure)
+    found = None
+    for found in _SINK_ERROR_LINE.finditer(text):  # the last one: the error the task died of
+        pass
+    if found is None:
+        return None
+    module, name, message = found.groups()
+    try:
+        kind = getattr(importlib.import_module(module), name)
+    except (ImportError, AttributeError):
+        return None
+    if not (isinstance(kind, type) and issubclass(kind, StreamingSinkError)):
+        return None
+    return kind(message)
 
 
 def task_writer(
