@@ -21,16 +21,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator
 
-from devstack.pipeline import TABLE_DDL, ClickHouseAdapter, table_rows
+from devstack.pipeline import DB, TABLE_DDL, ClickHouseAdapter, LocalPipeline, table_rows
 from streaming_sink import job
 from streaming_sink.targets.base import NewRef, RecordIntent, TableTransaction
 from streaming_sink.targets.clickhouse import COMMITTED, LEDGER_TABLE, ClickHouseTarget
 from tests.clickhouse_front import ClickHouseFront
 from tests.infra.tls import issue_certificates
+from tests.integration.crash_targets import ClickHouseCrashTarget
 from tests.integration.exactly_once import DIE_AFTER_PREPARE, TWIN, hooked_begin
 
-__all__ = ["DIE_AFTER_PREPARE", "TWIN", "ClickHouseFrontAdapter", "HookedClickHouseTarget", "clickhouse_adapter",
-           "hooked_target_from_url", "twin_label"]
+__all__ = ["DIE_AFTER_PREPARE", "TWIN", "ClickHouseFrontAdapter", "ClickHouseHttpCrashTarget", "HookedClickHouseTarget",
+           "clickhouse_adapter", "hooked_target_from_url", "twin_label"]
 
 
 @dataclass
@@ -110,6 +111,41 @@ def clickhouse_adapter(transport: str, path: Path) -> Iterator[ClickHouseAdapter
         tls, options = (cert, key), {"ca_bundle": ca}
     with ClickHouseFront(path, tls=tls) as front:
         yield ClickHouseFrontAdapter(front, options)
+
+
+class ClickHouseHttpCrashTarget(ClickHouseCrashTarget):
+    """The crash matrix over the front: 180 messages, 30 a trigger over 3 partitions (3 tasks a batch), writers in
+    Spark tasks that may retry (`local[2,3]`), the hooked driver; read over HTTP like any client."""
+
+    name = "clickhouse-http"
+    chain_stores = ("redis",)
+    chain_options = {"commit_parallelism": 1}  # so "after-first-commit" leaves exactly one of the batch's commits done
+
+    def __init__(self, front: ClickHouseFront) -> None:
+        self.front = front
+
+    @classmethod
+    @contextmanager
+    def started(cls, root: Path) -> Iterator[ClickHouseCrashTarget]:
+        with ClickHouseFront(root / "clickhouse") as front:
+            yield cls(front)
+
+    def pipeline_settings(self, options: dict[str, Any]) -> dict[str, Any]:
+        return {
+            "messages_per_partition": 60, "max_offsets_per_trigger": 30,
+            "adapter": ClickHouseFrontAdapter(self.front, dict(options)),
+            "driver_module": "tests.integration.clickhouse_http_driver",
+            "spark_conf": {"spark.master": "local[2,3]"},
+        }
+
+    @contextmanager
+    def reader(self, pipeline: LocalPipeline) -> Iterator[ClickHouseTarget]:
+        assert isinstance(pipeline.adapter, ClickHouseFrontAdapter)
+        target = pipeline.adapter.target(DB)
+        try:
+            yield target
+        finally:
+            target.close()
 
 
 def twin_label(label: str) -> str:

@@ -3,10 +3,11 @@
 Real Kafka (3 partitions) -> the packaged job in a child process (local Spark, 2 cores, retries allowed:
 `local[2,3]`; the writers run in the tasks, one staging table per (table, task attempt)) -> ClickHouse's
 HTTP interface served by the test front over the real engine (tests/clickhouse_front, in this process)
--> the Redis state store. The driver is SIGKILLed at every named protocol point and at seeded random
-instants; the front injects server faults (a connection dropped after a MOVE was applied, 5xx, answers
-held beyond the client's timeout); tasks die after prepare and a twin attempt loses its race; a prepared
-staging table is dropped by hand and its part is replayed from the re-run batch.
+-> the Redis state store. The front injects server faults (a connection dropped after a MOVE was
+applied, 5xx, answers held beyond the client's timeout); tasks die after prepare and a twin attempt
+loses its race; a prepared staging table is dropped by hand and its part is replayed from the re-run
+batch. The SIGKILLs at every protocol point and at random instants on this path are the shared
+matrix's (test_exactly_once_matrix.py, adapter `ClickHouseHttpCrashTarget`).
 
 Every pipeline test ends with `verify()`: both tables equal the source row by row (count, checksum,
 sorted rows), no staging table is left, every commit the ledger says began finished, no intent is
@@ -18,7 +19,6 @@ interleaving of their statements that the schedules below enumerate.
 """
 from __future__ import annotations
 
-import random
 import signal
 import threading
 from pathlib import Path
@@ -29,12 +29,10 @@ import pytest
 
 from devstack.pipeline import DB, LocalPipeline
 from streaming_sink.committable import Committable, TxnRef, make_label
-from streaming_sink.crash import POINTS
 from streaming_sink.targets.base import CommitAmbiguousError, CommitOutcome, CommittedNotChosenError
 from streaming_sink.targets.clickhouse import COMMITTED, LEDGER_TABLE, ClickHouseTarget
 from tests.clickhouse_front import ClickHouseFront
 from tests.integration.clickhouse_http_harness import DIE_AFTER_PREPARE, TWIN, ClickHouseFrontAdapter
-from tests.integration.exactly_once import assert_stopped_at, kill_seeds
 
 CRASH_BATCH = 2
 STAGING = r"`ss_orders_ingest_\w+`"  # a staging table of the pipeline's job, as statements name it
@@ -46,13 +44,13 @@ def front(tmp_path: Path) -> Iterator[ClickHouseFront]:
         yield front
 
 
-def _scenario(tmp_path, kafka_broker, redis_server, front, options=None, per_trigger=45, **kwargs) -> LocalPipeline:
+def _scenario(tmp_path, kafka_broker, redis_server, front, options=None, **kwargs) -> LocalPipeline:
     scenario = LocalPipeline(
         tmp_path,
         kafka_broker,
         redis_server.url,
         messages_per_partition=60,
-        max_offsets_per_trigger=per_trigger,  # 180 messages over 3 partitions: 3 tasks per batch
+        max_offsets_per_trigger=45,  # 180 messages over 3 partitions: 3 tasks per batch
         adapter=ClickHouseFrontAdapter(front, dict(options or {})),
         driver_module="tests.integration.clickhouse_http_driver",
         spark_conf={"spark.master": "local[2,3]", **kwargs.pop("spark_conf", {})},
@@ -60,42 +58,6 @@ def _scenario(tmp_path, kafka_broker, redis_server, front, options=None, per_tri
     )
     scenario.produce()
     return scenario
-
-
-def _staging_tables(front: ClickHouseFront) -> list[str]:
-    target = ClickHouseTarget(front.url, database=DB)
-    try:
-        return target.staging_tables()
-    finally:
-        target.close()
-
-
-@pytest.mark.slow
-def test_kill_at_every_protocol_point_in_turn_then_restart_is_exact(tmp_path, kafka_broker, redis_server, front):
-    """One crash point per batch (1, 2, 3, 4 of 6), each followed by a restart on the same checkpoint."""
-    # one commit at a time, so "after-first-commit" leaves exactly one of the batch's commits done
-    scenario = _scenario(tmp_path, kafka_broker, redis_server, front, options={"commit_parallelism": 1}, per_trigger=30)
-    for run, point in enumerate(POINTS):
-        batch = run + 1
-        code = scenario.run_driver(crash_at=f"{point}@{batch}", run=run)
-        assert code == -signal.SIGKILL, f"driver should have been killed at {point}, exited {code}:\n{scenario.log_tail(run)}"
-        assert_stopped_at(scenario, point, batch)
-        if point in ("after-writers-prepared", "after-prepared-record"):
-            assert _staging_tables(front), "the kill should have left prepared staging tables for recovery to settle"
-    scenario.run_to_completion(first_run=len(POINTS))
-    scenario.verify()
-    assert len(scenario.store().batch_keys(scenario.job_id)) == 6
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("seed", kill_seeds())
-def test_kill_at_random_instants_is_exact(seed, tmp_path, kafka_broker, redis_server, front):
-    rng = random.Random(seed)
-    scenario = _scenario(tmp_path, kafka_broker, redis_server, front)
-    killed = scenario.kill_at_random_instants(rng, runs=3, max_wait_s=3.0)
-    assert killed >= 1, "the random instants never hit a running driver; the test proved nothing"
-    scenario.run_to_completion(first_run=10)
-    scenario.verify()
 
 
 @pytest.mark.slow

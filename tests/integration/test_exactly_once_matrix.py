@@ -1,9 +1,9 @@
 """The crash scenarios every target must pass, run on one adapter per target (tests/integration/crash_targets.py).
 
-Real Kafka (3 partitions) -> the packaged job in a child process -> the target (embedded chdb, or an
-emulator in this process) -> a file or Redis state store. The driver is SIGKILLed at every named
-protocol point in one job life (restarted after each kill), and at seeded random instants. Every
-test ends with the adapter's `verify`: both tables equal the source row by row (count, checksum,
+Real Kafka (3 partitions) -> the packaged job in a child process -> the target (embedded chdb, ClickHouse's
+HTTP interface served by the test front over chdb, or an emulator in this process) -> a file or Redis state
+store. The driver is SIGKILLed at every named protocol point in one job life (restarted after each kill),
+and at seeded random instants. Every test ends with the adapter's `verify`: both tables equal the source row by row (count, checksum,
 sorted rows), nothing is left in the target, no intent is left, every batch is COMMITTED.
 
 Scenarios that only one target has (label-state faults, BE restarts, precommit expiry, lost staging,
@@ -19,6 +19,7 @@ from typing import Iterator
 import pytest
 
 from streaming_sink.crash import POINTS
+from tests.integration.clickhouse_http_harness import ClickHouseHttpCrashTarget
 from tests.integration.crash_targets import ClickHouseCrashTarget, CrashTarget
 from tests.integration.doris_harness import DorisCrashTarget
 from tests.integration.exactly_once import kill_seeds
@@ -26,7 +27,7 @@ from tests.integration.starrocks_harness import StarRocksCrashTarget
 
 pytestmark = pytest.mark.slow
 
-TARGETS: list[type[CrashTarget]] = [ClickHouseCrashTarget, StarRocksCrashTarget, DorisCrashTarget]
+TARGETS: list[type[CrashTarget]] = [ClickHouseCrashTarget, ClickHouseHttpCrashTarget, StarRocksCrashTarget, DorisCrashTarget]
 
 # One job life, killed once at each protocol point (one per batch) and restarted each time. Not
 # after-committed-record in the last batch: its re-run only finds the batch COMMITTED, and the
