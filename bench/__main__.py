@@ -29,7 +29,7 @@ REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "bench" / "results"
 PARTITIONS = 4
 SIZES = {"quick": (40_000, 4), "full": (400_000, 8)}  # events, micro-batches of the throughput runs
-THROUGHPUT_MODES = ("noop", "toarrow", "alo-chdb-hand", "alo-chdb-sink", "eo-chdb-file", "eo-chdb-redis",
+THROUGHPUT_MODES = ("noop", "toarrow", "tasks-arrow", "alo-chdb-hand", "alo-chdb-sink", "eo-chdb-file", "eo-chdb-redis",
                     "alo-null-starrocks", "eo-null-starrocks", "alo-null-doris", "eo-null-doris", "eo-null-doris-arrow")
 MEMORY_MODES = ("eo-chdb-file", "eo-null-starrocks")
 RESTART_MODES = ("noop", "eo-chdb-file", "eo-null-starrocks")

@@ -7,6 +7,8 @@ the batches Spark reported, and for the sink's modes the phase timings of every 
 Modes (what each measures):
   noop                Spark's own `noop` sink: the read and parse, the yardstick
   toarrow             foreachBatch that only calls `toArrow()`: the cost of getting a batch into Python
+  tasks-arrow         foreachBatch whose Spark tasks only read their Arrow batches in Python workers
+                      (`mapInArrow`, a count back): the floor of any Python writer in tasks
   alo-chdb-hand       toArrow() + insert_arrow per table into chdb, what a user would write by hand
   alo-chdb-sink       the sink's own writers and runner into chdb, committed without the journal (bench.baseline)
   eo-chdb-file        ExactlyOnceSink -> chdb, file state store
@@ -36,7 +38,7 @@ SCHEMA = ("id BIGINT, `table` STRING, user_id BIGINT, name STRING, amount DOUBLE
           "country STRING, status STRING, created_at STRING, note STRING")
 CH_DDL = ("CREATE TABLE IF NOT EXISTS {db}.{table} (id Int64, user_id Int64, name String, amount Float64, currency String, "
           "country String, status String, created_at String, note String) ENGINE = MergeTree ORDER BY id")
-MODES = ("noop", "toarrow", "alo-chdb-hand", "alo-chdb-sink", "eo-chdb-file", "eo-chdb-redis",
+MODES = ("noop", "toarrow", "tasks-arrow", "alo-chdb-hand", "alo-chdb-sink", "eo-chdb-file", "eo-chdb-redis",
          "alo-null-starrocks", "eo-null-starrocks", "alo-null-doris", "eo-null-doris", "eo-null-doris-arrow")
 
 
@@ -86,6 +88,17 @@ def _hand_written(target: Any) -> Callable[[Any, int], None]:
     return write
 
 
+def _tasks_read_arrow(df: Any, batch_id: int) -> None:
+    """Each task hands its partition to a Python worker as Arrow batches, which only counts them: Spark's part of
+    writers in tasks (scheduling, the Kafka read and parse, the JVM -> Python handoff) with no writer at all."""
+    import pyarrow as pa
+
+    def count(batches: Iterator[Any]) -> Iterator[Any]:
+        yield pa.RecordBatch.from_pylist([{"rows": sum(batch.num_rows for batch in batches)}])
+
+    df.mapInArrow(count, "rows long").collect()
+
+
 def _profile_tasks(directory: str) -> None:
     """Wrap the sink's task function so each task dumps a cProfile of its writer (read by the orchestrator)."""
     from streaming_sink import execution
@@ -117,6 +130,8 @@ def _batch_function(spec: dict[str, Any], reports: list[dict[str, Any]]) -> Call
         return None
     if mode == "toarrow":
         return lambda df, batch_id: df.toArrow() and None
+    if mode == "tasks-arrow":
+        return _tasks_read_arrow
     target = _target(spec)
     if "chdb" in mode:
         _create_chdb_tables(target)

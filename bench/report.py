@@ -10,6 +10,7 @@ BEGIN, END = "<!-- bench:latest:begin -->", "<!-- bench:latest:end -->"
 LABELS = {
     "noop": "Spark `noop` sink",
     "toarrow": "foreachBatch: only `toArrow()`",
+    "tasks-arrow": "foreachBatch: tasks only read their Arrow batches in Python",
     "alo-chdb-hand": "hand-written at-least-once: `toArrow()` + `insert_arrow` per table (chdb)",
     "alo-chdb-sink": "sink's writers, at-least-once (no journal), chdb",
     "eo-chdb-file": "`ExactlyOnceSink` -> chdb, file store",
