@@ -32,7 +32,7 @@ from streaming_sink.committable import Committable, TxnRef, make_label
 from streaming_sink.targets.base import CommitAmbiguousError, CommitOutcome, CommittedNotChosenError
 from streaming_sink.targets.clickhouse import COMMITTED, LEDGER_TABLE, ClickHouseTarget
 from tests.clickhouse_front import ClickHouseFront
-from tests.integration.clickhouse_http_harness import DIE_AFTER_PREPARE, TWIN, ClickHouseFrontAdapter
+from tests.integration.clickhouse_http_harness import DIE_AFTER_PREPARE, TWIN, ClickHouseHttpCrashTarget
 
 CRASH_BATCH = 2
 STAGING = r"`ss_orders_ingest_\w+`"  # a staging table of the pipeline's job, as statements name it
@@ -44,20 +44,10 @@ def front(tmp_path: Path) -> Iterator[ClickHouseFront]:
         yield front
 
 
-def _scenario(tmp_path, kafka_broker, redis_server, front, options=None, **kwargs) -> LocalPipeline:
-    scenario = LocalPipeline(
-        tmp_path,
-        kafka_broker,
-        redis_server.url,
-        messages_per_partition=60,
-        max_offsets_per_trigger=45,  # 180 messages over 3 partitions: 3 tasks per batch
-        adapter=ClickHouseFrontAdapter(front, dict(options or {})),
-        driver_module="tests.integration.clickhouse_http_driver",
-        spark_conf={"spark.master": "local[2,3]", **kwargs.pop("spark_conf", {})},
-        **kwargs,
-    )
-    scenario.produce()
-    return scenario
+def _scenario(tmp_path, kafka_broker, redis_server, front, options=None, **overrides) -> LocalPipeline:
+    """The matrix adapter's pipeline over this test's front, 45 messages a trigger (3 tasks and 4 batches)."""
+    return ClickHouseHttpCrashTarget(front).pipeline(tmp_path, kafka_broker, redis_server.url, options,
+                                                     max_offsets_per_trigger=45, **overrides)
 
 
 @pytest.mark.slow
