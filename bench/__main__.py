@@ -20,6 +20,7 @@ import random
 import shutil
 import subprocess
 import sys
+import sysconfig
 import threading
 import time
 from pathlib import Path
@@ -27,6 +28,7 @@ from typing import Any, Callable, Iterator
 
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "bench" / "results"
+STDLIB = sysconfig.get_paths()["stdlib"]
 PARTITIONS = 4
 SIZES = {"quick": (40_000, 4), "full": (400_000, 8)}  # events, micro-batches of the throughput runs
 THROUGHPUT_MODES = ("noop", "toarrow", "tasks-arrow", "alo-chdb-hand", "alo-chdb-sink", "eo-chdb-file", "eo-chdb-redis",
@@ -354,7 +356,8 @@ def top_entries(files: list[Path], count: int = 14) -> dict[str, Any]:
 
     def name(func: tuple[str, int, str]) -> str:
         path, line, function = func
-        short = path.split("site-packages/")[-1].replace(str(REPO) + "/", "")
+        # relative to site-packages, the repository or the standard library: no path of this machine is recorded
+        short = path.split("site-packages/")[-1].replace(str(REPO) + "/", "").replace(STDLIB + "/", "")
         return f"{short}:{line}({function})" if line else function
 
     rows = stats.stats  # type: ignore[attr-defined]
