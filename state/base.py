@@ -114,6 +114,12 @@ class BatchRecord:
     records_in: int = 0  # rows the writers received; equals the rows of all committables
     sent: list[str] = field(default_factory=list)  # labels a commit may have been sent for (R1: never replay those)
     open_attempt: str | None = None  # while PREPARED: the replay pass whose writers may still record intents
+    # labels whose commit answered LOST in the very phase that first sent it: provably never committed (F4)
+    never_committed: list[str] = field(default_factory=list)
+    # the source range Spark planned the batch with: the text of the checkpoint's offsets/N (None: unknown)
+    source: str | None = None
+    # why the driver stopped on this batch for an operator: {"error", "section", "message", "at"} (None: it did not)
+    stop: dict[str, Any] | None = None
 
     def live_committables(self) -> list[Committable]:
         lost = set(self.lost)
@@ -135,6 +141,9 @@ class BatchRecord:
             "records_in": self.records_in,
             "sent": self.sent,
             "open_attempt": self.open_attempt,
+            "never_committed": self.never_committed,
+            "source": self.source,
+            "stop": self.stop,
         }
 
     @classmethod
@@ -162,6 +171,9 @@ class BatchRecord:
             records_in=int(data.get("records_in", 0)),
             sent=list(data.get("sent", [])),
             open_attempt=data.get("open_attempt"),
+            never_committed=list(data.get("never_committed", [])),
+            source=data.get("source"),
+            stop=dict(data["stop"]) if data.get("stop") else None,
         )
 
     def to_json(self) -> str:
