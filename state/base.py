@@ -25,6 +25,11 @@ class StateStoreError(StreamingSinkError, RuntimeError):
 class FencedError(StateStoreError):
     """A newer driver of the same job took over; this one must stop writing."""
 
+    # what an error rebuilt from a Spark task's text (execution.sink_error_of) reads: unknown
+    job_id: str = ""
+    held: int = 0
+    current: int | None = None
+
     def __init__(self, job_id: str, held: int, current: int | None) -> None:
         super().__init__(
             f"job {job_id!r}: this driver holds fencing epoch {held}, but epoch {current} was taken "

@@ -182,7 +182,11 @@ def sink_error_of(failure: Exception) -> StreamingSinkError | None:
         return None
     if not (isinstance(kind, type) and issubclass(kind, StreamingSinkError)):
         return None
-    return kind(message)
+    # Built from the message alone, whatever the constructor takes (FencedError takes three arguments): the
+    # attributes the text does not carry read as their class-level unknowns (e.g. `maybe_applied` True).
+    error = kind.__new__(kind)
+    Exception.__init__(error, message)
+    return error
 
 
 def task_writer(

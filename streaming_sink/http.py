@@ -47,6 +47,8 @@ class HttpError(StreamingSinkError, RuntimeError):
 class HttpConnectionError(HttpError):
     """No answer. `maybe_applied` is False only when the request surely never reached the server."""
 
+    maybe_applied: bool = True  # what an error rebuilt from a Spark task's text reads: the safe unknown
+
     def __init__(self, message: str, maybe_applied: bool) -> None:
         super().__init__(message)
         self.maybe_applied = maybe_applied
@@ -54,6 +56,8 @@ class HttpConnectionError(HttpError):
 
 class HttpStatusError(HttpError):
     """The server answered with an HTTP error status (after any retries)."""
+
+    response: "HttpResponse | None" = None  # None in an error rebuilt from a Spark task's text
 
     def __init__(self, message: str, response: "HttpResponse") -> None:
         super().__init__(message)

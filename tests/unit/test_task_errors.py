@@ -38,3 +38,27 @@ def test_anything_else_stays_what_spark_raised():
     assert sink_error_of(Exception("streaming_sink.writer.PartitionWriter: a class, not an error")) is None
     assert sink_error_of(Exception("streaming_sink.nowhere.Missing: no such module")) is None
     assert sink_error_of(Exception("pyarrow.lib.ArrowInvalid: streaming_sink.errors.ConfigurationError: quoted")) is None
+
+
+def test_errors_whose_constructor_takes_more_than_a_message_keep_their_type_and_message():
+    """F7: FencedError, StateStoreLostError and the HTTP errors take several arguments; they came back as TypeError."""
+    from streaming_sink.http import HttpConnectionError, HttpStatusError
+    from streaming_sink.state.base import FencedError, StateStoreLostError
+
+    for kind in (FencedError, StateStoreLostError, HttpConnectionError, HttpStatusError):
+        line = f"{kind.__module__}.{kind.__name__}: job 'j': epoch 3 was taken by a newer driver"
+        error = sink_error_of(Exception(TRACEBACK + line + "\n"))
+        assert type(error) is kind, (kind, error)
+        assert str(error) == "job 'j': epoch 3 was taken by a newer driver"
+
+
+def test_the_rebuilt_error_keeps_the_attributes_callers_read_as_unknown():
+    """A caller reading `maybe_applied` or `current` of an error from a task must not meet an AttributeError:
+    the task's values are not in the text, so they read as the safe unknowns."""
+    from streaming_sink.http import HttpConnectionError
+    from streaming_sink.state.base import FencedError
+
+    fenced = sink_error_of(Exception("streaming_sink.state.base.FencedError: fenced"))
+    assert isinstance(fenced, FencedError) and fenced.current is None
+    dropped = sink_error_of(Exception("streaming_sink.http.HttpConnectionError: dropped"))
+    assert isinstance(dropped, HttpConnectionError) and dropped.maybe_applied is True
