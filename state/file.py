@@ -165,12 +165,17 @@ def _read_json(path: Path) -> Any:
 
 
 def write_json_atomic(path: Path, data: Any) -> None:
+    """Replace `path` with `data` as JSON so that a crash at any instant leaves either the old or the new content."""
+    write_text_atomic(path, json.dumps(data, sort_keys=True))
+
+
+def write_text_atomic(path: Path, text: str) -> None:
     """Replace `path` so that a crash at any instant leaves either the old or the new content."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
     try:
         with os.fdopen(fd, "w") as handle:
-            handle.write(json.dumps(data, sort_keys=True))  # one write: json.dump would write every token apart
+            handle.write(text)  # one write
             handle.flush()
             os.fsync(handle.fileno())
         os.replace(tmp, path)

@@ -9,7 +9,8 @@
     ├── JournalFormatError (RuntimeError)    a record this release cannot read (committable.py)
     ├── OperatorActionRefused (RuntimeError) an operator command that would lose or duplicate rows (recovery.py)
     ├── StopForOperator (RuntimeError)       the job stops and a runbook section says what to decide:
-    │                                        ReplayMismatchError, ReplayImpossibleError, ReplayAmbiguousError
+    │                                        ReplayMismatchError, ReplayImpossibleError, ReplayAmbiguousError,
+    │                                        SourceReplannedError
     ├── InvariantBreach (RuntimeError)       a protocol invariant does not hold; the batch is refused:
     │                                        BatchDoesNotAddUpError, ReplayAlignmentError, ReplayLostAgainError
     ├── UnknownTableError (ValueError)       a row names a table the target does not have (routing.py)
@@ -20,6 +21,10 @@ An error raised in a Spark task reaches the caller with its own type and message
 the cause (`execution.sink_error_of`).
 """
 from __future__ import annotations
+
+import re
+
+_SECTION = re.compile("section " + "'([^']+)'")  # how every message names its runbook section
 
 
 class StreamingSinkError(Exception):
@@ -32,6 +37,17 @@ class ConfigurationError(StreamingSinkError, ValueError):
 
 class StopForOperator(StreamingSinkError, RuntimeError):
     """The job cannot go on without a decision only an operator can make; the message names the runbook section."""
+
+    @property
+    def runbook_section(self) -> str | None:
+        """The runbook section the message names, for status and metrics."""
+        found = _SECTION.search(str(self))
+        return found.group(1) if found else None
+
+
+class SourceReplannedError(StopForOperator):
+    """Spark re-planned a batch the journal holds with another source range (its offsets/N was deleted or rolled
+    back): skipping it would lose the new rows, writing it could duplicate the old ones."""
 
 
 class InvariantBreach(StreamingSinkError, RuntimeError):

@@ -9,6 +9,8 @@ Rules (docs/design.md):
   by the sink while Spark re-runs that very batch; anywhere else it is a loud failure with the runbook step;
 * a LOST committable whose commit may have been sent (its label is in the record's `sent`) is never
   replayed: the server may have committed it and forgotten the label since (I8), so the job stops;
+  unless it answered LOST in the very phase that first sent it (`never_committed`): a commit of a
+  label the server does not know commits nothing, so it provably never committed;
 * a fenced driver acts on nothing: the epoch is checked before every commit and abort (I5), and an
   abort never touches a transaction of a newer epoch.
 """
@@ -51,6 +53,8 @@ class Recovery:
         self._clean: set[tuple[str, int]] = set()  # COMMITTED batches with no intents left: nothing to sweep
         self._pool: ThreadPoolExecutor | None = None  # the commit threads, started at the first parallel commit
         self._pool_workers = 0
+        # told of a record just before its commits go out, `sent` durable (the sink keeps it beside the checkpoint)
+        self.before_send: Callable[[BatchRecord], None] | None = None
 
     def check_epoch(self) -> None:
         current = self.store.current_epoch(self.job_id)
@@ -83,11 +87,15 @@ class Recovery:
         self.check_target(record.live_committables(), record.query_id, record.batch_id)  # before `sent` is written
         done = self.store.done_labels(self.job_id, record.query_id, record.batch_id)
         pending = [c for c in record.live_committables() if c.label not in done]
-        sent_before = set(record.sent)  # by an earlier commit phase: a LOST answer for these is ambiguous
-        unsent = [c.label for c in pending if c.label not in sent_before]
+        already_sent = set(record.sent)
+        # sent by an earlier phase and not proved uncommitted since: a LOST answer for these is ambiguous
+        sent_before = already_sent - set(record.never_committed)
+        unsent = [c.label for c in pending if c.label not in already_sent]
         if unsent:
             record.sent = record.sent + unsent
             self.store.put_batch(self.job_id, self.epoch, record)
+        if pending and self.before_send is not None:
+            self.before_send(record)
 
         marks = _ProgressMarks(self.store, self.job_id, self.epoch, record.query_id, record.batch_id)
         stopped = threading.Event()  # set by the first failure: queued commits are not sent any more
@@ -120,6 +128,11 @@ class Recovery:
                 "skipping could lose them. Nothing was replayed. See docs/runbook.md, section 'Replay ambiguous: "
                 "a committed label was forgotten', to settle it with a query on the target and resume."
             )
+        proved = [c.label for c, o in zip(pending, outcomes)
+                  if o is CommitOutcome.LOST and c.label not in already_sent and c.label not in record.never_committed]
+        if proved:  # recorded before the replay starts, so a later phase never reads them as ambiguous (F4)
+            record.never_committed = record.never_committed + proved
+            self.store.put_batch(self.job_id, self.epoch, record)
         lost = [c for c, o in zip(pending, outcomes) if o is not CommitOutcome.COMMITTED and c not in ambiguous]
         if lost:
             log.warning(

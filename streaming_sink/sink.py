@@ -24,8 +24,9 @@ from .state import BatchRecord, FileStateStore, StateStore, StateStoreLostError
 
 from .committable import BatchState, Committable
 from .crash import crash_point
-from .errors import BatchDoesNotAddUpError, ReplayLostAgainError, StopForOperator
-from .checkpoint_marker import CheckpointMarker, Position
+from .errors import BatchDoesNotAddUpError, ReplayLostAgainError, SourceReplannedError, StopForOperator
+from .checkpoint import planned_offsets, same_source, source_ranges
+from .checkpoint_marker import CheckpointMarker
 from .recovery import Recovery
 from .routing import Router
 from .targets.base import ConfigurationError, Target
@@ -106,7 +107,8 @@ class ExactlyOnceSink:
         self.dead_letter_table = dead_letter_table  # only to report dead letters apart from loaded rows
         self.listeners = list(listeners or [])  # told of every batch's report (metrics)
         self.runner = runner if runner is not None else _spark_runner()
-        # Where the epoch's high-water mark lives (the streaming checkpoint): epochs never go back (R2).
+        # Where the epoch's high-water mark lives (the streaming checkpoint): epochs never go back (R2). In a
+        # streaming query it is found from Spark when not given, so the marker and the offset log are always read.
         self.checkpoint_location = checkpoint_location
         # Start on a store that holds nothing for this job although Spark is past batch 0 (deliberate fresh store).
         self.accept_empty_state = accept_empty_state
@@ -115,6 +117,7 @@ class ExactlyOnceSink:
         self._leftovers_swept = False  # the first batch of this driver clears the server's unnamed leftovers
         self._router: Router | None = None
         self._recovery: Recovery | None = None
+        self._query_id: str | None = None  # the query of the batch being processed
         self._write_passes: tuple[tuple[str, int] | None, int] = (None, 0)  # (batch, passes written by this driver)
         self.last_report: BatchReport | None = None
 
@@ -138,6 +141,7 @@ class ExactlyOnceSink:
             marker.advance_epoch(epoch)
         self._marker = marker
         self._recovery = Recovery(self.target, self.state, self.job_id, epoch)
+        self._recovery.before_send = self._mark_sending
         log.info("job %s: driver took fencing epoch %d", self.job_id, epoch)
 
     @property
@@ -163,6 +167,10 @@ class ExactlyOnceSink:
         if self._spark is None:
             self._spark = spark
             self._check_store_reaches_writers(spark.sparkContext.master)
+            if self.checkpoint_location is None:
+                self.checkpoint_location = _checkpoint_root(spark, query_id)
+                if self._recovery is not None and self.checkpoint_location is not None:
+                    self._recovery = None  # started before the checkpoint was known: take the epoch again above its mark
         self.process(df, int(batch_id), query_id)
 
     def _check_store_reaches_writers(self, master: str | None) -> None:
@@ -180,10 +188,31 @@ class ExactlyOnceSink:
 
     def process(self, df: Any, batch_id: int, query_id: str) -> BatchReport:
         self.start()
+        try:
+            report = self._process(df, batch_id, query_id)
+        except StopForOperator as stop:
+            self._record_stop(query_id, batch_id, stop)
+            raise
+        self.last_report = report
+        log.info("streaming_sink.batch %s", json.dumps({"job": self.job_id, **report.__dict__}, sort_keys=True))
+        for listener in self.listeners:
+            listener(report)
+        return report
+
+    def _process(self, df: Any, batch_id: int, query_id: str) -> BatchReport:
         recovery = self._recovery
         assert recovery is not None
         recovery.check_epoch()  # a fenced driver stops here, before it reads or writes anything
+        self._query_id = query_id
+        planned = planned_offsets(self._marker.folder, batch_id) if self._marker else None
         record = self.state.get_batch(self.job_id, query_id, batch_id)
+        if record is not None:
+            self._check_record_complete(record)
+            self._check_same_source(record, planned)
+            if record.stop:  # the operator resolved what stopped it: the batch goes on
+                record.events.append(f"resumed after {record.stop.get('error')}")
+                record.stop = None
+                self.state.put_batch(self.job_id, self.epoch, record)
         if record is not None and record.state is BatchState.COMMITTED:
             # killed after the COMMITTED record: only the unchosen attempts may still need aborting
             recovery.abort_intents(query_id, batch_id, keep={c.label for c in record.committables})
@@ -195,12 +224,53 @@ class ExactlyOnceSink:
             self._abort_leftovers_once(query_id)
             recovery.abort_intents(query_id, batch_id)
             recovery.sweep(skip=(query_id, batch_id), retain_batches=self.retain_batches)
-            report = self._write_and_commit(df, query_id, batch_id)
-        self.last_report = report
-        log.info("streaming_sink.batch %s", json.dumps({"job": self.job_id, **report.__dict__}, sort_keys=True))
-        for listener in self.listeners:
-            listener(report)
+            report = self._write_and_commit(df, query_id, batch_id, planned)
         return report
+
+    def _check_record_complete(self, record: BatchRecord) -> None:
+        """The record must list every label the checkpoint says commits were sent for: one that lacks some is an
+        older copy (a store rolled back or failed over inside a replay, F3), and replaying again could duplicate."""
+        position = self._marker.prepared() if self._marker else None
+        if position is None or (position.query_id, position.batch_id) != (record.query_id, record.batch_id):
+            return
+        if position.missing_from(record.sent):
+            raise StateStoreLostError(
+                self.job_id, self.epoch, self.state.current_epoch(self.job_id),
+                f"the checkpoint says commits were sent for {position.sent} label(s) of batch {record.batch_id} of "
+                f"query {record.query_id}, but the state store's record of that batch lists {len(record.sent)} that "
+                "do not include them all",
+            )
+
+    def _check_same_source(self, record: BatchRecord, planned: str | None) -> None:
+        """Spark re-runs a batch with the range it planned, unless its offsets/N went (deleted as a corrupt last
+        offset file, or a checkpoint restored from a snapshot): then it plans batch N again with another range.
+        Taking that as the recorded batch would drop its new rows (F2); writing it could duplicate the old ones."""
+        if same_source(record.source, planned):
+            return
+        raise SourceReplannedError(
+            f"job {self.job_id} batch {record.batch_id} of query {record.query_id}: Spark planned this batch with "
+            f"source offsets {_brief(planned)}, but the journal records it {record.state.value} with "
+            f"{_brief(record.source)} (the checkpoint's offsets/{record.batch_id} was deleted or rolled back). Nothing "
+            "was written. Run `streaming-sink restore-offsets` to give Spark the recorded range back, then restart; "
+            "see docs/runbook.md, section 'Batch re-planned with another range'."
+        )
+
+    def _record_stop(self, query_id: str, batch_id: int, stop: StopForOperator) -> None:
+        """Keep why the job stopped in the batch's record, so `status` tells an operator (F6); best effort."""
+        try:
+            record = self.state.get_batch(self.job_id, query_id, batch_id)
+            if record is None:
+                return
+            record.stop = {"error": type(stop).__name__, "section": stop.runbook_section,
+                           "message": str(stop)[:2000], "at": time.time()}
+            self.state.put_batch(self.job_id, self.epoch, record)
+        except Exception as error:  # the stop itself is what the caller must see
+            log.error("job %s batch %s: could not record why the job stopped (%s)", self.job_id, batch_id, error)
+
+    def _mark_sending(self, record: BatchRecord) -> None:
+        """Before the commits of this query's batch go out: the checkpoint keeps which labels were sent (I9, F3)."""
+        if self._marker is not None and record.query_id == self._query_id:
+            self._marker.record_sending(record.query_id, record.batch_id, record.sent)
 
     def _check_journal_continues(self, query_id: str, batch_id: int) -> None:
         """Spark calls batch N only after batch N-1 returned, and every batch leaves a record: no record
@@ -267,7 +337,7 @@ class ExactlyOnceSink:
         except Exception as error:
             log.error("job %s batch %s: could not abort after a failed write (%s); the next start will", self.job_id, batch_id, error)
 
-    def _write_and_commit(self, df: Any, query_id: str, batch_id: int) -> BatchReport:
+    def _write_and_commit(self, df: Any, query_id: str, batch_id: int, planned: str | None) -> BatchReport:
         recovery = self._recovery
         assert recovery is not None
         started = time.time()
@@ -293,10 +363,9 @@ class ExactlyOnceSink:
             checksums={r.partition: r.checksum for r in results},
             timings={"write_s": written - started},
             records_in=records_in,
+            source=planned,
         )
         self.state.put_batch(self.job_id, self.epoch, record)
-        if self._marker and committables:  # before any commit is sent: a store that forgets this batch is caught
-            self._marker.record_prepared(Position(query_id, batch_id))
         recorded = time.time()
         record.timings["record_s"] = recorded - written
         if not committables:
@@ -396,6 +465,37 @@ class ExactlyOnceSink:
             replayed=len(record.lost),
             timings=record.timings,
         )
+
+
+def _brief(offset_log_text: str | None, limit: int = 300) -> str:
+    """A source range for a message: the sources' end offsets, cut short."""
+    if offset_log_text is None:
+        return "none"
+    text = json.dumps(source_ranges(offset_log_text), sort_keys=True)
+    return text if len(text) <= limit else text[:limit] + "..."
+
+
+def _checkpoint_root(spark: Any, query_id: str) -> str | None:
+    """The running query's resolved checkpoint folder, read from Spark (None where this Spark does not say).
+
+    The batch's own session is a clone that does not list the query; the session that started it does
+    (usually the default one)."""
+    try:
+        jvm = spark.sparkContext._jvm
+        sessions = [spark._jsparkSession]
+        for found in (jvm.org.apache.spark.sql.SparkSession.getDefaultSession(),
+                      jvm.org.apache.spark.sql.SparkSession.getActiveSession()):
+            if found.isDefined():
+                sessions.append(found.get())
+        for session in sessions:
+            query = session.streams().get(query_id)
+            if query is not None:
+                return str(query.streamingQuery().resolvedCheckpointRoot())
+        raise LookupError(f"no session lists query {query_id}")
+    except Exception as error:  # Spark Connect, or a Spark that names it otherwise: no marker, as before
+        log.warning("could not read the streaming query's checkpoint folder from Spark (%s); give "
+                    "checkpoint_location= so the sink keeps its marker there", error)
+        return None
 
 
 def _spark_runner() -> WriterRunner:
