@@ -98,13 +98,15 @@ def _positive(kind: Callable[[str], float]) -> Callable[[str], float]:
 
 
 def _add_job_arguments(parser: argparse.ArgumentParser, target: str) -> None:
-    """target: 'required' (from --target/--database or the config) or 'optional' (status)."""
+    """target: 'required' (from --target/--database or the config), 'optional' (status) or 'none'."""
     parser.add_argument("--config", help="the job's TOML: supplies job id, state URL, target URL and database; "
                                          "explicit flags win")
     parser.add_argument("--job", help="the job_id (or from --config)")
     parser.add_argument("--state", help=f"state store URL: redis://host:port/db or file:///path (or from --config; "
                                         f"a Redis password belongs in {_STATE_ENV})")
-    if target == "required":
+    if target == "none":
+        pass
+    elif target == "required":
         parser.add_argument("--target", help="target URL: chdb:///path, clickhouse://h:8123, starrocks://fe:8030, "
                                              "doris://fe:8030 (or from --config)")
         parser.add_argument("--database", help="target database (or from --config)")
@@ -157,6 +159,13 @@ def build_parser() -> argparse.ArgumentParser:
     verdict.add_argument("--committed", action="store_true", help="its rows are in the target: do not load them again")
     verdict.add_argument("--not-committed", action="store_true", help="its rows are not in the target: replay them")
 
+    restore = commands.add_parser("restore-offsets", help="write back the offset files the journal recorded "
+                                                          "(SourceReplannedError: a batch re-planned with another range)",
+                                  **common)
+    _add_job_arguments(restore, target="none")
+    restore.add_argument("--checkpoint", help="the streaming checkpoint folder (or from --config)")
+    restore.add_argument("--apply", action="store_true", help="act (default: only say what would be done)")
+
     doctor = commands.add_parser("doctor", help="check Kafka, state store, target, tables and timeouts of a job; "
                                                 "exit 1 on any FAIL", **common)
     doctor.add_argument("--config", required=True, help="path of the TOML job configuration")
@@ -180,17 +189,21 @@ def _resolve(args: argparse.Namespace, target: str) -> None:
 
         spec = load_config(args.config)
     args.job = args.job or (spec.job_id if spec else None)
+    if hasattr(args, "checkpoint"):
+        args.checkpoint = args.checkpoint or (spec.checkpoint if spec else None)
     args.state = args.state or (spec.state_url if spec else None)
     missing = [flag for flag, value in (("--job", args.job), ("--state", args.state)) if not value]
+    if target == "none":
+        args.target = args.database = None
     if target == "required" and not args.target and spec:
         args.target = spec.target_url  # status contacts a target only when --target names one
     args.target_options = None
-    if spec and args.target and urlsplit(args.target).scheme == urlsplit(spec.target_url).scheme:
+    if spec and args.target and target != "none" and urlsplit(args.target).scheme == urlsplit(spec.target_url).scheme:
         args.target_options = spec.target_options  # options of another kind of target would be refused
     args.database = args.database or (spec.database if spec else None)
     if target == "required":
         missing += [flag for flag, value in (("--target", args.target), ("--database", args.database)) if not value]
-    else:
+    elif target == "optional":
         args.database = args.database or "default"
     if missing:
         raise CliError(ExitCode.USAGE, f"missing {' and '.join(missing)}: give {'them' if len(missing) > 1 else 'it'}, "
@@ -327,6 +340,37 @@ def cmd_settle(args: argparse.Namespace) -> int:
     return ExitCode.OK
 
 
+def cmd_restore_offsets(args: argparse.Namespace) -> int:
+    from .checkpoint import CheckpointFolder, source_ranges
+    from .offset_restore import apply_offset_restore, plan_offset_restore
+
+    _resolve(args, target="none")
+    if not args.checkpoint:
+        raise CliError(ExitCode.USAGE, "missing --checkpoint: give it, or --config job.toml")
+    store = _open_state(args.state)
+    try:
+        _require_job(store, args.job, ExitCode.USAGE)
+        folder = CheckpointFolder(args.checkpoint)
+        plan = plan_offset_restore(folder, store, args.job)
+    finally:
+        store.close()
+    lines = [f"query {plan.query_id}: " + ("the checkpoint agrees with the journal; nothing to do" if plan.empty else
+             f"{'would write' if not args.apply else 'writing'} {len(plan.restore)} offset file(s), "
+             f"{'would remove' if not args.apply else 'removing'} {len(plan.remove)} batch(es) beyond the journal")]
+    for batch_id, (recorded, found) in sorted(plan.restore.items()):
+        now = json.dumps(source_ranges(found)) if found is not None else "missing"
+        lines.append(f"  offsets/{batch_id}: {now} -> {json.dumps(source_ranges(recorded))}")
+    lines += [f"  offsets/{b} and commits/{b}: not in the journal, removed (Spark plans them again)" for b in plan.remove]
+    if args.apply:
+        apply_offset_restore(folder, plan)
+        lines.append("done; restart the job")
+    elif not plan.empty:
+        lines.append("dry run; stop the job, then re-run with --apply")
+    data = {"applied": args.apply, "query_id": plan.query_id, "restore": sorted(plan.restore), "remove": plan.remove}
+    _emit(args, data, "\n".join(lines))
+    return ExitCode.OK
+
+
 def cmd_doctor(args: argparse.Namespace) -> int:
     from .config import load_config
     from .intervals import parse_interval
@@ -436,7 +480,8 @@ def main(argv: list[str] | None = None) -> int:
 
             return job.execute(lambda: load_config(args.config))
         return job.main(["--spec", args.spec])
-    commands = {"status": cmd_status, "recover": cmd_recover, "abort": cmd_abort, "settle": cmd_settle, "doctor": cmd_doctor}
+    commands = {"status": cmd_status, "recover": cmd_recover, "abort": cmd_abort, "settle": cmd_settle,
+                "restore-offsets": cmd_restore_offsets, "doctor": cmd_doctor}
     try:
         return int(commands[args.command](args))
     except KeyboardInterrupt:

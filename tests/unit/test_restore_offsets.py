@@ -1,0 +1,70 @@
+"""`streaming-sink restore-offsets`: the checkpoint's offset log made to agree with the journal again."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from streaming_sink.cli import main
+from streaming_sink.committable import BatchState
+from streaming_sink.state import BatchRecord, FileStateStore
+
+JOB, QUERY = "job", "0f7c1d2e-0000-4000-8000-000000000001"
+
+
+def offsets_text(end: int, stamp: int = 0) -> str:
+    return f'v1\n{{"batchWatermarkMs":0,"batchTimestampMs":{stamp}}}\n{{"events":{{"0":{end}}}}}'
+
+
+@pytest.fixture
+def setup(tmp_path: Path) -> tuple[Path, Path, FileStateStore]:
+    ckpt, state = tmp_path / "ckpt", tmp_path / "state"
+    (ckpt / "offsets").mkdir(parents=True)
+    (ckpt / "commits").mkdir()
+    (ckpt / "metadata").write_text(json.dumps({"id": QUERY}))
+    store = FileStateStore(state)
+    epoch = store.take_epoch(JOB, "test")
+    for batch in range(3):  # the journal: batches 0-2 committed, with the ranges Spark first planned
+        store.put_batch(JOB, epoch, BatchRecord(QUERY, batch, BatchState.COMMITTED, epoch, [],
+                                                source=offsets_text(100 * (batch + 1))))
+    return ckpt, state, store
+
+
+def run(state: Path, ckpt: Path, *extra: str) -> int:
+    return main(["restore-offsets", "--job", JOB, "--state", f"file://{state}", "--checkpoint", str(ckpt), *extra])
+
+
+def test_a_snapshot_restore_is_undone_from_the_journal(setup, capsys) -> None:
+    ckpt, state, _ = setup
+    # a snapshot from after batch 0; Spark then planned batch 1 anew (and got as far as planning batch 2)
+    (ckpt / "offsets" / "0").write_text(offsets_text(100))
+    (ckpt / "commits" / "0").write_text("v1\n{}")
+    for batch, end in ((1, 250), (2, 400)):
+        (ckpt / "offsets" / str(batch)).write_text(offsets_text(end, stamp=9))
+    (ckpt / "offsets" / ".1.crc").write_bytes(b"crc of the re-planned file")
+    (ckpt / "offsets" / "3").write_text(offsets_text(500, stamp=9))  # beyond the journal: never reached the sink
+    assert run(state, ckpt) == 0
+    dry = capsys.readouterr().out
+    assert "offsets/1" in dry and "offsets/2" in dry and "offsets/3 and commits/3" in dry and "offsets/0" not in dry
+    assert (ckpt / "offsets" / "1").read_text() == offsets_text(250, stamp=9)  # a dry run writes nothing
+    assert run(state, ckpt, "--apply") == 0
+    assert (ckpt / "offsets" / "1").read_text() == offsets_text(200)
+    assert (ckpt / "offsets" / "2").read_text() == offsets_text(300)
+    assert not (ckpt / "offsets" / ".1.crc").exists() and not (ckpt / "offsets" / "3").exists()
+    assert run(state, ckpt) == 0 and "nothing to do" in capsys.readouterr().out
+
+
+def test_it_refuses_when_the_journal_lost_the_range_spark_would_start_from(setup, capsys) -> None:
+    ckpt, state, store = setup
+    store.delete_batch(JOB, store.current_epoch(JOB), QUERY, 1)  # past retention
+    (ckpt / "offsets" / "2").write_text(offsets_text(999))
+    assert run(state, ckpt, "--apply") == 4
+    assert "no recorded range for batch(es) [1]" in capsys.readouterr().err
+    assert (ckpt / "offsets" / "2").read_text() == offsets_text(999)  # untouched
+
+
+def test_a_folder_that_is_not_a_checkpoint_is_refused(setup, tmp_path, capsys) -> None:
+    _, state, _ = setup
+    assert run(state, tmp_path / "elsewhere", "--apply") == 4
+    assert "not a streaming checkpoint" in capsys.readouterr().err
