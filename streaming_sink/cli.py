@@ -27,7 +27,7 @@ from .state.base import FencedError
 from .state.redis import redact_url
 
 from .committable import JournalFormatError
-from .errors import StreamingSinkError
+from .errors import StopForOperator, StreamingSinkError
 from .kafka_source import KafkaUnreachableError  # PySpark is imported only when a probe runs
 from .recovery import OperatorActionRefused, Recovery, abort_batch, apply_recovery, plan_recovery, settle_label
 from .status import job_status, render_status, unknown_job
@@ -406,6 +406,8 @@ def describe_error(error: BaseException) -> tuple[ExitCode, str]:
         return ExitCode.REFUSED, f"refusing: {error}"
     if isinstance(error, FencedError):  # a driver (or another operator) took the job's epoch meanwhile
         return ExitCode.REFUSED, f"refusing: {error}"
+    if isinstance(error, StopForOperator):  # the job stopped rather than lose or duplicate; the runbook says what to do
+        return ExitCode.REFUSED, f"stopped for an operator ({type(error).__name__}): {error}"
     if isinstance(error, JournalFormatError):  # acting on a misread record could commit or abort the wrong transactions
         return ExitCode.REFUSED, f"refusing: {error}; use the streaming-sink release that wrote the journal"
     if isinstance(error, KafkaUnreachableError):
@@ -475,11 +477,14 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "run":
         from . import job
 
-        if args.config:
-            from .config import load_config
+        try:
+            if args.config:
+                from .config import load_config
 
-            return job.execute(lambda: load_config(args.config))
-        return job.main(["--spec", args.spec])
+                return job.execute(lambda: load_config(args.config))
+            return job.main(["--spec", args.spec])
+        except StreamingSinkError as error:  # the sink's own stops: one line and their code (others stay tracebacks)
+            return _fail(argv, "run", error, False, debug)
     commands = {"status": cmd_status, "recover": cmd_recover, "abort": cmd_abort, "settle": cmd_settle,
                 "restore-offsets": cmd_restore_offsets, "doctor": cmd_doctor}
     try:

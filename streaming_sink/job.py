@@ -19,7 +19,7 @@ from .state import open_store
 
 from .frame import ROUTE_COLUMN, build_frame, check_columns, resolve_tables, spark_schema, table_schemas
 from .intervals import parse_interval
-from .execution import SparkWriterRunner
+from .execution import SparkWriterRunner, sink_error_of
 from .job_spec import JobSpec
 from .kafka_source import KafkaSource, probe
 from .metrics import BatchMetrics, progress_listener
@@ -110,13 +110,27 @@ def _stream(spark: SparkSession, spec: JobSpec, source: KafkaSource, sink: Exact
     try:
         query = writer.start()
         listener.follow(query.id)
-        query.awaitTermination()
+        _await(query)
         # progress reaches listeners asynchronously: let the last batch's arrive before the listener goes
         last = query.lastProgress
         if last is not None:
             listener.wait_for_batch(int(last["batchId"]), timeout_s=30)
     finally:
         spark.streams.removeListener(listener)
+
+
+def _await(query: Any) -> None:
+    """Wait for the query's end. The sink's own error that stopped it (raised in foreachBatch, handed back by Spark
+    as text) is raised again as its own type, so callers and the CLI tell a stop for an operator from a bug."""
+    from pyspark.errors import StreamingQueryException
+
+    try:
+        query.awaitTermination()
+    except StreamingQueryException as failure:
+        own = sink_error_of(failure)
+        if own is None:
+            raise
+        raise own from failure
 
 
 def execute(load_spec: Callable[[], JobSpec]) -> int:

@@ -156,3 +156,21 @@ def test_a_label_sent_by_an_earlier_phase_and_forgotten_still_stops(sr) -> None:
     with pytest.raises(ReplayAmbiguousError):
         sink_of(target_of(sr), store).process(source(0), 0, QUERY)
     assert len(ids(sr)) == len(set(ids(sr)))
+
+
+# -- a stop raised in foreachBatch reaches the job's caller with its own type ------------------------------------------
+
+
+def test_a_stop_in_foreach_batch_ends_the_query_with_its_own_type(spark_session, tmp_path) -> None:
+    """Spark hands the error of a foreachBatch function back from awaitTermination as text; the packaged job
+    raises the sink's own error again, so `run` answers with its exit code, not a traceback of a bug."""
+    from streaming_sink.job import _await
+
+    def stop(df: Any, batch_id: int) -> None:
+        raise SourceReplannedError("batch re-planned; see docs/runbook.md, section 'Batch re-planned with another range'")
+
+    query = (spark_session.readStream.format("rate").option("rowsPerSecond", 1).load().writeStream.foreachBatch(stop)
+             .option("checkpointLocation", str(tmp_path / "ckpt")).trigger(availableNow=True).start())
+    with pytest.raises(SourceReplannedError) as raised:
+        _await(query)
+    assert raised.value.runbook_section == "Batch re-planned with another range"

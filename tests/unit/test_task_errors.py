@@ -62,3 +62,17 @@ def test_the_rebuilt_error_keeps_the_attributes_callers_read_as_unknown():
     assert isinstance(fenced, FencedError) and fenced.current is None
     dropped = sink_error_of(Exception("streaming_sink.http.HttpConnectionError: dropped"))
     assert isinstance(dropped, HttpConnectionError) and dropped.maybe_applied is True
+
+
+def test_a_job_stopped_for_an_operator_or_fenced_is_exit_code_4_naming_the_error() -> None:
+    """Never 'unexpected TypeError … a bug' (exit 5): the error keeps its type, and its code says 'refused for safety'."""
+    from streaming_sink.cli import ExitCode, describe_error
+    from streaming_sink.errors import SourceReplannedError
+    from streaming_sink.state.base import StateStoreLostError
+
+    for line in ("streaming_sink.errors.SourceReplannedError: batch 3 re-planned",
+                 "streaming_sink.state.base.StateStoreLostError: job 'j': the store lost state"):
+        error = sink_error_of(Exception(line))
+        assert isinstance(error, (SourceReplannedError, StateStoreLostError))
+        code, message = describe_error(error)
+        assert code is ExitCode.REFUSED and type(error).__name__ in message or "lost state" in message
