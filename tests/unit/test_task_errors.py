@@ -70,9 +70,10 @@ def test_a_job_stopped_for_an_operator_or_fenced_is_exit_code_4_naming_the_error
     from streaming_sink.errors import SourceReplannedError
     from streaming_sink.state.base import StateStoreLostError
 
-    for line in ("streaming_sink.errors.SourceReplannedError: batch 3 re-planned",
-                 "streaming_sink.state.base.StateStoreLostError: job 'j': the store lost state"):
+    for line, kind, said in (("streaming_sink.errors.SourceReplannedError: batch 3 re-planned", SourceReplannedError,
+                              "stopped for an operator (SourceReplannedError): batch 3 re-planned"),
+                             ("streaming_sink.state.base.StateStoreLostError: job 'j': the store lost state",
+                              StateStoreLostError, "refusing: job 'j': the store lost state")):
         error = sink_error_of(Exception(line))
-        assert isinstance(error, (SourceReplannedError, StateStoreLostError))
-        code, message = describe_error(error)
-        assert code is ExitCode.REFUSED and type(error).__name__ in message or "lost state" in message
+        assert type(error) is kind
+        assert describe_error(error) == (ExitCode.REFUSED, said)
