@@ -60,11 +60,15 @@ _T = TypeVar("_T")
 LEDGER_TABLE = "_streaming_sink_ledger"
 # Ledger states of a label: its partition moves began (moving) or its INSERT … SELECT began (inserting), or it finished.
 MOVING, INSERTING, COMMITTED = "moving", "inserting", "committed"
+# Insert mode: one staging partition's INSERT finished (a row per partition, naming it), so a resumed commit skips it.
+INSERTED = "inserted"
 MOVE, INSERT = "move", "insert"  # commit modes (the `commit_mode` option)
 COMMIT_MODES = (MOVE, INSERT)
 INSERT_CRASH_POINT = "clickhouse-after-insert"  # streaming_sink.crash: the INSERTs ran, the ledger does not say so yet
 # Rows written before the ledger had `state` were written after the moves: they read as committed.
 _STATE_COLUMN = f"state String DEFAULT '{COMMITTED}'"
+# The staging partition an `inserted` row is about; '' in every other row (and in rows of older ledgers).
+_PARTITION_COLUMN = "partition_id String DEFAULT ''"
 # make_label's shape: "ss_", sanitised parts joined by "_", then "_" and 12 hex digits of a hash.
 _LABEL_SHAPE = re.compile(r"ss_\w*_[0-9a-f]{12}", re.ASCII)
 _MOVABLE_ENGINE_SUFFIX = "MergeTree"
@@ -404,9 +408,10 @@ class ClickHouseTarget(Target):
         client = self.client()
         client.command(
             f"CREATE TABLE IF NOT EXISTS {self._table(LEDGER_TABLE)} (label String, target_table String, "
-            f"rows UInt64, {_STATE_COLUMN}, committed_at DateTime DEFAULT now()) ENGINE = MergeTree ORDER BY label"
+            f"rows UInt64, {_STATE_COLUMN}, committed_at DateTime DEFAULT now(), {_PARTITION_COLUMN}) ENGINE = MergeTree ORDER BY label"
         )
         client.command(f"ALTER TABLE {self._table(LEDGER_TABLE)} ADD COLUMN IF NOT EXISTS {_STATE_COLUMN}")
+        client.command(f"ALTER TABLE {self._table(LEDGER_TABLE)} ADD COLUMN IF NOT EXISTS {_PARTITION_COLUMN}")
         self._ledger_ttl_s = self._read_ledger_ttl_s()
         self._ledger_ready = True
 
@@ -427,6 +432,25 @@ class ClickHouseTarget(Target):
             f"({literal(committable.label)}, {literal(committable.table)}, {int(committable.rows)}, {literal(state)})"
         )
 
+    def _write_inserted(self, committable: Committable, partition_id: str, rows: int) -> None:
+        """Journal that one staging partition's INSERT finished, so a resumed commit never sends it again."""
+        self.client().command(
+            f"INSERT INTO {self._table(LEDGER_TABLE)} (label, target_table, rows, state, partition_id) VALUES "
+            f"({literal(committable.label)}, {literal(committable.table)}, {int(rows)}, {literal(INSERTED)}, "
+            f"{literal(partition_id)})"
+        )
+
+    def _inserted_partitions(self, label: str) -> set[str]:
+        """The staging partitions whose INSERT the ledger says finished (none in ledgers of older versions)."""
+        return {
+            r[0]
+            for r in self.client().query(
+                f"SELECT DISTINCT partition_id FROM {self._table(LEDGER_TABLE)} WHERE label = {{label:String}} "
+                f"AND state = {literal(INSERTED)}",
+                parameters={"label": label},
+            ).result_rows
+        }
+
     def _ledger_state(self, label: str) -> str | None:
         """How far the label's commit got: COMMITTED, INSERTING, MOVING, or None (never begun)."""
         return _summary(self._ledger_states(label))
@@ -446,13 +470,18 @@ class ClickHouseTarget(Target):
 
     def _partitions(self, table: str) -> list[str]:
         """The table's partitions; checked after the listing, so an empty one means empty, not gone."""
+        return sorted(self._partition_sizes(table))
+
+    def _partition_sizes(self, table: str) -> dict[str, tuple[int, int]]:
+        """partition id -> (rows, uncompressed bytes) of the table's active parts; an error if the table is gone."""
         rows = self.client().query(
-            "SELECT DISTINCT partition_id FROM system.parts WHERE database = {db:String} AND table = {t:String} AND active",
+            "SELECT partition_id, sum(rows), sum(data_uncompressed_bytes) FROM system.parts "
+            "WHERE database = {db:String} AND table = {t:String} AND active GROUP BY partition_id",
             parameters={"db": self.database, "t": table},
         ).result_rows
         if not self._exists(table):
             raise TargetError(f"staging table {self._table(table)} does not exist")
-        return sorted(r[0] for r in rows)
+        return {str(r[0]): (int(r[1]), int(r[2])) for r in rows}
 
     def count_rows(self, table: str) -> int:
         return int(self.client().query(f"SELECT count() FROM {self._table(table)}").result_rows[0][0])
@@ -488,13 +517,23 @@ class ClickHouseTarget(Target):
           table has no window counted the repeat twice). Older releases skipped the views of a deduplicated block
           (ClickHouse/ClickHouse PR #54184 changed parts of it). Requiring a window on every view's table is
           right under both, so `check_loadable` refuses a view whose table cannot deduplicate.
+        * The log is a count: each new block adds its id and the oldest beyond the window is forgotten; a block
+          found in the log adds nothing (MergeTreeDeduplicationLog in ClickHouse's source; merge-tree settings
+          reference, replicated_deduplication_window). So a repeat is a no-op only while fewer than `window`
+          newer blocks reached the table, from this label or any other.
+
+        Hence the ledger gets an `inserted` row after each partition's INSERT, and a resumed commit skips the
+        partitions it names: only the INSERT in flight at a crash is repeated and relies on the log. The first
+        step still refuses a table (or view's table) whose window is below the label's blocks times
+        `commit_parallelism`, the most that can reach it between that INSERT and its repeat
+        (`_refuse_a_window_below_the_label`; reliability review 2026-11-24, F1).
         """
         client, staging = self.client(), c.label
         if COMMITTED in states:  # its INSERTs finished: never again (the deduplication log may have forgotten them)
             client.command(f"DROP TABLE IF EXISTS {self._table(staging)} SYNC")
             return CommitOutcome.COMMITTED
         try:
-            partitions = self._partitions(staging)
+            sizes = self._partition_sizes(staging)
             held = self.count_rows(staging)
             if held != c.rows:
                 raise TargetError(
@@ -502,13 +541,18 @@ class ClickHouseTarget(Target):
                 )
             if not states:
                 self._refuse_before_first_commit(c)
+                self._refuse_a_window_below_the_label(c, sizes)
                 self._write_ledger(c, INSERTING)  # journaled before the first INSERT: from here it is never aborted
+                done: set[str] = set()
+            else:
+                done = self._inserted_partitions(c.label)  # empty for a label an older version began: all repeated
             columns = ", ".join(quote(name) for name in self._insertable_columns(staging))
-            for partition_id in partitions:
+            for partition_id in sorted(set(sizes) - done):
                 client.command(
                     f"INSERT INTO {self._table(c.table)} ({columns}) SETTINGS {self._insert_settings_sql(f'{staging}:{partition_id}')} "
                     f"SELECT {columns} FROM {self._table(staging)} WHERE _partition_id = {literal(partition_id)} ORDER BY {columns}"
                 )
+                self._write_inserted(c, partition_id, sizes[partition_id][0])
         except Exception:
             if self._exists(staging):
                 raise
@@ -523,6 +567,40 @@ class ClickHouseTarget(Target):
         why = self._refusal(c.table)
         if why:
             raise ConfigurationError(why)
+
+    def _refuse_a_window_below_the_label(self, c: Committable, sizes: dict[str, tuple[int, int]]) -> None:
+        """Refuse, before the `inserting` row, a label a crash could leave for a repeat its tables' logs no longer match.
+
+        Between an INSERT cut by a crash and its repeat, each of the `commit_parallelism` commits running at
+        once may add about as many blocks as this label to the same table and views; a window below that
+        could forget the cut INSERT's blocks and insert them twice.
+        """
+        entry = self._entry(self.database, c.table)
+        if entry is None:
+            return  # gone: the INSERT fails and says so
+        blocks = sum(_insert_blocks(rows, size) for rows, size in sizes.values())
+        least = blocks * self.commit_parallelism
+        why = (f"the label inserts {len(sizes)} partition(s) in about {blocks} block(s) and up to "
+               f"{self.commit_parallelism} commit(s) run at once (commit_parallelism)")
+        tables, _ = self._deduplicating_tables(entry)
+        short = [problem for table in tables if (problem := self._window_shortfall(table, least, why))]
+        if short:
+            raise ConfigurationError(
+                f"ClickHouse commit of {c.label} into {entry.qualified} refused before anything was inserted (the batch "
+                f"stays PREPARED and is committed at the next start once the window is raised): " + "; ".join(short)
+                + ". See docs/clickhouse-views.md"
+            )
+
+    def _window_shortfall(self, table: _Entry, least: int, why: str) -> str | None:
+        """Why `table`'s deduplication window is too small for `least` blocks (None: it is not), and how to raise it."""
+        setting, window = self._dedup_window(table)
+        if window >= least:
+            return None
+        return (
+            f"{table.qualified}'s {setting} is {window}{' (no deduplication)' if not window else ''}, it must be at least "
+            f"{least} ({why}): ALTER TABLE {quote(table.database)}.{quote(table.name)} MODIFY SETTING {setting} = "
+            f"{max(least, _SUGGESTED_WINDOW)}"
+        )
 
     def _insert_settings_sql(self, token: str) -> str:
         if self._insert_settings is None:
@@ -579,15 +657,13 @@ class ClickHouseTarget(Target):
         )
 
     def _insert_problems(self, entry: _Entry) -> list[str]:
-        problems = []
-        setting, window = self._dedup_window(entry)
-        if not window:
-            problems.append(
-                f"{setting} is 0, so a repeated INSERT is not deduplicated (ALTER TABLE {quote(entry.database)}."
-                f"{quote(entry.name)} MODIFY SETTING {setting} = 10000)"
-            )
+        """What keeps a repeated INSERT into `entry` from being deduplicated in the table and every view's table."""
         from clickhouse_connect.driver.exceptions import DatabaseError
 
+        tables, problems = self._deduplicating_tables(entry)
+        why = (f"one INSERT in flight per commit running at once, commit_parallelism {self.commit_parallelism}; "
+               "each commit checks its own partitions too")
+        problems = [problem for table in tables if (problem := self._window_shortfall(table, self.commit_parallelism, why))] + problems
         columns = ", ".join(quote(name) for name in self._insertable_columns(entry.name))
         try:
             self.client().query(f"SELECT {columns} FROM {self._table(entry.name)} ORDER BY {columns} LIMIT 0")
@@ -595,9 +671,15 @@ class ClickHouseTarget(Target):
             if getattr(error, "code", None) != _CANNOT_ORDER_BY:
                 raise  # a lost connection or a failing server says nothing about the table: repeated, or stops loudly
             problems.append(f"its rows cannot be put in a total order, which repeatable INSERT blocks need ({error})")
+        return problems
+
+    def _deduplicating_tables(self, entry: _Entry) -> tuple[list[_Entry], list[str]]:
+        """The table and each table a materialized view it fires writes into (through views of views), whose
+        deduplication windows a repeated INSERT relies on; and what an INSERT fires that cannot deduplicate."""
+        tables, problems = [entry], []
         seen: set[tuple[str, str]] = set()
         pending = list(entry.feeds)
-        while pending:  # every view the INSERT fires, through views of views
+        while pending:
             key = pending.pop(0)
             if key in seen:
                 continue
@@ -618,15 +700,9 @@ class ClickHouseTarget(Target):
                     "which cannot deduplicate a repeated INSERT"
                 )
                 continue
-            setting, window = self._dedup_window(destination)
-            if not window:
-                problems.append(
-                    f"materialized view {view.qualified} writes into {destination.qualified}, whose {setting} is 0, so "
-                    f"a repeated INSERT would count twice in it (ALTER TABLE {quote(destination.database)}."
-                    f"{quote(destination.name)} MODIFY SETTING {setting} = 10000)"
-                )
+            tables.append(destination)
             pending.extend(destination.feeds)
-        return problems
+        return tables, problems
 
     def _dedup_window(self, entry: _Entry) -> tuple[str, int]:
         """The deduplication setting that governs the table, and its value (the table's own, else the server's)."""
@@ -703,6 +779,17 @@ _INSERT_SETTINGS = {
     "min_insert_block_size_bytes_for_materialized_views": "268435456",
     "use_strict_insert_block_limits": "0",
 }
+_SUGGESTED_WINDOW = 10000  # what refusals propose: far above a batch's blocks (a much larger window slows INSERTs)
+
+
+def _insert_blocks(rows: int, size: int) -> int:
+    """At most how many blocks (each one id in the deduplication log) one partition's INSERT … SELECT forms: the
+    INSERT squashes rows into a block until it reaches the fixed row or byte minimum of _INSERT_SETTINGS."""
+    if rows <= 0:
+        return 0
+    return 1 + rows // int(_INSERT_SETTINGS["min_insert_block_size_rows"]) + size // int(_INSERT_SETTINGS["min_insert_block_size_bytes"])
+
+
 _IDENT = r"(?:`(?:[^`\\]|\\.)*`|[A-Za-z_][A-Za-z0-9_]*)"
 _VIEW_TO = re.compile(
     rf"CREATE MATERIALIZED VIEW\s+(?:IF NOT EXISTS\s+)?(?:{_IDENT}\.)?{_IDENT}\s+(?:ON CLUSTER\s+\S+\s+)?"

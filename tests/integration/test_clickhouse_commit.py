@@ -17,7 +17,8 @@ import pytest
 from streaming_sink.committable import Committable, TxnRef, make_label
 from streaming_sink.targets.base import CommitAmbiguousError, CommitOutcome, ConfigurationError, TargetError
 from streaming_sink.targets import target_from_url
-from streaming_sink.targets.clickhouse import LEDGER_TABLE, ClickHouseTarget
+from streaming_sink.targets import clickhouse as clickhouse_module
+from streaming_sink.targets.clickhouse import INSERT_CRASH_POINT, LEDGER_TABLE, ClickHouseTarget
 from tests.clickhouse_front import ClickHouseFront
 from tests.infra.tls import issue_certificates
 
@@ -317,13 +318,14 @@ def ledger_states(target: ClickHouseTarget, label: str) -> list[str]:
 def test_insert_mode_fires_the_view_once_and_a_repeated_commit_changes_nothing(insert_target):
     committable = prepare(insert_target, ref())
     assert insert_target.commit(committable) is CommitOutcome.COMMITTED
-    assert ledger_states(insert_target, committable.label) == ["committed", "inserting"]
+    assert ledger_states(insert_target, committable.label) == ["committed", "inserted", "inserted", "inserting"]
     assert insert_target.commit(committable) is CommitOutcome.COMMITTED
     assert visible(insert_target) == list(range(ROWS)) and insert_target.staging_tables() == []
     assert totals(insert_target) == (ROWS, sum(range(ROWS)))
 
 
-INSERT_STEPS = ["INSERT", "INSERT", "INSERT", "INSERT", "DROP"]  # ledger 'inserting', one INSERT per partition, ledger 'committed', drop
+# ledger 'inserting'; per partition its INSERT, then its ledger 'inserted' row; ledger 'committed'; drop
+INSERT_STEPS = ["INSERT", "INSERT", "INSERT", "INSERT", "INSERT", "INSERT", "DROP"]
 
 
 @pytest.mark.parametrize("step", range(len(INSERT_STEPS)))
@@ -430,6 +432,142 @@ def test_insert_mode_refuses_a_table_whose_rows_cannot_be_sorted(insert_target):
 def test_insert_mode_reports_the_deduplication_window_to_doctor(insert_target):
     (limit,) = [e for e in insert_target.expiry_limits() if "deduplication" in e.what]
     assert limit.count == 1000 and limit.seconds is None
+
+
+# -- the deduplication window against a resumed insert commit (reliability review 2026-11-24, F1) -----------------
+
+DAILY, DAYS, PER_DAY = "daily", 3, 10  # PARTITION BY day: one INSERT (and one block) per day and label
+PREVIOUS_LEDGER_DDL = (  # what versions before the per-partition `inserted` rows created (with `state`, no partition)
+    f"CREATE TABLE {DB}.{LEDGER_TABLE} (label String, target_table String, rows UInt64, state String DEFAULT 'committed', "
+    "committed_at DateTime DEFAULT now()) ENGINE = MergeTree ORDER BY label"
+)
+
+
+def daily_target(url: str, window: int, parallelism: int = 1) -> ClickHouseTarget:
+    """An insert-mode target over `daily`, whose deduplication window is `window` blocks."""
+    target = ClickHouseTarget(url, database=DB, commit_mode="insert", commit_parallelism=parallelism)
+    client = target.client()
+    client.command(f"CREATE DATABASE IF NOT EXISTS {DB}")
+    client.command(f"CREATE TABLE {DB}.{DAILY} (day UInt8, id Int64) ENGINE = MergeTree PARTITION BY day ORDER BY id "
+                   f"SETTINGS non_replicated_deduplication_window = {window}")
+    target.routable_tables()
+    return target
+
+
+def prepare_daily(target: ClickHouseTarget, partition: int, first_id: int) -> Committable:
+    """A label of DAYS x PER_DAY rows (ids from `first_id`), one staging partition per day."""
+    txn = TxnRef("clickhouse", DB, DAILY, make_label("job", "query-1", 7, DAILY, partition, "e1w0t0"), partition, "e1w0t0")
+    transaction = target.begin(DAILY, lambda chunk: txn, lambda recorded: None)
+    ids = list(range(first_id, first_id + DAYS * PER_DAY))
+    transaction.write(pa.table({"day": pa.array([i % DAYS for i in ids], pa.uint8()), "id": pa.array(ids, pa.int64())}))
+    [part] = transaction.prepare()
+    return part.committable("checksum")
+
+
+def daily_ids(target: ClickHouseTarget) -> list[int]:
+    return sorted(r[0] for r in target.client().query(f"SELECT id FROM {DB}.{DAILY}").result_rows)
+
+
+def crash_after_the_inserts(monkeypatch) -> None:
+    """A kill -9 at INSERT_CRASH_POINT: every INSERT of the commit ran, its `committed` ledger row did not."""
+    def crash(name: str, batch_id: int) -> None:
+        if name == INSERT_CRASH_POINT:
+            raise Crash(name)
+
+    monkeypatch.setattr(clickhouse_module, "crash_point", crash)
+
+
+@pytest.mark.parametrize("window", [1, 2])
+def test_an_insert_commit_with_more_partitions_than_the_window_is_refused_before_anything_is_inserted(clickhouse_url, window):
+    """The review's case: 3 partitions, window 1 or 2. A resumed commit would have inserted every partition twice;
+    now the first commit step refuses, naming the table, its window and the least it needs, and nothing is inserted."""
+    target = daily_target(clickhouse_url, window)
+    try:
+        target.check_loadable(DAILY)  # one commit at a time: the start floor (1) is met
+        committable = prepare_daily(target, 0, 0)
+        with pytest.raises(ConfigurationError) as refused:
+            target.commit(committable)
+        message = str(refused.value)
+        assert "\n" not in message and f"{DB}.{DAILY}" in message, message
+        assert f"non_replicated_deduplication_window is {window}" in message and "at least 3" in message, message
+        assert f"ALTER TABLE `{DB}`.`{DAILY}` MODIFY SETTING non_replicated_deduplication_window = " in message, message
+        assert daily_ids(target) == [] and ledger_states(target, committable.label) == []
+        assert target.staging_tables() == [committable.label]  # still PREPARED: committed once the window is raised
+        target.client().command(f"ALTER TABLE {DB}.{DAILY} MODIFY SETTING non_replicated_deduplication_window = {DAYS}")
+        assert target.commit(committable) is CommitOutcome.COMMITTED
+        assert daily_ids(target) == list(range(DAYS * PER_DAY))
+    finally:
+        target.close()
+
+
+def test_a_resumed_insert_commit_skips_the_partitions_the_ledger_recorded_whatever_the_log_forgot(clickhouse_url, monkeypatch):
+    """Window 3 = the label's partitions, so the commit is allowed; but another label of the table (a parallel
+    commit) inserts 3 blocks between the crash and the resume, pushing the first label's blocks out of the log.
+    The resume must not depend on the log for partitions whose INSERT is known to have finished."""
+    target = daily_target(clickhouse_url, window=DAYS)
+    try:
+        cut, other = prepare_daily(target, 0, 0), prepare_daily(target, 1, 1000)
+        crash_after_the_inserts(monkeypatch)
+        with pytest.raises(Crash):
+            target.commit(cut)
+        monkeypatch.undo()
+        assert target.commit(other) is CommitOutcome.COMMITTED
+        assert target.commit(cut) is CommitOutcome.COMMITTED
+        assert daily_ids(target) == list(range(DAYS * PER_DAY)) + list(range(1000, 1000 + DAYS * PER_DAY))
+    finally:
+        target.close()
+
+
+def test_insert_mode_refuses_at_start_a_window_below_one_insert_per_parallel_commit(clickhouse_url):
+    """Over HTTP `commit_parallelism` commits run at once, each with an INSERT in flight; embedded, one."""
+    target = daily_target(clickhouse_url, window=2, parallelism=4)
+    try:
+        if target.embedded:
+            assert target.commit_parallelism == 1
+            target.check_loadable(DAILY)
+            return
+        with pytest.raises(ConfigurationError) as refused:
+            target.check_schema(DAILY, pa.schema([]))
+        message = str(refused.value)
+        assert f"{DB}.{DAILY}" in message and "non_replicated_deduplication_window is 2" in message, message
+        assert "at least 4" in message and "commit_parallelism 4" in message and "MODIFY SETTING" in message, message
+    finally:
+        target.close()
+
+
+def test_an_insert_commit_is_refused_when_a_views_table_has_a_window_below_its_partitions(insert_target):
+    """Two partitions times the commits running at once must fit in the view's table's window too; one less
+    passes the start check (one INSERT per parallel commit) and is refused by the commit's first step."""
+    committable = prepare(insert_target, ref())  # two partitions
+    least = 2 * insert_target.commit_parallelism
+    insert_target.client().command(f"ALTER TABLE {DB}.orders_totals MODIFY SETTING non_replicated_deduplication_window = {least - 1}")
+    assert insert_target._refusal(TABLE) is None  # the start check, asked again now
+    with pytest.raises(ConfigurationError) as refused:
+        insert_target.commit(committable)
+    message = str(refused.value)
+    assert f"{DB}.orders_totals" in message and f"non_replicated_deduplication_window is {least - 1}," in message, message
+    assert f"at least {least} " in message and "refused before anything was inserted" in message, message
+    assert visible(insert_target) == [] and totals(insert_target) == (0, 0)
+    assert ledger_states(insert_target, committable.label) == []
+
+
+def test_an_insert_commit_begun_under_a_ledger_without_partition_rows_is_finished_exactly(clickhouse_url):
+    """A label whose `inserting` row an older version wrote (no per-partition rows) is finished by repeating
+    every INSERT, deduplicated by the log as before."""
+    target = ClickHouseTarget(clickhouse_url, database=DB, commit_mode="insert")
+    client = target.client()
+    client.command(f"CREATE DATABASE {DB}")
+    client.command(PREVIOUS_LEDGER_DDL)
+    target.close()
+    target = daily_target(clickhouse_url, window=1000)
+    try:
+        committable = prepare_daily(target, 0, 0)
+        target._write_ledger(committable, "inserting")
+        assert target.commit(committable) is CommitOutcome.COMMITTED
+        assert target.commit(committable) is CommitOutcome.COMMITTED
+        assert daily_ids(target) == list(range(DAYS * PER_DAY)) and target.staging_tables() == []
+    finally:
+        target.close()
 
 
 def test_an_unknown_commit_mode_is_refused():
