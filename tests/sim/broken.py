@@ -6,8 +6,10 @@ DESIGN.md states as an invariant.
 from __future__ import annotations
 
 import contextlib
-from typing import Iterator
+from typing import Any, Iterator
 
+from streaming_sink import cli
+from streaming_sink import recovery as recovery_module
 from streaming_sink.recovery import Recovery
 from streaming_sink.sink import ExactlyOnceSink
 from streaming_sink.targets.base import CommitOutcome, CommittedNotChosenError
@@ -15,7 +17,8 @@ from streaming_sink.writer import PartitionWriter, WriteContext
 
 
 @contextlib.contextmanager
-def _patched(owner: type, name: str, replacement: object) -> Iterator[None]:
+def _patched(owner: Any, name: str, replacement: object) -> Iterator[None]:
+    """`owner.name` replaced while the block runs (a class or a module)."""
     original = owner.__dict__[name]
     setattr(owner, name, replacement)
     try:
@@ -103,3 +106,39 @@ def labels_without_attempt() -> contextlib.AbstractContextManager:
 def no_recheck_after_begin() -> contextlib.AbstractContextManager:
     """R6 broken: a writer does not confirm its intent after begin, so a late begin leaks."""
     return _patched(PartitionWriter, "_confirm_intents", lambda self: None)
+
+
+def commit_without_epoch_check() -> contextlib.AbstractContextManager:
+    """M1, I5 broken for commits: `commit_pending` checks the epoch once, then its commits go out unchecked, so a
+    fenced driver keeps committing (the per-commit `check_epoch` in `commit_one` undone)."""
+    commit_pending = Recovery.commit_pending
+
+    def checking_once(self: Recovery, record: Any, on_commit: Any = None) -> Any:
+        check = self.check_epoch
+        checks = 0
+
+        def first_only() -> None:  # the check at the phase's start stays; each commit's own goes
+            nonlocal checks
+            checks += 1
+            if checks == 1:
+                check()
+
+        self.check_epoch = first_only  # type: ignore[method-assign]
+        try:
+            return commit_pending(self, record, on_commit)
+        finally:
+            del self.check_epoch
+
+    return _patched(Recovery, "commit_pending", checking_once)
+
+
+@contextlib.contextmanager
+def abort_without_rereading_the_record() -> Iterator[None]:
+    """M2, R5 undone: `abort --apply` takes the epoch and aborts every intent of the batch without reading its record
+    again, so a driver that wrote PREPARED between the command's first read and the epoch loses the batch (I2)."""
+
+    def abort_every_intent(recovery: Recovery, query_id: str, batch_id: int) -> int:
+        return recovery.abort_intents(query_id, batch_id)
+
+    with _patched(cli, "abort_batch", abort_every_intent), _patched(recovery_module, "abort_batch", abort_every_intent):
+        yield

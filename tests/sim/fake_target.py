@@ -64,6 +64,7 @@ class Txn:
     prepared_at: float | None = None
     finished_at: float | None = None
     why: str = ""  # how it ended, for failure reports
+    commit_epochs: list[int | None] = field(default_factory=list)  # the sender's epoch of each commit it received
 
 
 class FakeOlapServer:
@@ -88,6 +89,8 @@ class FakeOlapServer:
         self.who: Callable[[], str] = lambda: "?"
         self.on_visible: Callable[[Txn], None] = lambda txn: None  # the checker's hook (I1)
         self.on_abort_call: Callable[[str, Txn | None], None] = lambda label, txn: None  # the checker's hook (I5)
+        self.on_commit_call: Callable[[str, Txn | None], None] = lambda label, txn: None  # the checker's hook (I5)
+        self.epoch_of: Callable[[], int | None] = lambda: None  # the fencing epoch of the caller (set by the simulation)
         self.on_label_reuse: Callable[[Txn], None] = lambda earlier: None  # the checker's hook (I4)
 
     # -- time ------------------------------------------------------------------------------------
@@ -150,6 +153,9 @@ class FakeOlapServer:
     def commit(self, label: str) -> str:
         self._tick()
         txn = self.txns.get(label)
+        self.on_commit_call(label, txn)
+        if txn is not None:
+            txn.commit_epochs.append(self.epoch_of())
         if txn is None:
             return CommitOutcome.LOST.value
         if txn.state is TxnState.ABORTED:
@@ -204,14 +210,18 @@ class FakeTarget(Target):
     kind = "sim"
     database = "db"
 
-    def __init__(self, server: FakeOlapServer, per_flush: bool, lists_leftovers: bool = True) -> None:
+    def __init__(self, server: FakeOlapServer, per_flush: bool, lists_leftovers: bool = True, commit_parallelism: int = 1) -> None:
         self.server = server  # the simulation swaps in a fault-injecting proxy
         self.per_flush = per_flush
         self.lists_leftovers = lists_leftovers  # can the server list open transactions (like ClickHouse)?
+        self._parallelism = commit_parallelism
+        # told of every commit answer the client hands the sink (the checker's: which answers proved what)
+        self.on_answer: Callable[[str, CommitOutcome], None] = lambda label, outcome: None
 
     @property
     def commit_parallelism(self) -> int:
-        return 1  # one commit at a time keeps the schedule deterministic
+        """Above 1 the sink's pool path runs; the simulation makes its threads simulated actors, so it stays seeded."""
+        return self._parallelism
 
     def routable_tables(self) -> set[str] | None:
         return None  # like StarRocks: a wrong table fails at the server's begin
@@ -222,11 +232,16 @@ class FakeTarget(Target):
         return _PerWriterTransaction(self, table, new_ref, record_intent)
 
     def commit(self, committable: Committable) -> CommitOutcome:
+        outcome = self._commit(committable.label)
+        self.on_answer(committable.label, outcome)
+        return outcome
+
+    def _commit(self, label: str) -> CommitOutcome:
         for _ in range(3):
             try:
-                return CommitOutcome(self.server.commit(committable.label))
+                return CommitOutcome(self.server.commit(label))
             except SimulatedTimeout:
-                state = self.server.state(committable.label)  # the answer was lost: ask what happened
+                state = self.server.state(label)  # the answer was lost: ask what happened
                 if state == TxnState.VISIBLE.value:
                     return CommitOutcome.COMMITTED
                 if state == TxnState.ABORTED.value:
@@ -234,7 +249,7 @@ class FakeTarget(Target):
                 if state == "UNKNOWN":
                     return CommitOutcome.LOST
                 # still PREPARED: the commit did not get through; send it again
-        raise TargetError(f"commit of {committable.label} kept timing out")
+        raise TargetError(f"commit of {label} kept timing out")
 
     def leftover_transactions(self, label_prefix: str) -> list[str] | None:
         return self.server.open_labels(label_prefix) if self.lists_leftovers else None

@@ -14,15 +14,15 @@ Replay one seed with `python -m tests.sim <seed>` (trace printed).
 """
 from __future__ import annotations
 
-import contextlib
-import io
 import os
 import random
 import tempfile
 import threading
 import traceback
+from concurrent.futures import ALL_COMPLETED, FIRST_COMPLETED, FIRST_EXCEPTION, Future
+from concurrent.futures import wait as futures_wait
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, Iterable
 
 import pyarrow as pa
 
@@ -30,12 +30,14 @@ from streaming_sink.state import FencedError, StateStoreLostError
 from streaming_sink.state.base import attempt_epoch
 from streaming_sink.state.memory import MemoryStateStore
 from streaming_sink import cli
+from streaming_sink import recovery as recovery_module
 from streaming_sink.committable import BatchState
+from streaming_sink.errors import StopForOperator
 from streaming_sink.recovery import (
-    Recovery, ReplayAmbiguousError, ReplayImpossibleError, apply_recovery, plan_recovery,
+    OperatorActionRefused, Recovery, ReplayAmbiguousError, ReplayImpossibleError, apply_recovery, plan_recovery,
 )
 from streaming_sink.sink import ExactlyOnceSink, ReplayMismatchError
-from streaming_sink.targets.base import CommittedNotChosenError
+from streaming_sink.targets.base import CommitOutcome, CommittedNotChosenError, TargetError
 from streaming_sink.writer import PartitionResult, PartitionWriter, WriteContext
 
 from .fake_target import OPEN, FakeOlapServer, FakeTarget, SimClock, SimulatedTimeout, Txn, TxnState
@@ -209,6 +211,9 @@ class Faults:
 
 # -- the simulation -------------------------------------------------------------------------------
 
+#: How an operator command may end besides success: a refusal, a stop it reports, a target that kept timing out.
+_OPERATOR_ANSWERS = (OperatorActionRefused, StopForOperator, TargetError)
+
 LOUD = (ReplayAmbiguousError, ReplayImpossibleError, ReplayMismatchError, StateStoreLostError, CommittedNotChosenError)
 
 
@@ -229,6 +234,12 @@ class Config:
     store_wipe: bool = True  # the state store loses everything (epoch counter included)
     # The state store goes back to an earlier snapshot (lagging replica, backup).
     store_rollback: bool = True
+    # Operator commands racing the driver (abort --apply, recover --apply, settle, dry runs) besides the one
+    # `operator` plans; None: drawn (none in most schedules, up to 3).
+    operators: int | None = None
+    operator_actions: tuple[str, ...] = ("abort", "recover", "settle", "abort-dry", "recover-dry")
+    # The target's commit parallelism: above 1 the sink's commit pool runs (as simulated threads); None: drawn.
+    commit_parallelism: int | None = None
 
 
 @dataclass
@@ -259,7 +270,9 @@ class Simulation:
         per_flush = rng.random() < 0.5 if config.per_flush is None else config.per_flush
         # drawn apart from the schedule's own stream, so a seed's schedule does not depend on it
         lists = random.Random(f"lists-{seed}").random() < 0.5 if config.lists_leftovers is None else config.lists_leftovers
-        self.target = FakeTarget(_ServerProxy(self), per_flush, lists)
+        parallelism = (random.Random(f"parallel-{seed}").choice([1, 1, 2, 4]) if config.commit_parallelism is None
+                       else config.commit_parallelism)
+        self.target = FakeTarget(_ServerProxy(self), per_flush, lists, parallelism)
         self.raw_store = MemoryStateStore()
         self.store = _StoreProxy(self)
         self.checkpoint = checkpoint
@@ -284,6 +297,20 @@ class Simulation:
         self.server.on_visible = self._on_visible
         self.server.on_abort_call = self._on_abort_call
         self.server.on_label_reuse = self._on_label_reuse
+        self.server.on_commit_call = self._on_commit_call
+        self.server.epoch_of = lambda: self._process().epoch
+        self.target.on_answer = self._on_answer
+        # I5 for commits and aborts: which process holds the newest epoch, and whether it has acted since
+        self.holder: tuple[int, str] | None = None
+        self.holder_acted = False
+        # (actor, process) -> what its last epoch check vouches for: None, the next commit or abort; a label, that one's
+        # (a check covers one commit or abort, and the client's own retries of it: the inherent check-then-act window)
+        self.vouched: dict[tuple[int, str], str | None] = {}
+        # Whether a stop was necessary (F4): answers that proved a label never committed, and who could have kept them
+        self.first_sent_by: dict[str, str] = {}  # label -> the process whose durable `sent` first listed it
+        self.answered: set[tuple[str, str]] = set()  # (process, label) that got any commit answer
+        self.proofs: dict[str, list[tuple[str, int]]] = {}  # label -> (process, call number) of a first-send LOST
+        self.last_write: dict[str, int] = {}  # process -> call number of its last successful store write
 
     # -- source ----------------------------------------------------------------------------------
 
@@ -340,6 +367,7 @@ class Simulation:
 
     def _on_abort_call(self, label: str, txn: Txn | None) -> None:
         process = self._process()
+        self._check_fenced_act("abort", label)
         if txn is None or txn.state not in OPEN:
             return
         if txn.state is TxnState.PREPARED and label in self.ever_prepared and not self.store_lost:
@@ -350,6 +378,37 @@ class Simulation:
         owner_epoch = self.label_epoch.get(label)
         if owner_epoch is not None and owner_epoch > process.epoch:
             self.violation(f"I5: {process.name} (epoch {process.epoch}) aborted {label} of newer epoch {owner_epoch}")
+
+    def _on_commit_call(self, label: str, txn: Txn | None) -> None:
+        self._check_fenced_act("commit", label)
+
+    def _check_fenced_act(self, what: str, label: str) -> None:
+        """I5 for the driver's and the operator's commits and aborts: once a newer epoch was taken and its holder
+        acted, a process of an older epoch may finish only the one commit or abort its last epoch check vouched for
+        (check-then-act cannot close that window without a fencing token on the server); any further one is a breach."""
+        actor = self.sched.current
+        assert actor is not None and actor.process is not None
+        process = actor.process
+        key = (id(actor), process.name)
+        vouched = key in self.vouched and self.vouched[key] in (None, label)
+        self.vouched[key] = label
+        if process.kind == "task" or process.epoch is None or self.holder is None or not self.holder_acted:
+            return
+        current = self.raw_store.current_epoch(JOB)
+        if current == process.epoch or self.holder[0] != current:
+            return
+        if not vouched:
+            self.violation(f"I5: {process.name} (epoch {process.epoch}) sent a {what} of {label} after epoch {current} "
+                           f"was taken by {self.holder[1]} and acted, with no epoch check since its last commit or abort")
+
+    def _on_answer(self, label: str, outcome: CommitOutcome) -> None:
+        """A LOST answer to the process whose `sent` first listed the label, at its first answer: the commit of a label
+        the server does not know commits nothing, so this proves it never committed (F4), if the process keeps it."""
+        process = self._process()
+        first = (process.name, label) not in self.answered
+        self.answered.add((process.name, label))
+        if outcome is CommitOutcome.LOST and first and self.first_sent_by.get(label) == process.name:
+            self.proofs.setdefault(label, []).append((process.name, self.faults.calls))
 
     def call(self, where: str, name: str, apply: Callable[[], Any]) -> Any:
         """Every call into the server or the store: a yield point and a place for a fault."""
@@ -367,6 +426,9 @@ class Simulation:
         if fault == "timeout-before":
             raise SimulatedTimeout(f"{where}.{name}: no answer (not applied)")
         result = apply()
+        holder = self.holder
+        if holder is not None and process.epoch == holder[0] and name != "take_epoch":
+            self.holder_acted = True
         if fault == "crash-after":
             process.dead = True
             raise SimulatedCrash(f"{process.name} killed after {where}.{name} was applied")
@@ -440,21 +502,54 @@ class Simulation:
         self.clock.advance(seconds)
         self.log(f"downtime {seconds:.0f}s before the restart")
 
-    def operator(self, actor: Actor) -> None:
+    def operator(self, actor: Actor, action: str | None = None) -> None:
+        """One operator command, through the CLI's own functions, while the job may still be running."""
         self.new_process(actor, "operator", "operator")
-        if self.rng.random() < 0.5:
+        if action is None:  # the schedule's first operator: as drawn before there were more
+            action = "recover-direct" if self.rng.random() < 0.5 else "abort"
+        if action == "recover-direct":
             epoch = self.store.take_epoch(JOB, owner="operator recover")
             recovery = Recovery(self.target, self.store, JOB, epoch)
             done = apply_recovery(recovery, plan_recovery(self.store, JOB), lambda message: None)
             self.log(f"operator recover --apply: {[(a.batch_id, a.action) for a in done]}")
-        else:
-            batch = self.committed_batches
-            args = _Args(job=JOB, state="sim", target="sim", database="db", batch=batch, query_id=None,
-                         apply=True, json=True, command="abort")
-            out = io.StringIO()
-            with contextlib.redirect_stdout(out), contextlib.redirect_stderr(out):  # only this actor runs meanwhile
-                code = cli.cmd_abort(args)
-            self.log(f"operator abort --batch {batch} --apply: exit {code}: {out.getvalue().strip()[:200]}")
+            return
+        if action == "settle":
+            self._settle_racing()
+            return
+        command, apply = action.split("-")[0], not action.endswith("-dry")
+        args = _Args(command=command, apply=apply, batch=self.committed_batches)
+        try:
+            code = (cli.cmd_abort if command == "abort" else cli.cmd_recover)(args)
+        except cli.CliError as error:  # a usage answer (no such batch yet): what an operator reads and retries
+            code, args.said = error.code, str(error)
+        self.log(f"operator {command} --batch {args.batch}{' --apply' if apply else ''}: exit {code}: {args.said[:200]}")
+
+    def _settle_racing(self) -> None:
+        """`settle` while the job runs, with the verdict an operator reads on the target: only for a label whose fate
+        can no longer change (visible, aborted or forgotten uncommitted), so the verdict stays true after it is given."""
+        for query_id, batch_id in self.raw_store.batch_keys(JOB):
+            record = self.raw_store.get_batch(JOB, query_id, batch_id)
+            if record is None or record.state is not BatchState.PREPARED:
+                continue
+            for committable in record.live_committables():
+                fate = self._fate(committable.label)
+                if fate is None:
+                    continue
+                args = _Args(command="settle", batch=batch_id, query_id=query_id, label=committable.label,
+                             committed=fate)
+                code = cli.cmd_settle(args)
+                self.log(f"operator settle {committable.label} {'--committed' if fate else '--not-committed'}: exit {code}")
+                return
+        self.log("operator settle: nothing to settle")
+
+    def _fate(self, label: str) -> bool | None:
+        """What the target says of a label for good: True visible, False never will be, None still open."""
+        txn = self.server.txns.get(label) or self.server.forgotten.get(label)
+        if txn is None:
+            return None
+        if txn.state is TxnState.VISIBLE:
+            return True
+        return False if txn.state is TxnState.ABORTED else None
 
     # -- the schedule ----------------------------------------------------------------------------
 
@@ -465,6 +560,7 @@ class Simulation:
         if config.operator and rng.random() < 0.2:
             self.sched.events.setdefault(rng.randint(5, 300), []).append(
                 lambda: self.sched.spawn("operator", self.operator))
+        self._plan_operators()
         if config.store_wipe and rng.random() < 0.05:
             self.sched.events.setdefault(rng.randint(5, 300), []).append(lambda: self._lose_store(None))
         if config.store_rollback and rng.random() < 0.05:
@@ -474,6 +570,20 @@ class Simulation:
             self.sched.events.setdefault(loss_at, []).append(lambda: self._lose_store(snapshot))
         if config.downtime and rng.random() < 0.1:  # a long pause of whoever runs (GC, VM freeze)
             self.sched.events.setdefault(rng.randint(5, 300), []).append(self._pause_everything)
+
+    def _plan_operators(self) -> None:
+        """More operator commands, racing the driver; drawn apart from the schedule's own stream (older seeds keep theirs)."""
+        config = self.config
+        if not config.operator:
+            return
+        draw = random.Random(f"operators-{self.seed}")
+        count = config.operators if config.operators is not None else (0 if draw.random() < 0.6 else draw.randint(1, 3))
+        for _ in range(count):
+            action = draw.choice(config.operator_actions)
+            weight = draw.choice([1.0, 3.0])
+            self.sched.events.setdefault(draw.randint(5, 300), []).append(
+                lambda action=action, weight=weight: self.sched.spawn(
+                    "operator", lambda actor: self.operator(actor, action), weight=weight))
 
     def _fork_zombie_driver(self) -> None:
         """The cluster manager thinks the driver died and starts another; the old one keeps going."""
@@ -488,6 +598,7 @@ class Simulation:
 
     def _lose_store(self, snapshot: dict | None) -> None:
         self.store_lost = True
+        self.holder = None  # whoever held the newest epoch, the store no longer says so
         if snapshot is not None:
             self.raw_store.restore(snapshot)
             self.log("STORE rolled back to an earlier snapshot")
@@ -522,7 +633,7 @@ class Simulation:
             error = actor.error
             if error is None or isinstance(error, (SimulatedCrash, SimulatedTimeout, FencedError)):
                 continue
-            if actor.name == "operator" or actor.name.startswith("task"):
+            if actor.name.startswith("task") or (actor.name == "operator" and isinstance(error, _OPERATOR_ANSWERS)):
                 self.log(f"{actor.name} ended with {type(error).__name__}: {error}")
                 continue
             self.violation(f"actor {actor.name} raised {type(error).__name__}: {error}\n"
@@ -602,18 +713,29 @@ class Simulation:
 
 @dataclass
 class _Args:
-    job: str
-    state: str
-    target: str
-    database: str
-    batch: int
-    query_id: str | None
-    apply: bool
-    json: bool
+    """What argparse gives the CLI's commands (the URLs are redirected to the simulated store and target)."""
+
     command: str
+    apply: bool = True
+    batch: int = 0
+    query_id: str | None = None
+    label: str = ""
+    committed: bool = False
+    job: str = JOB
+    state: str = "file:///sim-state"
+    target: str = "sim://db"
+    database: str = "db"
+    json: bool = True
+    config: str | None = None
+    debug: bool = False
+    said: str = ""  # what the command printed (the CLI's output is captured here, never on the real stdout)
 
 
 # -- proxies --------------------------------------------------------------------------------------
+
+#: Store calls that succeed only under the current epoch: each proves the caller was not fenced when it ran.
+_EPOCH_CHECKED = frozenset({"take_epoch", "put_batch", "add_intent", "confirm_intent", "remove_intents", "mark_done",
+                            "mark_done_many", "delete_batch"})
 
 class _ServerProxy:
     """The target's view of the server: every RPC goes through `Simulation.call`."""
@@ -640,15 +762,24 @@ class _StoreProxy:
         def apply(*args: Any, **kwargs: Any) -> Any:
             result = method(*args, **kwargs)
             process = sim._process()
+            actor = sim.sched.current
+            assert actor is not None
             if name == "take_epoch":
                 process.epoch = result
+                sim.holder, sim.holder_acted = (result, process.name), False
             elif name == "put_batch":
                 record = args[2]
                 if record.state in (BatchState.PREPARED, BatchState.COMMITTED):
                     sim.ever_prepared.update(c.label for c in record.committables)
+                for label in record.sent:
+                    sim.first_sent_by.setdefault(label, process.name)
             elif name == "add_intent":
                 ref = args[4]
                 sim.label_epoch[ref.label] = attempt_epoch(ref.attempt) or 0
+            if name in _EPOCH_CHECKED or (name == "current_epoch" and result == process.epoch):
+                sim.vouched[(id(actor), process.name)] = None  # the process was not fenced at this instant
+            if name in _EPOCH_CHECKED:
+                sim.last_write[process.name] = sim.faults.calls
             return result
 
         return lambda *args, **kwargs: sim.call("store", name, lambda: apply(*args, **kwargs))
@@ -755,20 +886,80 @@ def run_schedule(seed: int, config: Config | None = None) -> Outcome:
     shm = "/dev/shm" if os.path.isdir("/dev/shm") else None  # the epoch marker fsyncs: keep it in memory
     with tempfile.TemporaryDirectory(prefix="sim-ckpt-", dir=shm) as checkpoint:
         sim = Simulation(seed, config or Config(), checkpoint)
-        with _cli_on(sim):
+        with _sim_on(sim):
             return sim.run()
 
 
-class _cli_on:
-    """The operator's CLI reaches the simulated store and target instead of opening URLs."""
+class _sim_on:
+    """While a schedule runs: the operator's CLI reaches the simulated store and target instead of opening URLs, and
+    the sink's commit pool runs its threads as simulated actors (the real `_run_commits` drives them)."""
 
     def __init__(self, sim: Simulation) -> None:
         self.sim = sim
 
     def __enter__(self) -> None:
-        self.saved = (cli.open_store, cli.target_from_url)
-        cli.open_store = lambda url: self.sim.store
-        cli.target_from_url = lambda url, database: self.sim.target
+        sim = self.sim
+        self.saved = (cli._open_state, cli.target_from_url, cli._emit, cli._progress, Recovery.__dict__["_commit_pool"],
+                      recovery_module.wait)
+        # (never redirect_stdout: an operator yields inside its command, and the redirect is process-wide)
+        cli._emit = lambda args, data, text: setattr(args, "said", text)
+        cli._progress = lambda args: (lambda message: None)
+        cli._open_state = lambda url: sim.store
+        cli.target_from_url = lambda *args, **kwargs: sim.target
+        Recovery._commit_pool = lambda recovery, workers: SimPool(sim, workers)  # type: ignore[method-assign]
+        recovery_module.wait = lambda fs, timeout=None, return_when=ALL_COMPLETED: _sim_wait(sim, fs, return_when)
 
     def __exit__(self, *exc: Any) -> None:
-        cli.open_store, cli.target_from_url = self.saved
+        (cli._open_state, cli.target_from_url, cli._emit, cli._progress, Recovery._commit_pool,
+         recovery_module.wait) = self.saved
+
+
+class SimPool:
+    """The sink's commit threads as simulated actors of the process that submits: at most `workers` run at once, the
+    others queue and can be cancelled before they start (so never send), and a kill of the driver kills them too."""
+
+    def __init__(self, sim: Simulation, workers: int) -> None:
+        self.sim, self.workers = sim, workers
+        self.running = 0
+
+    def submit(self, fn: Callable[..., Any], *args: Any) -> Future:
+        sim = self.sim
+        future: Future = Future()
+        process = sim._process()
+
+        def body(actor: Actor) -> None:
+            actor.process = process
+            sim.sched.wait_until(lambda: self.running < self.workers or future.cancelled())
+            if not future.set_running_or_notify_cancel():
+                return
+            self.running += 1
+            try:
+                future.set_result(fn(*args))
+            except ScheduleAbandoned:
+                raise
+            except BaseException as error:  # as a pool's worker does: the caller reads it from the future
+                future.set_exception(error)
+            finally:
+                self.running -= 1
+
+        sim.sched.spawn(f"{process.name}-commit", body)
+        return future
+
+    def shutdown(self, wait: bool = True) -> None:
+        pass
+
+
+def _sim_wait(sim: Simulation, fs: Iterable[Future], return_when: str) -> Any:
+    """`concurrent.futures.wait` for simulated threads: the waiting actor lets the others run until it may go on."""
+    futures = list(fs)
+
+    def settled() -> bool:
+        done = [f for f in futures if f.done()]
+        if return_when == FIRST_COMPLETED and done:
+            return True
+        if return_when == FIRST_EXCEPTION and any(not f.cancelled() and f.exception() is not None for f in done):
+            return True
+        return len(done) == len(futures)
+
+    sim.sched.wait_until(settled)
+    return futures_wait(futures, timeout=0, return_when=return_when)

@@ -31,6 +31,12 @@ def _first_violation(seeds: range, config: Config | None = None) -> Outcome | No
 # Without the re-check after begin, a late writer's transaction is left to whoever can find it: a
 # server that lists open transactions lets the next restart abort it, so the leak shows where it cannot.
 UNLISTED = Config(lists_leftovers=False)
+# A fenced driver's unchecked commits show when commits run in the pool (no progress write between them stops a
+# fenced worker) and operators take the epoch in the middle of a commit phase.
+RACED_COMMITS = Config(commit_parallelism=4, operators=2, operator_actions=("recover",))
+# `abort --apply` undoing R5 needs the driver's PREPARED write between the command's first read and its epoch:
+# several abort commands race each batch's decision.
+RACED_ABORTS = Config(operators=3, operator_actions=("abort",))
 
 
 @pytest.mark.parametrize("variant, expected, config", [
@@ -40,6 +46,8 @@ UNLISTED = Config(lists_leftovers=False)
     (broken.prepared_batch_rolled_back, "I2", None),
     (broken.labels_without_attempt, "I4", None),
     (broken.no_recheck_after_begin, "I3", UNLISTED),
+    (broken.commit_without_epoch_check, "I5", RACED_COMMITS),
+    (broken.abort_without_rereading_the_record, "I2", RACED_ABORTS),
 ], ids=lambda v: getattr(v, "__name__", None) if callable(v) else None)
 def test_broken_protocol_is_caught(variant: Callable, expected: str, config: Config | None) -> None:
     with variant():
