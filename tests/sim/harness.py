@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import os
 import random
+import re
 import tempfile
 import threading
 import traceback
@@ -695,20 +696,55 @@ class Simulation:
         return process is not None and process.dead
 
     def _check_stop(self) -> None:
+        """A stop is correct only when it was necessary: the information to go on safely was really gone."""
         error = self.stopped
         if error is None:
             return
-        justified = {
-            ReplayAmbiguousError: bool(self.server.forgotten),
-            ReplayImpossibleError: self.downtime_taken or self.store_lost,
-            StateStoreLostError: self.store_lost,
-            # a store rolled back to an older version of a record no longer names a committed attempt
-            CommittedNotChosenError: self.store_lost,
-            ReplayMismatchError: False,
-        }
-        for kind, ok in justified.items():
-            if isinstance(error, kind) and not ok:
-                self.violation(f"stopped with {type(error).__name__} with no cause for it in this schedule: {error}")
+        if isinstance(error, ReplayAmbiguousError):
+            why = self._needless_ambiguity(error)
+        else:
+            justified = {
+                ReplayImpossibleError: self.downtime_taken or self.store_lost,
+                StateStoreLostError: self.store_lost,
+                # a store rolled back to an older version of a record no longer names a committed attempt
+                CommittedNotChosenError: self.store_lost,
+                ReplayMismatchError: False,
+            }
+            why = next(("no cause for it in this schedule" for kind, ok in justified.items()
+                        if isinstance(error, kind) and not ok), None)
+        if why:
+            self.violation(f"stopped with {type(error).__name__}, which was not necessary ({why}): {error}")
+
+    def _needless_ambiguity(self, error: ReplayAmbiguousError) -> str | None:
+        """Why a ReplayAmbiguousError was needless, or None when one of its labels really is ambiguous.
+
+        A label is ambiguous when the server forgot it and nothing the job learned proves its fate. A LOST answer
+        to the process whose `sent` first listed the label, at that process's first commit of it, is such a proof
+        (F4): no earlier commit was ever sent, and a commit of a label the server does not know commits nothing. The
+        proof is gone only if that process died or was fenced before it wrote anything more; a process that went on
+        writing, or ended on its own, could have kept it."""
+        labels = sorted(set(re.findall(r"\bss_\w+", str(error))))
+        if not labels:
+            return "it names no label"
+        reasons = []
+        for label in labels:
+            if label in self.server.txns:
+                reasons.append(f"{label} is still known to the server")
+                continue
+            kept = [(name, at) for name, at in self.proofs.get(label, []) if self._went_on(name, at)]
+            if not kept:
+                return None  # this one's fate is really unknown
+            name, at = kept[0]
+            reasons.append(f"{label} answered LOST at call {at} to {name}, the first to send it, which went on")
+        return "; ".join(reasons)
+
+    def _went_on(self, name: str, at: int) -> bool:
+        """Whether a process wrote to the store after call `at`, or ended on its own (not killed, fenced or failed)."""
+        if self.last_write.get(name, -1) > at:
+            return True
+        process = self.all_processes.get(name)
+        failed = any(a.process is process and a.error is not None for a in self.sched.actors)
+        return process is not None and not process.dead and not failed
 
 
 @dataclass
