@@ -39,8 +39,16 @@ from streaming_sink.recovery import (
 )
 from streaming_sink.sink import ExactlyOnceSink, ReplayMismatchError
 from streaming_sink.targets.base import CommitOutcome, CommittedNotChosenError, TargetError
-from streaming_sink.writer import PartitionResult, PartitionWriter, WriteContext
+from streaming_sink.execution import _replay_identity, _writer_partition
+from streaming_sink.writer import ContentChecksum, PartitionResult, PartitionWriter, WriteContext
 
+try:  # the checks of a re-planned batch (I10); a release before them runs the simulation without its remedy
+    from streaming_sink.errors import SourceReplannedError
+except ImportError:  # pragma: no cover - only on an older checkout (tests/sim run against it to show a fix)
+    class SourceReplannedError(StopForOperator):  # type: ignore[no-redef]
+        """Never raised by a release that does not know it."""
+
+from .spark_model import SparkCheckpoint
 from .fake_target import OPEN, FakeOlapServer, FakeTarget, SimClock, SimulatedTimeout, Txn, TxnState
 
 JOB = "simjob"
@@ -215,7 +223,8 @@ class Faults:
 #: How an operator command may end besides success: a refusal, a stop it reports, a target that kept timing out.
 _OPERATOR_ANSWERS = (OperatorActionRefused, StopForOperator, TargetError)
 
-LOUD = (ReplayAmbiguousError, ReplayImpossibleError, ReplayMismatchError, StateStoreLostError, CommittedNotChosenError)
+LOUD = (ReplayAmbiguousError, ReplayImpossibleError, ReplayMismatchError, StateStoreLostError, CommittedNotChosenError,
+        SourceReplannedError)
 
 
 @dataclass
@@ -241,6 +250,11 @@ class Config:
     operator_actions: tuple[str, ...] = ("abort", "recover", "settle", "abort-dry", "recover-dry")
     # The target's commit parallelism: above 1 the sink's commit pool runs (as simulated threads); None: drawn.
     commit_parallelism: int | None = None
+    # Between a crash and the restart, the checkpoint folder suffers: its last offset file deleted, the folder
+    # restored from a snapshot (Spark then plans a batch again, maybe with another range), or the sink's marker
+    # lost (never with a store loss: the two together are beyond what the job can detect). None: drawn.
+    checkpoint_faults: bool | None = None
+    renumber: bool = True  # a re-run may number the batch's partitions differently
 
 
 @dataclass
@@ -285,7 +299,6 @@ class Simulation:
         self.violations: list[str] = []
         self.ever_prepared: set[str] = set()  # labels in a PREPARED record that was durably written (I1)
         self.label_epoch: dict[str, int] = {}  # label -> epoch of the attempt that recorded its intent
-        self.committed_batches = 0  # Spark's commit log: batches whose foreachBatch returned
         self.stopped: BaseException | None = None
         self.task_attempts = 0
         self.store_lost = False
@@ -294,6 +307,18 @@ class Simulation:
         self.processes = 0
         self.all_processes: dict[str, Process] = {}
         self.source, self.data = self._make_source()
+        next_id = 1 + max((i for p in self.data for part in p for b in part for i in b.column("id").to_pylist()), default=0)
+        self.spark = SparkCheckpoint(checkpoint, seed, QUERY, self.data, TABLES, next_id)
+        self.ckpt_draw = random.Random(f"checkpoint-{seed}")  # apart from the schedule's stream: older seeds keep theirs
+        self.checkpoint_faults = (self.ckpt_draw.random() < 0.15 if config.checkpoint_faults is None
+                                  else config.checkpoint_faults)
+        self.checkpoint_damaged = False
+        self.runs: dict[int, int] = {}  # batch -> how many times a driver was called with it
+        self.server_calls: dict[int, int] = {}  # actor -> server calls made
+        self.stop_batch: int | None = None
+        self.store_may_be_lost = False  # a wipe or rollback is planned: the checkpoint keeps its marker then
+        self.checked_actors = 0  # actors whose ends were judged already
+        self.remedies = 0  # runbook remedies an operator applied after a necessary stop
         self.server.who = self._who
         self.server.on_visible = self._on_visible
         self.server.on_abort_call = self._on_abort_call
@@ -341,6 +366,11 @@ class Simulation:
 
     def log(self, text: str) -> None:
         self.trace.append(f"[{self.sched.steps}] {text}")
+
+    @property
+    def committed_batches(self) -> int:
+        """Spark's commit log: how many batches returned (the newest commit's id + 1)."""
+        return self.spark.committed()
 
     def _process(self) -> Process:
         actor = self.sched.current
@@ -418,6 +448,9 @@ class Simulation:
             raise SimulatedCrash(f"{process.name} is dead")
         self.sched.pause()
         self.clock.advance(0.01)
+        if where == "server":
+            actor = self.sched.current
+            self.server_calls[id(actor)] = self.server_calls.get(id(actor), 0) + 1
         fault = self.faults.next()
         if fault:
             self.log(f"FAULT {fault} at {where}.{name} in {process.name}")
@@ -460,27 +493,36 @@ class Simulation:
         sink: ExactlyOnceSink | None = None
         restarts = 0
         while True:
-            batch = role["next"] if role["zombie"] else self.committed_batches
+            batch = role["next"] if role["zombie"] else self.spark.next_batch()
             if batch >= self.config.batches or (role["zombie"] and sink is None):
+                return
+            if not role["zombie"] and not self.spark.plan(batch, int(self.clock.now * 1000), self.config.batches):
+                self.violation(f"harness: Spark cannot plan batch {batch}: offsets/{batch - 1} is gone")
+                return
+            data = self._batch_frame(batch)
+            if data is None:  # a zombie's Spark finds no offset file for its next batch: it fails, and is gone
                 return
             if sink is None:
                 self.new_process(actor, "driver", actor.name)
                 sink = self.make_sink()
+            calls = self.server_calls.get(id(actor), 0)
             try:
-                sink.process(self.data[batch], batch, QUERY)
+                sink.process(data, batch, QUERY)
                 self.log(f"{actor.process.name}: batch {batch} returned ({sink.last_report.action})")
                 if role["zombie"]:
                     role["next"] = batch + 1
                 else:
-                    self.committed_batches = max(self.committed_batches, batch + 1)
+                    self.spark.commit(batch)
                 continue
             except SimulatedCrash as error:
                 self.log(f"{actor.process.name}: crashed in batch {batch} ({error})")
             except LOUD as error:
+                if isinstance(error, SourceReplannedError) and self.server_calls.get(id(actor), 0) != calls:
+                    self.violation(f"I10: {actor.process.name} stopped with SourceReplannedError after calling the server")
                 if role["zombie"]:
                     self.log(f"zombie {actor.process.name} stopped loudly: {type(error).__name__}")
                     return
-                self.stopped = error
+                self.stopped, self.stop_batch = error, batch
                 self.log(f"{actor.process.name}: STOPPED LOUDLY {type(error).__name__}: {error}")
                 return
             except Exception as error:
@@ -494,11 +536,45 @@ class Simulation:
                 self.violation(f"no progress: {restarts} restarts at batch {batch}")
                 return
             self._maybe_downtime()
+            self._maybe_damage_checkpoint()
+
+    def _batch_frame(self, batch: int) -> Any:
+        """The batch as Spark hands it over now: from the offset files, partitions maybe renumbered on a re-run."""
+        runs = self.runs.get(batch, 0)
+        self.runs[batch] = runs + 1
+        renumber = None
+        if self.config.renumber and runs and not self.clean:
+            draw = random.Random(f"renumber-{self.seed}-{batch}-{runs}")
+            renumber = draw if draw.random() < 0.5 else None
+        return self.spark.frame(batch, renumber)
+
+    def _maybe_damage_checkpoint(self) -> None:
+        """Between a crash and the restart: what an operator or a disk does to the checkpoint folder."""
+        draw = self.ckpt_draw
+        if not self.checkpoint_faults or draw.random() > 0.4:
+            return
+        kinds = ["drop-last-offsets", "restore-snapshot"]
+        if not self.store_may_be_lost:
+            kinds += ["lose-marker"]
+        kind = draw.choice(kinds)
+        if kind == "drop-last-offsets":
+            dropped = self.spark.drop_last_offsets()
+            self.log(f"CHECKPOINT offsets/{dropped} and commits/{dropped} deleted (a corrupt last offset file)")
+        elif kind == "restore-snapshot" and not self.store_may_be_lost:
+            index = self.spark.restore_snapshot(draw)
+            self.log(f"CHECKPOINT restored from snapshot #{index} (taken at a commit)")
+        elif kind == "restore-snapshot":  # the marker must not go back while the store may lose state: logs only
+            self.log(f"CHECKPOINT offsets/{self.spark.drop_last_offsets()} deleted (instead of a snapshot restore)")
+        else:
+            self.spark.lose_marker()
+            self.log("CHECKPOINT the sink's marker is lost")
+        self.checkpoint_damaged = True
 
     def _maybe_downtime(self) -> None:
         if not self.config.downtime or self.rng.random() > 0.15:
             return
-        seconds = self.rng.choice([TXN_TIMEOUT + 1, LABEL_KEEP + 1])
+        # past the prepared timeout; past the label retention; past both (prepared labels expired and forgotten)
+        seconds = self.rng.choice([TXN_TIMEOUT + 1, LABEL_KEEP + 1, TXN_TIMEOUT + LABEL_KEEP + 1])
         self.downtime_taken = True
         self.clock.advance(seconds)
         self.log(f"downtime {seconds:.0f}s before the restart")
@@ -563,8 +639,10 @@ class Simulation:
                 lambda: self.sched.spawn("operator", self.operator))
         self._plan_operators()
         if config.store_wipe and rng.random() < 0.05:
+            self.store_may_be_lost = True
             self.sched.events.setdefault(rng.randint(5, 300), []).append(lambda: self._lose_store(None))
         if config.store_rollback and rng.random() < 0.05:
+            self.store_may_be_lost = True
             snapshot_at, loss_at = sorted(rng.sample(range(5, 300), 2))
             snapshot: dict = {}
             self.sched.events.setdefault(snapshot_at, []).append(lambda: snapshot.update(self.raw_store.snapshot()))
@@ -620,17 +698,27 @@ class Simulation:
         try:
             self.sched.run()
             self._check_actor_errors()
+            for _ in range(3):  # a stop with a remedy the runbook gives: the operator applies it, the job restarts
+                if self.stopped is None or not self._check_stop() or not self._remedy():
+                    break
+                self.stopped = None
+                role = self.main_role = {"zombie": False, "next": 0}
+                self.sched.spawn("driver", lambda actor: self.driver(actor, role), weight=3.0)
+                self.sched.run()
+                self._check_actor_errors()
             if self.stopped is None:
                 self._final_clean_run()
+            else:
+                self._check_stop()
         except Exception as error:  # the harness itself failed: report, never pass silently
             self.sched.abandon()
             self.violation(f"harness: {type(error).__name__}: {error}\n{traceback.format_exc()}")
-        self._check_stop()
         return Outcome(self.seed, self.config, self.violations, type(self.stopped).__name__ if self.stopped else None,
                        self.trace, self.sched.steps, self.faults.calls)
 
     def _check_actor_errors(self) -> None:
-        for actor in self.sched.actors:
+        actors, self.checked_actors = self.sched.actors[self.checked_actors:], len(self.sched.actors)
+        for actor in actors:
             error = actor.error
             if error is None or isinstance(error, (SimulatedCrash, SimulatedTimeout, FencedError)):
                 continue
@@ -646,15 +734,16 @@ class Simulation:
         self.clean = True  # no more lost, speculative or failing tasks either
         self.sched.events.clear()  # what did not happen before the job finished does not happen now
         last = self.config.batches
-        self.data.append([[]])
         final: dict = {}
 
         def body(actor: Actor) -> None:
             self.new_process(actor, "driver", "final-driver")
             sink = self.make_sink()
-            sink.process(self.data[last], last, QUERY)
+            assert self.spark.plan(last, int(self.clock.now * 1000), last), "Spark cannot plan the final batch"
+            sink.process(self._batch_frame(last), last, QUERY)
+            self.spark.commit(last)
             begun, visible = len(self.server.history), {t: list(v) for t, v in self.server.visible.items()}
-            sink.process(self.data[last - 1], last - 1, QUERY)
+            sink.process(self._batch_frame(last - 1), last - 1, QUERY)
             final["action"] = sink.last_report.action
             if len(self.server.history) != begun or self.server.visible != visible:
                 self.violation("I7: re-running a COMMITTED batch began or committed something")
@@ -670,13 +759,14 @@ class Simulation:
             self.violation(f"the job cannot finish once faults stop: {type(actor.error).__name__}: {actor.error}\n"
                            + "".join(traceback.format_exception(actor.error)))
             return
+        self.source = self.spark.rows_through(last)  # Spark's ranges as they ended, re-plans included
         for table in TABLES:
             visible = sorted(self.server.visible_rows(table))
-            if visible != sorted(self.source[table]):
-                missing = sorted(set(self.source[table]) - set(visible))
-                extra = sorted(set(visible) - set(self.source[table]))
+            if visible != sorted(self.source.get(table, [])):
+                sent = self.source.get(table, [])
+                missing, extra = sorted(set(sent) - set(visible)), sorted(set(visible) - set(sent))
                 self.violation(f"{table}: visible rows differ from the source: missing {missing}, extra {extra}, "
-                               f"{len(visible)} visible vs {len(self.source[table])} sent")
+                               f"{len(visible)} visible vs {len(sent)} sent")
         if self.store_lost and not self.target.lists_leftovers:
             # a lost journal forgot intents, and this server cannot list its transactions (StarRocks, Doris):
             # nothing names them any more, so they end only at the server's own timeout (runbook section 'State store lost or rolled back')
@@ -695,13 +785,16 @@ class Simulation:
         process = self.all_processes.get(process_name)
         return process is not None and process.dead
 
-    def _check_stop(self) -> None:
-        """A stop is correct only when it was necessary: the information to go on safely was really gone."""
+    def _check_stop(self) -> bool:
+        """A stop is correct only when it was necessary: the information to go on safely was really gone. Returns
+        whether it was (a needless stop is a violation)."""
         error = self.stopped
         if error is None:
-            return
+            return True
         if isinstance(error, ReplayAmbiguousError):
             why = self._needless_ambiguity(error)
+        elif isinstance(error, SourceReplannedError):
+            why = self._needless_replan()
         else:
             justified = {
                 ReplayImpossibleError: self.downtime_taken or self.store_lost,
@@ -714,6 +807,41 @@ class Simulation:
                         if isinstance(error, kind) and not ok), None)
         if why:
             self.violation(f"stopped with {type(error).__name__}, which was not necessary ({why}): {error}")
+        return not why
+
+    def _needless_replan(self) -> str | None:
+        """A re-planned batch must stop only when the journal holds it with other end offsets than Spark's now."""
+        batch = self.stop_batch
+        assert batch is not None
+        record = self.raw_store.get_batch(JOB, QUERY, batch)
+        if record is None or record.source is None:
+            return f"the journal holds no range for batch {batch}"
+        planned = self.spark.ends(batch)
+        if planned is not None and self.spark.parse(record.source) == planned:
+            return f"Spark planned batch {batch} with the range the journal holds"
+        return None
+
+    def _remedy(self) -> bool:
+        """The runbook's answer to the stop, by an operator with the CLI; False when there is none to model."""
+        if not isinstance(self.stopped, SourceReplannedError):
+            return False
+        self.remedies += 1
+        done: dict[str, int] = {}
+
+        def body(actor: Actor) -> None:
+            for _ in range(5):  # the command may be killed or time out like anything else: the operator runs it again
+                self.new_process(actor, "operator", "operator")
+                args = _Args(command="restore-offsets", checkpoint=self.checkpoint)
+                try:
+                    done["code"] = cli.cmd_restore_offsets(args)
+                    self.log(f"operator restore-offsets --apply: exit {done['code']}: {args.said[:200]}")
+                    return
+                except (SimulatedCrash, SimulatedTimeout) as error:
+                    self.log(f"operator restore-offsets failed: {error}")
+
+        self.sched.spawn("operator", body)
+        self.sched.run()
+        return done.get("code") == 0
 
     def _needless_ambiguity(self, error: ReplayAmbiguousError) -> str | None:
         """Why a ReplayAmbiguousError was needless, or None when one of its labels really is ambiguous.
@@ -764,6 +892,7 @@ class _Args:
     json: bool = True
     config: str | None = None
     debug: bool = False
+    checkpoint: str | None = None
     said: str = ""  # what the command printed (the CLI's output is captured here, never on the real stdout)
 
 
@@ -836,10 +965,13 @@ class SimRunner:
         assert actor is not None
         driver = actor.process
         try:
-            results = [self._task(actor, p, batches, target, router, context, store) for p, batches in enumerate(data)]
+            # as the Spark runner does: a replay writes each partition under the prepared one with its content
+            identity = _replay_identity(data, context, store, _digests)
+            numbered = [(_writer_partition(identity, p), batches) for p, batches in enumerate(data)]
+            results = [self._task(actor, p, batches, target, router, context, store) for p, batches in numbered]
             if sim.config.zombie_tasks and not sim.clean and sim.rng.random() < 0.05:  # a stage retry: every partition again
                 sim.log(f"stage retry of batch {context.batch_id}")
-                results = [self._task(actor, p, b, target, router, context, store) for p, b in enumerate(data)]
+                results = [self._task(actor, p, b, target, router, context, store) for p, b in numbered]
             return results
         finally:
             actor.process = driver
@@ -916,6 +1048,17 @@ class SimRunner:
                 raise
 
         sim.sched.spawn(process.name, body, weight=sim.rng.choice([0.05, 0.3, 1.0]))
+
+
+def _digests(data: list[list[pa.RecordBatch]]) -> dict[int, str]:
+    """Each partition's content checksum, over the batches its writer sees (the Spark runner's `_task_digests`)."""
+    found = {}
+    for partition, batches in enumerate(data):
+        checksum = ContentChecksum()
+        for batch in batches:
+            checksum.update(batch)
+        found[partition] = checksum.hexdigest()
+    return found
 
 
 def run_schedule(seed: int, config: Config | None = None) -> Outcome:
