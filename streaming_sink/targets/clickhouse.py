@@ -16,15 +16,17 @@ The ledger (`_streaming_sink_ledger` in the target database) decides when the st
 a `committed` row means COMMITTED; a `moving` row alone means some partitions may have moved, which
 no one can tell from here, so `CommitAmbiguousError` (runbook "ClickHouse commit interrupted");
 no row means nothing ever moved, so ABORTED. Ledgers made by older versions expire rows (a TTL),
-so there "no row" is LOST. Rows are kept for good: two of ~100 bytes per transaction.
+so there "no row" is LOST. Rows are kept for good: two of ~100 bytes per transaction, and in insert
+mode one more per staging partition.
 Never `ATTACH PARTITION FROM`: it copies, so a repeated commit would duplicate rows.
 
 Materialized views fire on INSERT only, never on a partition move, so a table that feeds views is
 refused in the default `commit_mode = "move"` (review R8). `commit_mode = "insert"` commits with
 `INSERT INTO <target> SELECT … FROM <staging>` instead, which the views see; the ledger journals it
-(`inserting` before the first INSERT) and a deduplication token per label and partition makes a
-repeated INSERT a no-op, in the table and in its views. What that needs from the tables, and why,
-is in `_commit_by_insert` and docs/clickhouse-views.md.
+(`inserting` before the first INSERT, `inserted` with the staging partition after each), a resumed
+commit skips the partitions already inserted, and a deduplication token per label and partition makes
+a repeat of the one INSERT a crash cut a no-op, in the table and in its views. What that needs from
+the tables, and why, is in `_commit_by_insert` and docs/clickhouse-views.md.
 
 The same code speaks HTTP (`http://host:8123`) and embedded chdb (`chdb:///path`); chdb allows
 one process per path, so with chdb the writers run in the driver. Over HTTP the writers run in Spark
