@@ -355,8 +355,8 @@ def abort_batch(recovery: "Recovery", query_id: str, batch_id: int) -> int:
 def settle_label(recovery: "Recovery", query_id: str, batch_id: int, label: str, committed: bool) -> None:
     """The operator's verdict on an ambiguous label (runbook: 'Replay ambiguous'), under a taken epoch.
 
-    committed: record it as done, so the job goes on without loading it again; not committed: forget
-    that a commit was sent, so the job replays it once from the source.
+    committed: record it as done, so the job goes on without loading it again; not committed: record it as
+    never committed, so the job replays it once from the source.
     """
     record = recovery.store.get_batch(recovery.job_id, query_id, batch_id)
     if record is None or record.state is not BatchState.PREPARED or label not in {c.label for c in record.live_committables()}:
@@ -365,7 +365,8 @@ def settle_label(recovery: "Recovery", query_id: str, batch_id: int, label: str,
     if committed:
         recovery.store.mark_done(recovery.job_id, recovery.epoch, query_id, batch_id, label)
         return
-    record.sent = [s for s in record.sent if s != label]
+    # `sent` only grows (the checkpoint marker counts it, I9): the verdict goes where LOST-at-first-send does
+    record.never_committed = record.never_committed + [label]
     record.events.append(f"operator settled {label} as not committed")
     recovery.store.put_batch(recovery.job_id, recovery.epoch, record)
 

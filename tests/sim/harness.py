@@ -27,7 +27,7 @@ from typing import Any, Callable, Iterable
 
 import pyarrow as pa
 
-from streaming_sink.state import FencedError, StateStoreLostError
+from streaming_sink.state import BatchRecord, FencedError, StateStoreLostError
 from streaming_sink.state.base import attempt_epoch
 from streaming_sink.state.memory import MemoryStateStore
 from streaming_sink import cli
@@ -266,6 +266,8 @@ class Outcome:
     trace: list[str]
     steps: int
     calls: int
+    proved: list[str] = field(default_factory=list)  # labels a first-send LOST proved never committed (F4)
+    remedies: int = 0  # runbook remedies applied after necessary stops (restore-offsets)
 
     def describe(self) -> str:
         head = f"seed {self.seed}: {len(self.violations)} violation(s); stopped={self.stopped}; steps={self.steps}"
@@ -316,6 +318,7 @@ class Simulation:
         self.runs: dict[int, int] = {}  # batch -> how many times a driver was called with it
         self.server_calls: dict[int, int] = {}  # actor -> server calls made
         self.stop_batch: int | None = None
+        self.stop_record: BatchRecord | None = None  # the stopped batch's record at the moment of the stop
         self.store_may_be_lost = False  # a wipe or rollback is planned: the checkpoint keeps its marker then
         self.checked_actors = 0  # actors whose ends were judged already
         self.remedies = 0  # runbook remedies an operator applied after a necessary stop
@@ -523,6 +526,8 @@ class Simulation:
                     self.log(f"zombie {actor.process.name} stopped loudly: {type(error).__name__}")
                     return
                 self.stopped, self.stop_batch = error, batch
+                # judged on the journal as the driver read it: a later wipe or rollback must not change the verdict
+                self.stop_record = self.raw_store.get_batch(JOB, QUERY, batch)
                 self.log(f"{actor.process.name}: STOPPED LOUDLY {type(error).__name__}: {error}")
                 return
             except Exception as error:
@@ -698,23 +703,22 @@ class Simulation:
         try:
             self.sched.run()
             self._check_actor_errors()
-            for _ in range(3):  # a stop with a remedy the runbook gives: the operator applies it, the job restarts
-                if self.stopped is None or not self._check_stop() or not self._remedy():
+            while self.stopped is not None:  # each stop is judged; one with a runbook remedy is remedied, and resumed
+                if not self._check_stop() or self.remedies >= 3 or not self._remedy():
                     break
                 self.stopped = None
                 role = self.main_role = {"zombie": False, "next": 0}
                 self.sched.spawn("driver", lambda actor: self.driver(actor, role), weight=3.0)
                 self.sched.run()
                 self._check_actor_errors()
-            if self.stopped is None:
-                self._final_clean_run()
             else:
-                self._check_stop()
+                self._final_clean_run()
+                self._check_stop()  # a stop of the final run
         except Exception as error:  # the harness itself failed: report, never pass silently
             self.sched.abandon()
             self.violation(f"harness: {type(error).__name__}: {error}\n{traceback.format_exc()}")
         return Outcome(self.seed, self.config, self.violations, type(self.stopped).__name__ if self.stopped else None,
-                       self.trace, self.sched.steps, self.faults.calls)
+                       self.trace, self.sched.steps, self.faults.calls, sorted(self.proofs), self.remedies)
 
     def _check_actor_errors(self) -> None:
         actors, self.checked_actors = self.sched.actors[self.checked_actors:], len(self.sched.actors)
@@ -813,7 +817,7 @@ class Simulation:
         """A re-planned batch must stop only when the journal holds it with other end offsets than Spark's now."""
         batch = self.stop_batch
         assert batch is not None
-        record = self.raw_store.get_batch(JOB, QUERY, batch)
+        record = self.stop_record
         if record is None or record.source is None:
             return f"the journal holds no range for batch {batch}"
         planned = self.spark.ends(batch)

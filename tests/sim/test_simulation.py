@@ -87,3 +87,27 @@ def test_a_speculative_twin_killed_between_its_late_begin_and_its_first_load() -
     The checker used to call that an I6 breach."""
     outcome = run_schedule(237347)
     assert not outcome.violations, outcome.describe()
+
+
+# Review F4: a label that answered LOST in the commit phase that first sent it provably never committed. Before
+# d163fce nothing recorded that, so when the replay that followed was cut short (448: the replaying driver fenced by a
+# new one; 644: killed) the next phase read the label as sent before and stopped with ReplayAmbiguousError: a stop
+# the judgement calls needless (both seeds fail on 4a01413 with the sim of this commit). Now the label is recorded
+# `never_committed` before the replay starts, and the next phase replays it.
+F4 = Config(faults=6, checkpoint_faults=False)
+
+
+@pytest.mark.parametrize("seed", [448, 644])
+def test_a_label_lost_on_its_first_send_is_replayed_after_a_cut_short_replay(seed: int) -> None:
+    outcome = run_schedule(seed, F4)
+    assert outcome.proved, "the schedule no longer answers LOST on a first send: pick another seed"
+    assert not outcome.violations and outcome.stopped is None, outcome.describe()
+
+
+def test_a_replanned_batch_stops_and_ends_exact_after_restore_offsets() -> None:
+    """Review F2: the checkpoint is restored from a snapshot after a crash and Spark plans batch 2, PREPARED in the
+    journal, with another range; the job stops (SourceReplannedError, nothing sent), the operator runs
+    restore-offsets, and the job ends exact. On 4a01413 the same seed loses rows 4-6 and duplicates others."""
+    outcome = run_schedule(5, Config(checkpoint_faults=True))
+    assert outcome.remedies == 1, outcome.describe()
+    assert not outcome.violations and outcome.stopped is None, outcome.describe()
