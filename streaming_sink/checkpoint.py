@@ -122,8 +122,14 @@ def latest_batch(folder: CheckpointFolder, log: str) -> int | None:
     return max(ids) if ids else None
 
 
+def delete_log_entry(folder: CheckpointFolder, log: str, batch_id: int) -> None:
+    """Remove batch N of an offset or commit log with its checksum file (`.N.crc`, which Hadoop's local
+    filesystem checks when present: a stale one would make Spark refuse the file written in its place)."""
+    folder.delete(f"{log}/.{batch_id}.crc")
+    folder.delete(f"{log}/{batch_id}")
+
+
 def restore_offsets(folder: CheckpointFolder, batch_id: int, text: str) -> None:
-    """Write `offsets/<batch_id>` back as the journal recorded it; its checksum file goes with the old text
-    (Hadoop's local filesystem checks `.N.crc` when present, and would refuse the new one)."""
-    folder.delete(f"offsets/.{batch_id}.crc")
+    """Write `offsets/<batch_id>` back as the journal recorded it, in place of whatever is there."""
+    delete_log_entry(folder, "offsets", batch_id)
     folder.write(f"offsets/{batch_id}", text)

@@ -104,13 +104,11 @@ def _add_job_arguments(parser: argparse.ArgumentParser, target: str) -> None:
     parser.add_argument("--job", help="the job_id (or from --config)")
     parser.add_argument("--state", help=f"state store URL: redis://host:port/db or file:///path (or from --config; "
                                         f"a Redis password belongs in {_STATE_ENV})")
-    if target == "none":
-        pass
-    elif target == "required":
+    if target == "required":
         parser.add_argument("--target", help="target URL: chdb:///path, clickhouse://h:8123, starrocks://fe:8030, "
                                              "doris://fe:8030 (or from --config)")
         parser.add_argument("--database", help="target database (or from --config)")
-    else:
+    elif target == "optional":
         parser.add_argument("--target", help="also list the job's transactions on this target that the journal "
                                              "does not name (status reads only the state store without it)")
         parser.add_argument("--database", help="target database (with --target; default: from --config, else 'default')")
@@ -198,7 +196,7 @@ def _resolve(args: argparse.Namespace, target: str) -> None:
     if target == "required" and not args.target and spec:
         args.target = spec.target_url  # status contacts a target only when --target names one
     args.target_options = None
-    if spec and args.target and target != "none" and urlsplit(args.target).scheme == urlsplit(spec.target_url).scheme:
+    if spec and args.target and urlsplit(args.target).scheme == urlsplit(spec.target_url).scheme:
         args.target_options = spec.target_options  # options of another kind of target would be refused
     args.database = args.database or (spec.database if spec else None)
     if target == "required":

@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 
-from .checkpoint import CheckpointFolder, latest_batch, restore_offsets, source_ranges
+from .checkpoint import CheckpointFolder, delete_log_entry, latest_batch, restore_offsets, same_source
 from .recovery import OperatorActionRefused
 from .state import StateStore
 
@@ -59,7 +59,7 @@ def plan_offset_restore(folder: CheckpointFolder, store: StateStore, job_id: str
     plan = OffsetRestorePlan(query_id)
     for batch_id, recorded in sorted(sources.items()):
         found = folder.read(f"offsets/{batch_id}")
-        if found is None or source_ranges(found) != source_ranges(recorded):
+        if found is None or not same_source(recorded, found):
             plan.restore[batch_id] = (recorded, found)
     beyond = [latest_batch(folder, "offsets"), latest_batch(folder, "commits")]
     top = max((b for b in beyond if b is not None), default=newest)
@@ -71,7 +71,6 @@ def apply_offset_restore(folder: CheckpointFolder, plan: OffsetRestorePlan) -> N
     """Write the plan: files beyond the journal first, then the recorded offset files, oldest first."""
     for batch_id in reversed(plan.remove):
         for log in ("commits", "offsets"):
-            folder.delete(f"{log}/.{batch_id}.crc")
-            folder.delete(f"{log}/{batch_id}")
+            delete_log_entry(folder, log, batch_id)
     for batch_id, (recorded, _) in sorted(plan.restore.items()):
         restore_offsets(folder, batch_id, recorded)
