@@ -125,10 +125,13 @@ class BatchRecord:
     source: str | None = None
     # why the driver stopped on this batch for an operator: {"error", "section", "message", "at"} (None: it did not)
     stop: dict[str, Any] | None = None
+    # labels an operator gave up (`settle --accept-loss`): never committed here, their rows re-ingested by other means
+    discarded: list[str] = field(default_factory=list)
 
     def live_committables(self) -> list[Committable]:
-        lost = set(self.lost)
-        return [c for c in self.committables if c.label not in lost]
+        """The transactions whose rows the batch delivers: not those replayed under new labels or given up."""
+        gone = set(self.lost) | set(self.discarded)
+        return [c for c in self.committables if c.label not in gone]
 
     def encode(self) -> dict[str, Any]:
         return {
@@ -149,6 +152,7 @@ class BatchRecord:
             "never_committed": self.never_committed,
             "source": self.source,
             "stop": self.stop,
+            "discarded": self.discarded,
         }
 
     @classmethod
@@ -179,6 +183,7 @@ class BatchRecord:
             never_committed=list(data.get("never_committed", [])),
             source=data.get("source"),
             stop=dict(data["stop"]) if data.get("stop") else None,
+            discarded=list(data.get("discarded", [])),
         )
 
     def to_json(self) -> str:
@@ -197,12 +202,16 @@ def owner_record(owner: str, at: float, epoch: int | None = None) -> dict[str, A
     return record
 
 
-def decode_owner(data: Mapping[str, Any]) -> dict[str, Any]:
-    """An epoch record of any readable version, as `StateStore.epoch_owner` returns it: {"epoch", "owner", "at"}."""
+def decode_owner(data: Mapping[str, Any], seen: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """An epoch record of any readable version, as `StateStore.epoch_owner` returns it: {"epoch", "owner", "at",
+    "seen"}; `seen` is the newest heartbeat ({"epoch", "at"}, kept apart by some stores), counted only for this epoch."""
     check_format(data, "epoch record")
     if "epoch" not in data:
         raise JournalFormatError("epoch record has no 'epoch'; it is not a streaming-sink journal record")
-    return {"epoch": int(data["epoch"]), "owner": data.get("owner"), "at": data.get("at")}
+    epoch = int(data["epoch"])
+    seen = seen if seen is not None else data.get("seen")
+    beat = seen.get("at") if seen and int(seen.get("epoch", -1)) == epoch else None
+    return {"epoch": epoch, "owner": data.get("owner"), "at": data.get("at"), "seen": beat}
 
 
 class StateStore(ABC):
@@ -227,7 +236,12 @@ class StateStore(ABC):
 
     @abstractmethod
     def epoch_owner(self, job_id: str) -> dict[str, Any] | None:
-        """Who took the current epoch and when: {"epoch", "owner", "at"} (for operators)."""
+        """Who took the current epoch, when, and when it last beat: {"epoch", "owner", "at", "seen"} (seen: None
+        before the first heartbeat). Operators' commands read it to tell a running driver from a dead one."""
+
+    @abstractmethod
+    def beat(self, job_id: str, epoch: int, at: float) -> None:
+        """The epoch's holder is alive at `at` (a running driver's heartbeat); fenced like every write."""
 
     @abstractmethod
     def add_intent(self, job_id: str, epoch: int, query_id: str, batch_id: int, ref: TxnRef) -> None:

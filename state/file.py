@@ -77,6 +77,11 @@ class FileStateStore(StateStore):
         data = _read_json(self._job_dir(job_id) / "epoch.json")
         return decode_owner(data) if data else None
 
+    def beat(self, job_id: str, epoch: int, at: float) -> None:
+        path = self._job_dir(job_id) / "epoch.json"
+        with self._locked(job_id, epoch):
+            write_json_atomic(path, {**(_read_json(path) or {}), "seen": {"epoch": epoch, "at": at}})
+
     def add_intent(self, job_id: str, epoch: int, query_id: str, batch_id: int, ref: TxnRef) -> None:
         with self._locked(job_id, epoch):
             self._check_gate(job_id, query_id, batch_id, ref)

@@ -74,7 +74,12 @@ class MemoryStateStore(StateStore):
     def epoch_owner(self, job_id: str) -> dict[str, Any] | None:
         with self._lock:
             owner = self._epochs.get(job_id)
-            return dict(owner) if owner else None
+            return {"seen": None, **owner} if owner else None
+
+    def beat(self, job_id: str, epoch: int, at: float) -> None:
+        with self._lock:
+            self._check(job_id, epoch)
+            self._epochs[job_id]["seen"] = at
 
     def add_intent(self, job_id: str, epoch: int, query_id: str, batch_id: int, ref: TxnRef) -> None:
         key = (job_id, query_id, batch_id)

@@ -141,8 +141,11 @@ class RedisStateStore(StateStore):
         return int(value) if value else 0
 
     def epoch_owner(self, job_id: str) -> dict[str, Any] | None:
-        value = self._client.get(self._key(job_id, "owner"))
-        return decode_owner(json.loads(value)) if value else None
+        value, seen = self._client.mget([self._key(job_id, "owner"), self._key(job_id, "seen")])
+        return decode_owner(json.loads(value), json.loads(seen) if seen else None) if value else None
+
+    def beat(self, job_id: str, epoch: int, at: float) -> None:
+        self._fenced(job_id, epoch, [["SET", self._key(job_id, "seen"), json.dumps({"epoch": epoch, "at": at})]])
 
     def add_intent(self, job_id: str, epoch: int, query_id: str, batch_id: int, ref: TxnRef) -> None:
         self._fenced(

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
+from .errors import ConfigurationError
 from .state.file import write_text_atomic
 
 
@@ -85,6 +86,15 @@ class CheckpointFolder:
 
 
 # -- Spark's offset log ------------------------------------------------------------------------------------------------
+
+
+def checkpoint_query_id(folder: CheckpointFolder) -> str:
+    """The streaming query id Spark keeps in the checkpoint's `metadata` file."""
+    text = folder.read("metadata")
+    if not text:
+        raise ConfigurationError(f"{folder.location} has no Spark metadata file: it is not a streaming checkpoint "
+                                 "(check --checkpoint, or checkpoint in the config)")
+    return str(json.loads(text.splitlines()[0])["id"])
 
 
 def planned_offsets(folder: CheckpointFolder, batch_id: int) -> str | None:

@@ -1,8 +1,9 @@
 """`streaming-sink`: run the packaged job, and the operator's commands for a stopped or crashed job.
 
-Human-readable output by default, `--json` for scripts. `recover` and `abort` are dry runs unless
-`--apply` is given; applying takes the job's fencing epoch, so a driver that is still running
-stops at its next state write instead of racing the operator.
+Human-readable output by default, `--json` for scripts. `recover`, `abort`, `settle` and `restore-offsets`
+are dry runs unless `--apply` is given. Each validates everything it can first; only then does applying
+take the job's fencing epoch (a driver still running would stop at its next state write), and it refuses
+while the job's driver is running (liveness.py) unless `--force` is given.
 
 An operator command never ends in a traceback: every failure is one line on stderr (what failed, why,
 what to do; with `--json` also `{"error", "exit_code"}` on stdout) and one of the `ExitCode`s, so an
@@ -14,7 +15,6 @@ import argparse
 import json
 import os
 import re
-import socket
 import sys
 import traceback
 from enum import IntEnum
@@ -29,7 +29,9 @@ from .state.redis import redact_url
 from .committable import JournalFormatError
 from .errors import StopForOperator, StreamingSinkError
 from .kafka_source import KafkaUnreachableError  # PySpark is imported only when a probe runs
-from .recovery import OperatorActionRefused, Recovery, abort_batch, apply_recovery, plan_recovery, settle_label
+from .liveness import process_owner, running_driver
+from .recovery import (OperatorActionRefused, Recovery, abort_batch, accept_loss, apply_recovery, check_target,
+                       plan_recovery, settle_label, settle_record)
 from .status import job_status, render_status, unknown_job
 from .targets import ConfigurationError, Target, target_from_url
 
@@ -116,6 +118,14 @@ def _add_job_arguments(parser: argparse.ArgumentParser, target: str) -> None:
     parser.add_argument("--debug", action="store_true", help="show the traceback of an unexpected error")
 
 
+def _add_acting_arguments(parser: argparse.ArgumentParser) -> None:
+    """--apply and --force of the commands that change the journal, the target or the checkpoint."""
+    parser.add_argument("--apply", action="store_true", help="act (default: only say what would be done)")
+    parser.add_argument("--force", action="store_true",
+                        help="act even though the job's driver seems to be running (it beat within the last "
+                             "15 s); it stops at its next state write")
+
+
 def build_parser() -> argparse.ArgumentParser:
     common = {"epilog": EXIT_CODES_HELP, "formatter_class": argparse.RawDescriptionHelpFormatter}
     parser = _Parser(prog="streaming-sink", description="Exactly-once Kafka ingestion into OLAP databases", **common)
@@ -139,30 +149,35 @@ def build_parser() -> argparse.ArgumentParser:
     recover = commands.add_parser("recover", help="commit PREPARED batches and abort leftover intents, without Spark",
                                   **common)
     _add_job_arguments(recover, target="required")
-    recover.add_argument("--apply", action="store_true", help="act (default: only say what would be done)")
+    _add_acting_arguments(recover)
 
     abort = commands.add_parser("abort", help="abort the transactions of a batch that is not PREPARED", **common)
     _add_job_arguments(abort, target="required")
     abort.add_argument("--batch", type=int, required=True, help="the batch id (a BEGUN batch in `status`)")
     abort.add_argument("--query-id", help="streaming query id (needed only when two queries have this batch id)")
-    abort.add_argument("--apply", action="store_true", help="act (default: only say what would be done)")
+    _add_acting_arguments(abort)
 
-    settle = commands.add_parser("settle", help="record the verdict on a label the target forgot (ReplayAmbiguousError)",
-                                 **common)
+    settle = commands.add_parser("settle", help="record the verdict on a label the target forgot (ReplayAmbiguousError), "
+                                                "or give up an older query's batch (ReplayImpossibleError)", **common)
     _add_job_arguments(settle, target="required")
     settle.add_argument("--batch", type=int, required=True, help="the batch id (in the error message)")
     settle.add_argument("--query-id", required=True, help="streaming query id (in the error message and `status`)")
-    settle.add_argument("--label", required=True)
+    settle.add_argument("--label", help="the label the verdict is about (with --committed or --not-committed)")
     verdict = settle.add_mutually_exclusive_group(required=True)
     verdict.add_argument("--committed", action="store_true", help="its rows are in the target: do not load them again")
     verdict.add_argument("--not-committed", action="store_true", help="its rows are not in the target: replay them")
+    verdict.add_argument("--accept-loss", action="store_true",
+                         help="a batch of an older checkpoint's query: commit what the target still holds and give "
+                              "up the rest (re-ingest its offsets yourself)")
+    settle.add_argument("--checkpoint", help="with --accept-loss: the job's current checkpoint folder (or from --config)")
+    _add_acting_arguments(settle)
 
     restore = commands.add_parser("restore-offsets", help="write back the offset files the journal recorded "
                                                           "(SourceReplannedError: a batch re-planned with another range)",
                                   **common)
     _add_job_arguments(restore, target="none")
     restore.add_argument("--checkpoint", help="the streaming checkpoint folder (or from --config)")
-    restore.add_argument("--apply", action="store_true", help="act (default: only say what would be done)")
+    _add_acting_arguments(restore)
 
     doctor = commands.add_parser("doctor", help="check Kafka, state store, target, tables and timeouts of a job; "
                                                 "exit 1 on any FAIL", **common)
@@ -261,9 +276,21 @@ def cmd_status(args: argparse.Namespace) -> int:
     return ExitCode.PROBLEM if status["problems"] else ExitCode.OK
 
 
+def _refuse_beside_a_driver(args: argparse.Namespace, store: StateStore) -> None:
+    """An acting command never stops a running driver by mistake: without --force it refuses (nothing taken)."""
+    running = running_driver(store.epoch_owner(args.job))
+    if running and not args.force:
+        raise OperatorActionRefused(
+            f"{running}: the job seems to be running, and acting now would stop it at its next state write. Stop "
+            "the job first (a killed driver counts as gone at once on its own machine, after 15 s elsewhere), or "
+            "give --force if it is hung")
+
+
 def _take_over(args: argparse.Namespace, store: StateStore, target: Target | None = None) -> Recovery:
+    """Take the job's fencing epoch, after everything else was validated: from here on no driver writes."""
+    _refuse_beside_a_driver(args, store)
     target = target or _open_target(args)
-    epoch = store.take_epoch(args.job, owner=f"streaming-sink {args.command} on {socket.gethostname()}:{os.getpid()}")
+    epoch = store.take_epoch(args.job, owner=f"streaming-sink {args.command} on {process_owner()}")
     return Recovery(target, store, args.job, epoch)
 
 
@@ -271,13 +298,18 @@ def cmd_recover(args: argparse.Namespace) -> int:
     _resolve(args, target="required")
     store = _open_state(args.state)
     _require_job(store, args.job, ExitCode.USAGE)
+    target = _open_target(args)
     if not args.apply:
-        actions = plan_recovery(store, args.job, _open_target(args))
+        actions = plan_recovery(store, args.job, target)
         lines = [f"dry run: {len(actions)} action(s); re-run with --apply to carry them out"]
         lines += [f"  batch {a.batch_id} ({a.query_id}): {a.action} {a.transactions} transaction(s) {a.detail}" for a in actions]
         _emit(args, {"applied": False, "actions": [a.__dict__ for a in actions]}, "\n".join(lines))
         return ExitCode.OK
-    recovery = _take_over(args, store)
+    for query_id, batch_id in store.batch_keys(args.job):  # a wrong target is refused before the epoch is taken
+        record = store.get_batch(args.job, query_id, batch_id)
+        refs = (record.live_committables() if record else []) + store.intents(args.job, query_id, batch_id)
+        check_target(target, args.job, refs, query_id, batch_id)
+    recovery = _take_over(args, store, target)
     done = apply_recovery(recovery, plan_recovery(recovery.store, args.job, recovery.target), _progress(args))
     kept = [a for a in done if a.action == "keep-for-replay"]
     lines = [f"applied {len(done)} action(s) with fencing epoch {recovery.epoch}"]
@@ -329,12 +361,55 @@ def _abort_refusal(batch_id: int, state: str) -> str:
 
 def cmd_settle(args: argparse.Namespace) -> int:
     _resolve(args, target="required")
+    if args.accept_loss == bool(args.label):
+        raise CliError(ExitCode.USAGE, "give --label with --committed or --not-committed, and no --label with "
+                                       "--accept-loss (it settles the whole batch)")
     store = _open_state(args.state)
     _require_job(store, args.job, ExitCode.USAGE)
-    recovery = _take_over(args, store)
-    settle_label(recovery, args.query_id, args.batch, args.label, committed=args.committed)
+    target = _open_target(args)
+    # everything is checked before the epoch is taken: a refused settle leaves a running driver alone
+    record = settle_record(store, args.job, args.query_id, args.batch, args.label)
+    check_target(target, args.job, record.live_committables(), args.query_id, args.batch)
+    if args.accept_loss:
+        return _accept_loss(args, store, target, record)
     verdict = "committed" if args.committed else "not committed (the job replays it)"
-    _emit(args, {"settled": args.label, "committed": args.committed}, f"settled {args.label}: {verdict}; restart the job")
+    if not args.apply:
+        _emit(args, {"applied": False, "settled": args.label, "committed": args.committed},
+              f"dry run: would record {args.label} as {verdict}; re-run with --apply")
+        return ExitCode.OK
+    recovery = _take_over(args, store, target)
+    settle_label(recovery, args.query_id, args.batch, args.label, committed=args.committed)
+    _emit(args, {"applied": True, "settled": args.label, "committed": args.committed},
+          f"settled {args.label}: {verdict}; restart the job")
+    return ExitCode.OK
+
+
+def _accept_loss(args: argparse.Namespace, store: StateStore, target: Target, record: Any) -> int:
+    """settle --accept-loss: only a batch Spark will never re-run (not the checkpoint's own query) may be given up."""
+    from .checkpoint import CheckpointFolder, source_ranges, checkpoint_query_id
+
+    if not args.checkpoint:
+        raise CliError(ExitCode.USAGE, "missing --checkpoint (the job's current checkpoint folder, or --config): "
+                                       "--accept-loss gives up only a batch of another query than the checkpoint's")
+    if checkpoint_query_id(CheckpointFolder(args.checkpoint)) == args.query_id:
+        raise OperatorActionRefused(
+            f"batch {args.batch} belongs to query {args.query_id}, the query of {args.checkpoint}: Spark re-runs it "
+            "when the job restarts, and the job replays what it lost from the source. Restart the job instead")
+    source = json.dumps(source_ranges(record.source)) if record.source else "not recorded"
+    rows = sum(c.rows for c in record.live_committables())
+    if not args.apply:
+        _emit(args, {"applied": False, "batch": args.batch, "query_id": args.query_id, "source": source},
+              f"dry run: would commit what the target still holds of batch {args.batch} ({len(record.live_committables())} "
+              f"transaction(s), {rows} rows) and give up the rest; its source range: {source}. "
+              "Re-run with --apply after re-ingesting those offsets")
+        return ExitCode.OK
+    recovery = _take_over(args, store, target)
+    given_up = accept_loss(recovery, args.query_id, args.batch)
+    lines = [f"batch {args.batch} of query {args.query_id} closed: {len(given_up)} transaction(s) given up "
+             f"({sum(c.rows for c in given_up)} rows); its source range: {source}"]
+    lines += [f"  {c.label}: table {c.table}, {c.rows} rows" for c in given_up]
+    _emit(args, {"applied": True, "batch": args.batch, "query_id": args.query_id, "source": source,
+                 "given_up": [{"label": c.label, "table": c.table, "rows": c.rows} for c in given_up]}, "\n".join(lines))
     return ExitCode.OK
 
 
@@ -350,6 +425,8 @@ def cmd_restore_offsets(args: argparse.Namespace) -> int:
         _require_job(store, args.job, ExitCode.USAGE)
         folder = CheckpointFolder(args.checkpoint)
         plan = plan_offset_restore(folder, store, args.job)
+        if args.apply and not plan.empty:
+            _refuse_beside_a_driver(args, store)  # a running query would read the files as they change
     finally:
         store.close()
     lines = [f"query {plan.query_id}: " + ("the checkpoint agrees with the journal; nothing to do" if plan.empty else
@@ -359,7 +436,7 @@ def cmd_restore_offsets(args: argparse.Namespace) -> int:
         now = json.dumps(source_ranges(found)) if found is not None else "missing"
         lines.append(f"  offsets/{batch_id}: {now} -> {json.dumps(source_ranges(recorded))}")
     lines += [f"  offsets/{b} and commits/{b}: not in the journal, removed (Spark plans them again)" for b in plan.remove]
-    if args.apply:
+    if args.apply and not plan.empty:
         apply_offset_restore(folder, plan)
         lines.append("done; restart the job")
     elif not plan.empty:

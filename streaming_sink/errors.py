@@ -38,6 +38,10 @@ class ConfigurationError(StreamingSinkError, ValueError):
 class StopForOperator(StreamingSinkError, RuntimeError):
     """The job cannot go on without a decision only an operator can make; the message names the runbook section."""
 
+    # the batch the decision is about, when it is not the one Spark was running (an older query's, found by the sweep)
+    query_id: str | None = None
+    batch_id: int | None = None
+
     @property
     def runbook_section(self) -> str | None:
         """The runbook section the message names, for status and metrics."""

@@ -84,8 +84,7 @@ def run(spec: JobSpec) -> None:
     try:
         _stream(spark, spec, source, sink)
     finally:  # an embedded engine holds its path for the whole process until its target is closed
-        sink.target.close()
-        sink.state.close()
+        sink.close()
 
 
 def _stream(spark: SparkSession, spec: JobSpec, source: KafkaSource, sink: ExactlyOnceSink) -> None:

@@ -10,10 +10,9 @@ Spark then re-runs the newest journal batch with its recorded range and goes on 
 """
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 
-from .checkpoint import CheckpointFolder, delete_log_entry, latest_batch, restore_offsets, same_source
+from .checkpoint import CheckpointFolder, checkpoint_query_id, delete_log_entry, latest_batch, restore_offsets, same_source
 from .recovery import OperatorActionRefused
 from .state import StateStore
 
@@ -27,14 +26,6 @@ class OffsetRestorePlan:
     @property
     def empty(self) -> bool:
         return not self.restore and not self.remove
-
-
-def checkpoint_query_id(folder: CheckpointFolder) -> str:
-    """The streaming query id Spark keeps in the checkpoint's `metadata` file."""
-    text = folder.read("metadata")
-    if not text:
-        raise OperatorActionRefused(f"{folder.location} has no Spark metadata file: it is not a streaming checkpoint")
-    return str(json.loads(text.splitlines()[0])["id"])
 
 
 def plan_offset_restore(folder: CheckpointFolder, store: StateStore, job_id: str) -> OffsetRestorePlan:

@@ -47,6 +47,23 @@ class ReplayAmbiguousError(StopForOperator):
 STALE_QUERY_SECONDS = 7 * 86400.0
 
 
+def check_target(target: Target, job_id: str, refs: Iterable[TxnRef], query_id: str, batch_id: int) -> None:
+    """Refuse to act on transactions the journal records in another target kind or database (W2).
+
+    Every intent and committable says where its transaction is; a target given on a command line
+    (or a job whose target changed) is taken on faith nowhere.
+    """
+    given = (target.kind, target.database)
+    for ref in refs:
+        if (ref.target, ref.database) != given:
+            raise TargetMismatchError(
+                f"job {job_id} batch {batch_id} of query {query_id}: the journal says these transactions are "
+                f"in {ref.target} database {ref.database!r}; --target/--database name {given[0]} database "
+                f"{given[1]!r}. Nothing was committed or aborted: name the target and database the job wrote them "
+                "to (for the job itself: its target or database changed while these transactions were open)."
+            )
+
+
 class Recovery:
     def __init__(self, target: Target, store: StateStore, job_id: str, epoch: int) -> None:
         self.target, self.store, self.job_id, self.epoch = target, store, job_id, epoch
@@ -62,20 +79,7 @@ class Recovery:
             raise fencing_error(self.job_id, self.epoch, current)
 
     def check_target(self, refs: Iterable[TxnRef], query_id: str, batch_id: int) -> None:
-        """Refuse to act on transactions the journal records in another target kind or database (W2).
-
-        Every intent and committable says where its transaction is; a target given on a command line
-        (or a job whose target changed) is taken on faith nowhere.
-        """
-        given = (self.target.kind, self.target.database)
-        for ref in refs:
-            if (ref.target, ref.database) != given:
-                raise TargetMismatchError(
-                    f"job {self.job_id} batch {batch_id} of query {query_id}: the journal says these transactions are "
-                    f"in {ref.target} database {ref.database!r}; --target/--database name {given[0]} database "
-                    f"{given[1]!r}. Nothing was committed or aborted: name the target and database the job wrote them "
-                    "to (for the job itself: its target or database changed while these transactions were open)."
-                )
+        check_target(self.target, self.job_id, refs, query_id, batch_id)
 
     def commit_pending(self, record: BatchRecord, on_commit: Callable[[], None] | None = None) -> list[Committable]:
         """Commit every live committable not yet recorded as done; return those that can be replayed.
@@ -222,12 +226,15 @@ class Recovery:
         """Roll a PREPARED batch forward outside its own re-run; a lost part cannot be replayed here."""
         lost = self.commit_pending(record)
         if lost:
-            raise ReplayImpossibleError(
+            stop = ReplayImpossibleError(
                 f"job {self.job_id}: batch {record.batch_id} of query {record.query_id} was PREPARED but "
                 f"{len(lost)} of its transactions can no longer be committed ({', '.join(c.label for c in lost)}), "
                 "and the streaming query will not re-run that batch. See docs/runbook.md, "
-                "section 'Prepared data lost outside its batch': re-ingest that batch's offsets, or accept the loss."
+                "section 'Prepared data lost outside its batch': re-ingest that batch's offsets, then record the "
+                f"loss with `streaming-sink settle --query-id {record.query_id} --batch {record.batch_id} --accept-loss`."
             )
+            stop.query_id, stop.batch_id = record.query_id, record.batch_id
+            raise stop
         committed = self.mark_committed(record)
         self.abort_intents(record.query_id, record.batch_id, keep={c.label for c in record.committables})
         return committed
@@ -352,15 +359,30 @@ def abort_batch(recovery: "Recovery", query_id: str, batch_id: int) -> int:
     return recovery.abort_intents(query_id, batch_id)
 
 
+def settle_record(store: StateStore, job_id: str, query_id: str, batch_id: int, label: str | None) -> BatchRecord:
+    """The PREPARED record an operator's verdict is about (holding `label`, when one is given). Read before
+    the command takes the epoch, so a mistaken one changes nothing, and again after, so the verdict is
+    applied to the final record."""
+    record = store.get_batch(job_id, query_id, batch_id)
+    if record is None or record.state is not BatchState.PREPARED:
+        found = "has no record" if record is None else f"is {record.state.value}"
+        raise OperatorActionRefused(f"batch {batch_id} of query {query_id} {found}: only a PREPARED batch's "
+                                    "transactions can be settled (see `status`)")
+    labels = [c.label for c in record.live_committables()]
+    if label is not None and label not in labels:
+        shown = ", ".join(labels[:5]) + (" ..." if len(labels) > 5 else "")
+        raise OperatorActionRefused(f"batch {batch_id} of query {query_id} has no PREPARED committable {label}; "
+                                    f"its labels: {shown}")
+    return record
+
+
 def settle_label(recovery: "Recovery", query_id: str, batch_id: int, label: str, committed: bool) -> None:
     """The operator's verdict on an ambiguous label (runbook: 'Replay ambiguous'), under a taken epoch.
 
     committed: record it as done, so the job goes on without loading it again; not committed: record it as
     never committed, so the job replays it once from the source.
     """
-    record = recovery.store.get_batch(recovery.job_id, query_id, batch_id)
-    if record is None or record.state is not BatchState.PREPARED or label not in {c.label for c in record.live_committables()}:
-        raise OperatorActionRefused(f"batch {batch_id} of query {query_id} has no PREPARED committable {label}")
+    record = settle_record(recovery.store, recovery.job_id, query_id, batch_id, label)
     recovery.check_target(record.live_committables(), query_id, batch_id)  # the verdict is about that target's label
     if committed:
         recovery.store.mark_done(recovery.job_id, recovery.epoch, query_id, batch_id, label)
@@ -369,6 +391,30 @@ def settle_label(recovery: "Recovery", query_id: str, batch_id: int, label: str,
     record.never_committed = record.never_committed + [label]
     record.events.append(f"operator settled {label} as not committed")
     recovery.store.put_batch(recovery.job_id, recovery.epoch, record)
+
+
+def accept_loss(recovery: "Recovery", query_id: str, batch_id: int) -> list[Committable]:
+    """The operator's `settle --accept-loss` for a PREPARED batch Spark will never re-run (an older checkpoint's,
+    runbook: 'Prepared data lost outside its batch'), under a taken epoch: commit what the target still holds,
+    record the rest as given up (`discarded`), and close the batch so it no longer stops the job.
+
+    Nothing can be duplicated by it (a given-up label is never loaded again); what it gives up is returned, for
+    the operator to re-ingest from the batch's recorded source range.
+    """
+    record = settle_record(recovery.store, recovery.job_id, query_id, batch_id, None)
+    try:
+        recovery.commit_pending(record)
+    except ReplayAmbiguousError:
+        pass  # committed or not, the operator accepts its rows may be missing: it is given up like the lost ones
+    done = recovery.store.done_labels(recovery.job_id, query_id, batch_id)
+    given_up = [c for c in record.live_committables() if c.label not in done]
+    record.discarded = sorted(set(record.discarded) | {c.label for c in given_up})
+    record.stop = None
+    record.events.append(f"operator accepted the loss of {len(given_up)} transaction(s) "
+                         f"({sum(c.rows for c in given_up)} rows): {[c.label for c in given_up]}")
+    recovery.mark_committed(record)
+    recovery.abort_intents(query_id, batch_id, keep={c.label for c in record.committables})
+    return given_up
 
 
 def leftover_labels(store: StateStore, target: Target, job_id: str, query_ids: Collection[str] = frozenset()) -> list[str]:

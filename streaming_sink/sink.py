@@ -13,10 +13,9 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import re
-import socket
 import time
+import weakref
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Protocol
 
@@ -27,6 +26,7 @@ from .crash import crash_point
 from .errors import BatchDoesNotAddUpError, ReplayLostAgainError, SourceReplannedError, StopForOperator
 from .checkpoint import planned_offsets, same_source, source_ranges
 from .checkpoint_marker import CheckpointMarker
+from .liveness import HEARTBEAT_SECONDS, Heartbeat, process_owner
 from .recovery import Recovery
 from .routing import Router
 from .targets.base import ConfigurationError, Target
@@ -91,6 +91,7 @@ class ExactlyOnceSink:
         runner: WriterRunner | None = None,
         checkpoint_location: str | None = None,
         accept_empty_state: bool = False,
+        heartbeat_seconds: float | None = HEARTBEAT_SECONDS,
     ) -> None:
         if not _JOB_ID.match(job_id):
             raise ConfigurationError(f"job_id {job_id!r}: 1-64 characters of letters, digits, '.', '_' or '-'")
@@ -112,6 +113,9 @@ class ExactlyOnceSink:
         self.checkpoint_location = checkpoint_location
         # Start on a store that holds nothing for this job although Spark is past batch 0 (deliberate fresh store).
         self.accept_empty_state = accept_empty_state
+        # How often the driver tells operators' commands it is alive (None: never; the simulation's drivers)
+        self.heartbeat_seconds = heartbeat_seconds
+        self._heartbeat: Heartbeat | None = None
         self._spark: Any = None
         self._marker: CheckpointMarker | None = None
         self._leftovers_swept = False  # the first batch of this driver clears the server's unnamed leftovers
@@ -136,13 +140,26 @@ class ExactlyOnceSink:
         if self.state.current_epoch(self.job_id) < floor:
             log.warning("job %s: the state store's epoch is below the %d this checkpoint saw: it lost state; "
                         "taking a higher one (the first batch checks the journal)", self.job_id, floor)
-        epoch = self.state.take_epoch(self.job_id, owner=f"{socket.gethostname()}:{os.getpid()}", at_least=floor + 1)
+        epoch = self.state.take_epoch(self.job_id, owner=process_owner(), at_least=floor + 1)
         if marker:
             marker.advance_epoch(epoch)
         self._marker = marker
         self._recovery = Recovery(self.target, self.state, self.job_id, epoch)
         self._recovery.before_send = self._mark_sending
+        if self._heartbeat is not None:
+            self._heartbeat.stop()
+        if self.heartbeat_seconds is not None:
+            self._heartbeat = Heartbeat(self.state, self.job_id, epoch, self.heartbeat_seconds)
+            weakref.finalize(self, self._heartbeat.stop)  # a sink dropped without close() stops beating too
         log.info("job %s: driver took fencing epoch %d", self.job_id, epoch)
+
+    def close(self) -> None:
+        """The driver is done: its heartbeat stops (operators' commands may act at once), then the target and
+        the state store it was given are closed."""
+        if self._heartbeat is not None:
+            self._heartbeat.end()
+        self.target.close()
+        self.state.close()
 
     @property
     def known_tables(self) -> set[str] | None:
@@ -256,7 +273,10 @@ class ExactlyOnceSink:
         )
 
     def _record_stop(self, query_id: str, batch_id: int, stop: StopForOperator) -> None:
-        """Keep why the job stopped in the batch's record, so `status` tells an operator (F6); best effort."""
+        """Keep why the job stopped in the record of the batch it is about (the running one, unless the stop names
+        an older query's), so `status` tells an operator (F6); best effort."""
+        if stop.batch_id is not None and stop.query_id is not None:
+            query_id, batch_id = stop.query_id, stop.batch_id
         try:
             record = self.state.get_batch(self.job_id, query_id, batch_id)
             if record is None:

@@ -1,8 +1,10 @@
 """What the state store says about a job, for operators: batches, pending transactions, leftovers, a verdict.
 
 Reads only; safe to run while the job runs. The verdict (`problems`, empty when healthy) makes `status` usable
-as a monitoring check: expired or expiring prepared transactions, intents left in old batches, and server
-transactions no record names are problems; a batch being written or committed right now is not.
+as a monitoring check: a job stopped for an operator (the stop its driver recorded, with the runbook section),
+a batch left PREPARED or begun with no driver running (liveness.py), expired or expiring prepared transactions,
+intents left in old batches, and server transactions no record names are problems; a batch being written or
+committed by a running driver is not.
 """
 from __future__ import annotations
 
@@ -15,6 +17,7 @@ from typing import Any
 from .state import StateStore
 
 from .committable import BatchState
+from .liveness import running_driver
 from .recovery import leftover_labels
 from .targets.base import Target
 
@@ -114,6 +117,8 @@ def job_status(
     pending: list[PendingTransaction] = []
     leftover_intents = 0
     stale: list[dict[str, Any]] = []  # intents left in batches older than their query's newest
+    stops: list[dict[str, Any]] = []  # why the driver stopped for an operator, on the batch it is about
+    unfinished: list[dict[str, Any]] = []  # PREPARED batches and begun transactions (what a driver finishes)
     for query_id, batch_id in keys:
         record = store.get_batch(job_id, query_id, batch_id)
         intents = store.intents(job_id, query_id, batch_id)
@@ -122,6 +127,10 @@ def job_status(
         leftover_intents += len(leftover)
         if leftover and batch_id < newest[query_id]:
             stale.append({"query_id": query_id, "batch_id": batch_id, "labels": leftover})
+        if leftover or (record is not None and record.state is BatchState.PREPARED):
+            unfinished.append({"query_id": query_id, "batch_id": batch_id, "state": record.state.value if record else "BEGUN"})
+        if record is not None and record.stop:
+            stops.append({"query_id": query_id, "batch_id": batch_id, **record.stop, "at_iso": iso_utc(record.stop.get("at"))})
         if record is None:
             if (query_id, batch_id) in shown:
                 batches.append(BatchStatus(query_id, batch_id, "BEGUN", sorted({r.table for r in intents}), 0, 0,
@@ -146,11 +155,14 @@ def job_status(
                     pending.append(PendingTransaction(batch_id, c.table, c.label, c.txn_id, age, left, expires_at,
                                                       left is not None and left <= 0))
 
-    epoch = store.epoch_owner(job_id)
-    if epoch:
-        epoch = dict(epoch, at_iso=iso_utc(epoch.get("at")))
+    owner = store.epoch_owner(job_id)
+    running = running_driver(owner, now)
+    epoch = dict(owner, at_iso=iso_utc(owner.get("at")), running=running) if owner else None
     server_leftovers = leftover_labels(store, target, job_id) if target is not None else None
-    problems = _problems(pending, expiry_margin_s, stale, server_leftovers)
+    problems = [_stopped(stop) for stop in stops]
+    if running is None and unfinished:
+        problems.append(_left_unfinished(unfinished))
+    problems += _problems(pending, expiry_margin_s, stale, server_leftovers)
     return {
         "job_id": job_id,
         "state_store": str(store.url),  # a plain str: the store's url is redacted (no password)
@@ -163,9 +175,23 @@ def job_status(
         "stale_intents": stale,
         # transactions on the server that no record or intent names (None: no target given, or it cannot list)
         "server_leftovers": server_leftovers,
+        "stops": stops,
         "problems": problems,
         "healthy": not problems,
     }
+
+
+def _stopped(stop: dict[str, Any]) -> str:
+    section = f"; see docs/runbook.md, section {stop['section']!r}" if stop.get("section") else ""
+    return (f"the job stopped for an operator on batch {stop['batch_id']} of query {stop['query_id']} at "
+            f"{stop.get('at_iso')}: {stop.get('error')}{section}")
+
+
+def _left_unfinished(unfinished: list[dict[str, Any]]) -> str:
+    shown = ", ".join(f"{u['batch_id']} ({u['state']})" for u in unfinished[:5]) + (" ..." if len(unfinished) > 5 else "")
+    return (f"no driver is running and {len(unfinished)} batch(es) are unfinished: {shown}; restart the job, or run "
+            "`recover` (dry run, then --apply); prepared data (ClickHouse staging tables, open transactions) waits "
+            "until then")
 
 
 def _problems(
@@ -202,7 +228,8 @@ def render_status(status: dict[str, Any]) -> str:
     epoch = status["epoch"]
     if epoch:
         ago = f" ({human_duration(time.time() - epoch['at'])} ago)" if epoch.get("at") else ""
-        lines.append(f"  driver epoch {epoch['epoch']} taken by {epoch['owner']} at {epoch.get('at_iso')}{ago}")
+        running = "running" if epoch.get("running") else "not running"
+        lines.append(f"  driver epoch {epoch['epoch']} taken by {epoch['owner']} at {epoch.get('at_iso')}{ago}; {running}")
     else:
         lines.append("  no driver has run this job yet")
     lines.append(f"  {'batch':>7} {'state':<10} {'rows':>10} {'bytes':>12} {'txns':>5} {'done':>5} {'intents':>7}  "

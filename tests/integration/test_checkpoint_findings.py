@@ -19,7 +19,7 @@ from streaming_sink.recovery import Recovery, ReplayAmbiguousError, apply_recove
 from streaming_sink.state import MemoryStateStore, StateStoreLostError
 from tests.integration import test_protocol_findings as findings
 from tests.integration.test_protocol_findings import (
-    JOB, QUERY, Crash, CrashingStore, expected_ids, ids, sink_of, source, target_of,
+    DB, JOB, QUERY, Crash, CrashingStore, expected_ids, ids, sink_of, source, target_of,
 )
 
 sr = findings.sr  # the StarRocks emulator fixture, shared
@@ -156,6 +156,48 @@ def test_a_label_sent_by_an_earlier_phase_and_forgotten_still_stops(sr) -> None:
     with pytest.raises(ReplayAmbiguousError):
         sink_of(target_of(sr), store).process(source(0), 0, QUERY)
     assert len(ids(sr)) == len(set(ids(sr)))
+
+
+# -- F5: an older checkpoint's batch that can no longer be committed does not block the new query forever ---------------
+
+
+def test_an_older_querys_unreplayable_batch_is_given_up_by_the_operator_and_the_new_query_goes_on(
+    sr, tmp_path, capsys, monkeypatch
+) -> None:
+    from streaming_sink.cli import main
+    from streaming_sink.recovery import ReplayImpossibleError
+    from streaming_sink.state import FileStateStore
+
+    store = FileStateStore(tmp_path / "state")
+    with pytest.raises(Crash):  # the old query's batch 0 is PREPARED, no commit sent; the server then drops it
+        sink_of(target_of(sr), CrashingStore(store, "put_batch", on_call=2)).process(source(0), 0, "q-old")
+    sr.clock.advance(3 * 86400 + 60)
+    checkpoint = tmp_path / "new-checkpoint"  # the runbook's new checkpoint: a new query, which never re-runs q-old's
+    checkpoint.mkdir()
+    (checkpoint / "metadata").write_text(json.dumps({"id": "q-new"}))
+    for _ in range(2):  # every start stops on it: the old query will never re-run the batch to replay it
+        sink = sink_of(target_of(sr), store)
+        with pytest.raises(ReplayImpossibleError, match="--query-id q-old --batch 0 --accept-loss"):
+            sink.process(source(5), 0, "q-new")
+        sink.close()  # as the job does when it stops
+    assert store.get_batch(JOB, "q-old", 0).stop["error"] == "ReplayImpossibleError"  # status shows it on that batch
+
+    monkeypatch.setenv("STREAMING_SINK_TARGET_USER", "root")
+    monkeypatch.setenv("STREAMING_SINK_TARGET_PASSWORD", "pw")
+    command = ["settle", "--job", JOB, "--state", f"file://{tmp_path / 'state'}", "--target",
+               sr.fe_url.replace("http://", "starrocks://"), "--database", DB, "--query-id", "q-old", "--batch", "0",
+               "--accept-loss", "--checkpoint", str(checkpoint)]
+    assert main(command) == 0 and "dry run: would commit what the target still holds" in capsys.readouterr().out
+    assert store.get_batch(JOB, "q-old", 0).state is BatchState.PREPARED  # a dry run changes nothing
+    assert main([*command, "--apply"]) == 0, capsys.readouterr().err
+    said = capsys.readouterr().out
+    assert "2 transaction(s) given up (200 rows); its source range" in said
+    old = store.get_batch(JOB, "q-old", 0)
+    assert old.state is BatchState.COMMITTED and len(old.discarded) == 2 and old.stop is None
+    assert old.live_committables() == []
+
+    report = sink_of(target_of(sr), store).process(source(5), 0, "q-new")
+    assert report.action == "written" and ids(sr) == expected_ids(5)  # q-old's rows are the operator's to re-ingest
 
 
 # -- a stop raised in foreachBatch reaches the job's caller with its own type ------------------------------------------

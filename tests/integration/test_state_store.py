@@ -324,7 +324,7 @@ def test_records_carry_their_format_version_and_a_newer_one_is_refused(store):
     from streaming_sink.committable import JournalFormatError
 
     epoch = store.take_epoch(JOB, "test")
-    assert set(store.epoch_owner(JOB)) == {"epoch", "owner", "at"} and store.epoch_owner(JOB)["epoch"] == epoch
+    assert set(store.epoch_owner(JOB)) == {"epoch", "owner", "at", "seen"} and store.epoch_owner(JOB)["epoch"] == epoch
     store.put_batch(JOB, epoch, record(1, epoch=epoch))
     store.add_intent(JOB, epoch, Q, 2, ref("I"))
     stored = json.loads(_raw_record(store, 1))
@@ -333,3 +333,17 @@ def test_records_carry_their_format_version_and_a_newer_one_is_refused(store):
     _put_raw_record(store, 1, json.dumps({**stored, "v": 2}))
     with pytest.raises(JournalFormatError, match="batch record of format version 2 was written by a newer streaming-sink"):
         store.get_batch(JOB, Q, 1)
+
+
+def test_a_heartbeat_counts_for_the_epoch_that_wrote_it_and_a_fenced_one_is_refused(store):
+    """What an operator command reads to tell a running driver from a dead one (liveness.py)."""
+    epoch = store.take_epoch(JOB, "host:1")
+    assert store.epoch_owner(JOB)["seen"] is None
+    store.beat(JOB, epoch, 1000.5)
+    assert store.epoch_owner(JOB)["seen"] == 1000.5 and store.epoch_owner(JOB)["owner"] == "host:1"
+    newer = store.take_epoch(JOB, "host:2")
+    assert store.epoch_owner(JOB)["seen"] is None  # the old holder's beat says nothing of the new one
+    with pytest.raises(FencedError):
+        store.beat(JOB, epoch, 1001.0)
+    store.beat(JOB, newer, 1002.0)
+    assert store.epoch_owner(JOB) == {"epoch": newer, "owner": "host:2", "at": store.epoch_owner(JOB)["at"], "seen": 1002.0}

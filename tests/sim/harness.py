@@ -488,7 +488,7 @@ class Simulation:
     def make_sink(self) -> ExactlyOnceSink:
         return ExactlyOnceSink(
             self.target, self.store, JOB, table_column="__table", flush_bytes=self.flush_bytes,
-            runner=SimRunner(self), checkpoint_location=self.checkpoint,
+            runner=SimRunner(self), checkpoint_location=self.checkpoint, heartbeat_seconds=None,
         )
 
     def driver(self, actor: Actor, role: dict) -> None:
@@ -889,6 +889,8 @@ class _Args:
     query_id: str | None = None
     label: str = ""
     committed: bool = False
+    accept_loss: bool = False
+    force: bool = True  # the simulated operators race the driver on purpose: liveness refusals are tested apart
     job: str = JOB
     state: str = "file:///sim-state"
     target: str = "sim://db"

@@ -3,7 +3,11 @@ nothing created by a read, an unknown job named as such, and `status` usable as 
 from __future__ import annotations
 
 import json
+import os
 import re
+import socket
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -48,9 +52,16 @@ def intent(label: str) -> TxnRef:
 def state(tmp_path: Path) -> tuple[FileStateStore, str]:
     """A job that committed batch 4; the test adds what it needs."""
     store = FileStateStore(tmp_path / "state")
-    epoch = store.take_epoch(JOB, "vm:4319")
+    epoch = store.take_epoch(JOB, f"{socket.gethostname()}:{dead_pid()}")  # its driver was killed
     store.put_batch(JOB, epoch, BatchRecord(Q, 4, BatchState.COMMITTED, epoch, committables(4), created_at=time.time() - 600))
     return store, f"file://{tmp_path / 'state'}"
+
+
+def dead_pid() -> int:
+    """The pid of a process that has ended (a driver killed on this machine)."""
+    process = subprocess.Popen([sys.executable, "-c", "pass"])
+    process.wait()
+    return process.pid
 
 
 def tree(path: Path) -> list[Path]:
@@ -144,17 +155,47 @@ def test_an_unknown_job_names_the_jobs_the_store_holds(capsys, tmp_path, state):
 # -- 4. status as a monitoring check ---------------------------------------------------------------------------------
 
 
+def driver_runs(store: FileStateStore) -> int:
+    """A driver of the job runs in this very process (it took the epoch now): its batches in flight are normal."""
+    return store.take_epoch(JOB, f"{socket.gethostname()}:{os.getpid()}")
+
+
 def test_status_is_healthy_with_a_batch_in_flight(capsys, state):
     store, url = state
-    store.add_intent(JOB, store.current_epoch(JOB), Q, 5, intent("I5"))  # the newest batch being written: normal
+    store.add_intent(JOB, driver_runs(store), Q, 5, intent("I5"))  # the newest batch being written: normal
     code, out, _ = run(capsys, "status", "--job", JOB, "--state", url, "--prepared-timeout", "3600")
-    assert code == ExitCode.OK and out.rstrip().endswith("verdict: OK")
+    assert code == ExitCode.OK and out.rstrip().endswith("verdict: OK") and "; running" in out
     assert re.search(r"^\s+4 COMMITTED .* 10 min ", out, re.M)
+
+
+def test_status_fails_on_a_batch_left_unfinished_by_a_driver_that_is_gone(capsys, state):
+    """Review F6: a ClickHouse job stopped mid-commit (staging tables never expire) was reported healthy."""
+    store, url = state
+    epoch = store.current_epoch(JOB)  # the fixture's driver was killed
+    store.put_batch(JOB, epoch, BatchRecord(Q, 5, BatchState.PREPARED, epoch, committables(5)))
+    code, out, _ = run(capsys, "status", "--job", JOB, "--state", url)
+    assert code == ExitCode.PROBLEM and "; not running" in out
+    assert "no driver is running and 1 batch(es) are unfinished: 5 (PREPARED); restart the job" in out
+
+
+def test_status_names_the_stop_for_an_operator_and_its_runbook_section(capsys, state):
+    """Review F6: `status` said healthy, exit 0, while the job was stopped with ReplayAmbiguousError."""
+    store, url = state
+    epoch = driver_runs(store)  # even while a restarted driver keeps stopping on it
+    stop = {"error": "ReplayAmbiguousError", "section": "Replay ambiguous: a committed label was forgotten",
+            "message": "job demo-ingest batch 5 ...", "at": time.time()}
+    store.put_batch(JOB, epoch, BatchRecord(Q, 5, BatchState.PREPARED, epoch, committables(5), stop=stop))
+    code, out, _ = run(capsys, "status", "--job", JOB, "--state", url, "--json")
+    status = json.loads(out)
+    assert code == ExitCode.PROBLEM and not status["healthy"] and status["stops"][0]["error"] == "ReplayAmbiguousError"
+    assert status["problems"] == [
+        f"the job stopped for an operator on batch 5 of query {Q} at {status['stops'][0]['at_iso']}: "
+        "ReplayAmbiguousError; see docs/runbook.md, section 'Replay ambiguous: a committed label was forgotten'"]
 
 
 def test_status_fails_on_an_expired_prepared_transaction(capsys, state):
     store, url = state
-    epoch = store.current_epoch(JOB)
+    epoch = driver_runs(store)
     store.put_batch(JOB, epoch, BatchRecord(Q, 6, BatchState.PREPARED, epoch, committables(6), created_at=time.time() - 5006))
     store.mark_done(JOB, epoch, Q, 6, "L6-0")
     code, out, _ = run(capsys, "status", "--job", JOB, "--state", url, "--prepared-timeout", "3600")
@@ -232,4 +273,4 @@ def test_abort_refuses_a_batch_with_a_record(capsys, state):
     assert code == ExitCode.USAGE and "has no batch 99; it holds batches 4-4" in err
     code, _, err = run(capsys, "settle", "--job", JOB, "--state", url, *OFFLINE_TARGET, "--batch", "4", "--query-id", Q,
                        "--label", "L4-0", "--committed")
-    assert code == ExitCode.REFUSED and "refusing: batch 4 of query q1 has no PREPARED committable L4-0" in err
+    assert code == ExitCode.REFUSED and "refusing: batch 4 of query q1 is COMMITTED: only a PREPARED batch's" in err

@@ -92,12 +92,12 @@ def test_an_intent_of_before_v1_reads_with_the_same_meaning(name: str) -> None:
 
 
 def test_an_epoch_record_of_before_v1_reads_with_the_same_meaning(tmp_path: Path) -> None:
-    assert decode_owner(json.loads(fixture("redis_owner.json"))) == json.loads(fixture("redis_owner.json"))
+    assert decode_owner(json.loads(fixture("redis_owner.json"))) == {**json.loads(fixture("redis_owner.json")), "seen": None}
     store = FileStateStore(tmp_path)
     (tmp_path / "file-job").mkdir()
     (tmp_path / "file-job" / "epoch.json").write_text(fixture("file_epoch.json"))
     assert store.current_epoch("file-job") == 1
-    assert store.epoch_owner("file-job") == json.loads(fixture("file_epoch.json"))
+    assert store.epoch_owner("file-job") == {**json.loads(fixture("file_epoch.json")), "seen": None}
     assert store.take_epoch("file-job", "next") == 2
 
 
@@ -171,7 +171,7 @@ def test_v1_round_trips_every_record_type(tmp_path: Path) -> None:
         assert store.get_batch("job", "q", 4) == record and store.intents("job", "q", 5) == [ref]
     stored = json.loads((tmp_path / "job" / "epoch.json").read_text())
     assert stored["v"] == 1 and decode_owner(stored) == FileStateStore(tmp_path).epoch_owner("job")
-    assert set(FileStateStore(tmp_path).epoch_owner("job")) == {"epoch", "owner", "at"}
+    assert set(FileStateStore(tmp_path).epoch_owner("job")) == {"epoch", "owner", "at", "seen"}
 
 
 def test_v1_ignores_keys_it_does_not_know() -> None:

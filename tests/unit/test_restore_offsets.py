@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import socket
 from pathlib import Path
 
 import pytest
@@ -9,6 +10,7 @@ import pytest
 from streaming_sink.cli import main
 from streaming_sink.committable import BatchState
 from streaming_sink.state import BatchRecord, FileStateStore
+from tests.unit.test_cli_operator import dead_pid
 
 JOB, QUERY = "job", "0f7c1d2e-0000-4000-8000-000000000001"
 
@@ -24,7 +26,7 @@ def setup(tmp_path: Path) -> tuple[Path, Path, FileStateStore]:
     (ckpt / "commits").mkdir()
     (ckpt / "metadata").write_text(json.dumps({"id": QUERY}))
     store = FileStateStore(state)
-    epoch = store.take_epoch(JOB, "test")
+    epoch = store.take_epoch(JOB, f"{socket.gethostname()}:{dead_pid()}")  # the driver that stopped on it is gone
     for batch in range(3):  # the journal: batches 0-2 committed, with the ranges Spark first planned
         store.put_batch(JOB, epoch, BatchRecord(QUERY, batch, BatchState.COMMITTED, epoch, [],
                                                 source=offsets_text(100 * (batch + 1))))
@@ -66,5 +68,5 @@ def test_it_refuses_when_the_journal_lost_the_range_spark_would_start_from(setup
 
 def test_a_folder_that_is_not_a_checkpoint_is_refused(setup, tmp_path, capsys) -> None:
     _, state, _ = setup
-    assert run(state, tmp_path / "elsewhere", "--apply") == 4
-    assert "not a streaming checkpoint" in capsys.readouterr().err
+    assert run(state, tmp_path / "elsewhere", "--apply") == 2
+    assert "configuration error: " in (err := capsys.readouterr().err) and "not a streaming checkpoint" in err
