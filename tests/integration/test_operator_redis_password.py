@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
 import time
@@ -42,7 +43,7 @@ def shown(result: subprocess.CompletedProcess[str]) -> str:
 
 def test_the_redis_password_is_never_shown(server: RedisServer, tmp_path: Path) -> None:
     store = RedisStateStore(server.url)
-    epoch = store.take_epoch(JOB, "vm:4319")
+    epoch = store.take_epoch(JOB, f"{socket.gethostname()}:{os.getpid()}")  # a driver running, committing batch 6
     committables = [Committable("clickhouse", "db", "orders", f"L6-{i}", i, "e1w0t0", rows=5) for i in range(2)]
     store.put_batch(JOB, epoch, BatchRecord("q", 6, BatchState.PREPARED, epoch, committables, created_at=time.time() - 5006))
     redacted = f"redis://***@127.0.0.1:{server.port}/0"
