@@ -172,13 +172,19 @@ class LocalPipeline:
             )
         )
 
-    def produce(self) -> None:
-        """Messages with a known (partition, offset) each, spread over both tables."""
-        self.broker.create_topic(self.topic, self.partitions)
-        self.source = {t: [] for t in TABLES}
+    def produce(self, more: int = 0) -> None:
+        """Messages with a known (partition, offset) each, spread over both tables; `more`: that many further
+        messages per partition, appended to the topic and the source (data that arrived since)."""
+        first = 0
+        if more:
+            first = self.messages_per_partition
+            self.messages_per_partition += more
+        else:
+            self.broker.create_topic(self.topic, self.partitions)
+            self.source = {t: [] for t in TABLES}
         for partition in range(self.partitions):
             values = []
-            for offset in range(self.messages_per_partition):
+            for offset in range(first, self.messages_per_partition):
                 ident = partition * 1_000_000 + offset
                 table = TABLES[(offset // 2 + partition) % 2]  # both tables in every batch and partition
                 message = {"id": ident, "table": table, "name": f"name-{ident}", "amount": ident / 4}

@@ -22,16 +22,16 @@ from pathlib import Path
 from typing import Any, Callable, NoReturn
 from urllib.parse import unquote, urlsplit
 
-from .state import STORE_SCHEMES, StateStore, StateStoreError, open_store
+from .state import STORE_SCHEMES, BatchRecord, StateStore, StateStoreError, open_store
 from .state.base import FencedError
 from .state.redis import redact_url
 
 from .committable import JournalFormatError
 from .errors import StopForOperator, StreamingSinkError
 from .kafka_source import KafkaUnreachableError  # PySpark is imported only when a probe runs
-from .liveness import process_owner, running_driver
-from .recovery import (OperatorActionRefused, Recovery, abort_batch, accept_loss, apply_recovery, check_target,
-                       plan_recovery, settle_label, settle_record)
+from .liveness import SILENT_SECONDS, process_owner, running_driver
+from .recovery import (OperatorActionRefused, Recovery, abort_batch, accept_loss, apply_recovery,
+                       check_journal_target, plan_recovery, settle_label, settle_record)
 from .status import job_status, render_status, unknown_job
 from .targets import ConfigurationError, Target, target_from_url
 
@@ -122,8 +122,8 @@ def _add_acting_arguments(parser: argparse.ArgumentParser) -> None:
     """--apply and --force of the commands that change the journal, the target or the checkpoint."""
     parser.add_argument("--apply", action="store_true", help="act (default: only say what would be done)")
     parser.add_argument("--force", action="store_true",
-                        help="act even though the job's driver seems to be running (it beat within the last "
-                             "15 s); it stops at its next state write")
+                        help=f"act even though the job's driver seems to be running (it beat within the last "
+                             f"{SILENT_SECONDS:g} s); it stops at its next state write")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -282,8 +282,8 @@ def _refuse_beside_a_driver(args: argparse.Namespace, store: StateStore) -> None
     if running and not args.force:
         raise OperatorActionRefused(
             f"{running}: the job seems to be running, and acting now would stop it at its next state write. Stop "
-            "the job first (a killed driver counts as gone at once on its own machine, after 15 s elsewhere), or "
-            "give --force if it is hung")
+            f"the job first (a killed driver counts as gone at once on its own machine, after {SILENT_SECONDS:g} s "
+            "elsewhere), or give --force if it is hung")
 
 
 def _take_over(args: argparse.Namespace, store: StateStore, target: Target | None = None) -> Recovery:
@@ -305,10 +305,7 @@ def cmd_recover(args: argparse.Namespace) -> int:
         lines += [f"  batch {a.batch_id} ({a.query_id}): {a.action} {a.transactions} transaction(s) {a.detail}" for a in actions]
         _emit(args, {"applied": False, "actions": [a.__dict__ for a in actions]}, "\n".join(lines))
         return ExitCode.OK
-    for query_id, batch_id in store.batch_keys(args.job):  # a wrong target is refused before the epoch is taken
-        record = store.get_batch(args.job, query_id, batch_id)
-        refs = (record.live_committables() if record else []) + store.intents(args.job, query_id, batch_id)
-        check_target(target, args.job, refs, query_id, batch_id)
+    check_journal_target(store, target, args.job)  # a wrong target is refused before the epoch is taken
     recovery = _take_over(args, store, target)
     done = apply_recovery(recovery, plan_recovery(recovery.store, args.job, recovery.target), _progress(args))
     kept = [a for a in done if a.action == "keep-for-replay"]
@@ -369,7 +366,7 @@ def cmd_settle(args: argparse.Namespace) -> int:
     target = _open_target(args)
     # everything is checked before the epoch is taken: a refused settle leaves a running driver alone
     record = settle_record(store, args.job, args.query_id, args.batch, args.label)
-    check_target(target, args.job, record.live_committables(), args.query_id, args.batch)
+    check_journal_target(store, target, args.job, [(args.query_id, args.batch)])
     if args.accept_loss:
         return _accept_loss(args, store, target, record)
     verdict = "committed" if args.committed else "not committed (the job replays it)"
@@ -384,7 +381,7 @@ def cmd_settle(args: argparse.Namespace) -> int:
     return ExitCode.OK
 
 
-def _accept_loss(args: argparse.Namespace, store: StateStore, target: Target, record: Any) -> int:
+def _accept_loss(args: argparse.Namespace, store: StateStore, target: Target, record: BatchRecord) -> int:
     """settle --accept-loss: only a batch Spark will never re-run (not the checkpoint's own query) may be given up."""
     from .checkpoint import CheckpointFolder, source_ranges, checkpoint_query_id
 

@@ -23,6 +23,7 @@ log = logging.getLogger(__name__)
 #: How often a driver beats; a holder silent for `MISSED_BEATS` of them is taken for dead.
 HEARTBEAT_SECONDS = 5.0
 MISSED_BEATS = 3
+SILENT_SECONDS = MISSED_BEATS * HEARTBEAT_SECONDS
 #: The last beat of a driver that ended (closed): gone at once, wherever it ran.
 ENDED = 0.0
 
@@ -83,7 +84,7 @@ def running_driver(owner: dict[str, Any] | None, now: float | None = None) -> st
         return None
     last = owner.get("seen") or owner.get("at") or 0.0
     silent = now - float(last)
-    if silent >= MISSED_BEATS * HEARTBEAT_SECONDS:
+    if silent >= SILENT_SECONDS:
         return None
     return (f"{name or 'a process'} holds the job's epoch {owner.get('epoch')} and was active {max(silent, 0):.0f} s "
             "ago")

@@ -465,10 +465,8 @@ def apply_recovery(recovery: "Recovery", actions: list[RecoveryAction], progress
 
     Every batch of the plan is checked against the target first, so a wrong one changes nothing at all.
     """
-    for action in actions:
-        if action.batch_id >= 0:
-            refs = _journal_refs(recovery, action.query_id, action.batch_id)
-            recovery.check_target(refs, action.query_id, action.batch_id)
+    check_journal_target(recovery.store, recovery.target, recovery.job_id,
+                         [(a.query_id, a.batch_id) for a in actions if a.batch_id >= 0])
     results = []
     for number, action in enumerate(actions, 1):
         progress(f"[{number}/{len(actions)}] batch {action.batch_id}: {action.action} ({action.transactions})")
@@ -494,8 +492,12 @@ def apply_recovery(recovery: "Recovery", actions: list[RecoveryAction], progress
     return results
 
 
-def _journal_refs(recovery: "Recovery", query_id: str, batch_id: int) -> list[TxnRef]:
-    """Every transaction the journal names for a batch: its record's live committables and its intents."""
-    record = recovery.store.get_batch(recovery.job_id, query_id, batch_id)
-    refs: list[TxnRef] = list(record.live_committables()) if record else []
-    return refs + recovery.store.intents(recovery.job_id, query_id, batch_id)
+def check_journal_target(
+    store: StateStore, target: Target, job_id: str, keys: Iterable[tuple[str, int]] | None = None
+) -> None:
+    """Every transaction the journal names for these batches (all by default: records' live committables and
+    intents) is in `target` (W2): checked before anything is sent, so a wrong target changes nothing at all."""
+    for query_id, batch_id in store.batch_keys(job_id) if keys is None else keys:
+        record = store.get_batch(job_id, query_id, batch_id)
+        refs: list[TxnRef] = list(record.live_committables()) if record else []
+        check_target(target, job_id, refs + store.intents(job_id, query_id, batch_id), query_id, batch_id)

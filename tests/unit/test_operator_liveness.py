@@ -16,7 +16,7 @@ import pytest
 
 from streaming_sink.cli import ExitCode, main
 from streaming_sink.committable import BatchState, Committable
-from streaming_sink.liveness import HEARTBEAT_SECONDS, MISSED_BEATS, Heartbeat, running_driver
+from streaming_sink.liveness import SILENT_SECONDS, Heartbeat, running_driver
 from streaming_sink.state import BatchRecord, FileStateStore, MemoryStateStore
 from tests.unit.test_cli_operator import OFFLINE_TARGET, dead_pid, target_credentials  # noqa: F401 - autouse fixture
 
@@ -34,7 +34,7 @@ def owner(name: str, seen_ago: float | None, at_ago: float = 3600.0, epoch: int 
 
 def test_a_driver_that_beat_recently_is_running_and_one_silent_for_three_beats_is_not() -> None:
     assert running_driver(owner("other-host:12", seen_ago=1.0)) is not None
-    assert running_driver(owner("other-host:12", seen_ago=MISSED_BEATS * HEARTBEAT_SECONDS + 1)) is None
+    assert running_driver(owner("other-host:12", seen_ago=SILENT_SECONDS + 1)) is None
     assert running_driver(owner("other-host:12", seen_ago=None, at_ago=2.0)) is not None  # took the epoch just now
     assert running_driver(None) is None
 
