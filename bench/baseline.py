@@ -39,6 +39,9 @@ class NullJournal(StateStore):
     def epoch_owner(self, job_id: str) -> dict[str, Any] | None:
         return None
 
+    def beat(self, job_id: str, epoch: int, at: float) -> None:
+        return None
+
     def add_intent(self, job_id: str, epoch: int, query_id: str, batch_id: int, ref: TxnRef) -> None:
         return None
 
