@@ -42,18 +42,17 @@ class Heartbeat:
     def __init__(self, store: StateStore, job_id: str, epoch: int, every: float = HEARTBEAT_SECONDS) -> None:
         self._store, self._job_id, self._epoch = store, job_id, epoch
         self._stopped = threading.Event()
-        self._thread = threading.Thread(target=self._run, args=(store, job_id, epoch, every), daemon=True,
-                                        name=f"heartbeat-{job_id}")
+        self._thread = threading.Thread(target=self._run, args=(every,), daemon=True, name=f"heartbeat-{job_id}")
         self._thread.start()
 
-    def _run(self, store: StateStore, job_id: str, epoch: int, every: float) -> None:
+    def _run(self, every: float) -> None:
         while not self._stopped.wait(every):
             try:
-                store.beat(job_id, epoch, time.time())
+                self._store.beat(self._job_id, self._epoch, time.time())
             except FencedError:
                 return  # a newer driver or an operator holds the job: this one is not its driver any more
             except Exception as error:  # a store that failed once may answer the next beat; the batches will tell
-                log.debug("job %s: heartbeat not written (%s)", job_id, error)
+                log.debug("job %s: heartbeat not written (%s)", self._job_id, error)
 
     def stop(self) -> None:
         self._stopped.set()
