@@ -3,17 +3,22 @@ from __future__ import annotations
 
 from urllib.parse import urlparse
 
-from .base import BatchRecord, BatchSealedError, FencedError, StateStore, StateStoreError, StateStoreLostError
+from .base import (
+    BatchRecord, BatchSealedError, Durability, FencedError, StateStore, StateStoreError, StateStoreLostError,
+)
 from .file import FileStateStore
 from .memory import MemoryStateStore
 from .redis import RedisStateStore
+from .redis_location import SCHEMES as REDIS_SCHEMES, redact_url
 
 __all__ = [
     "BatchRecord",
     "BatchSealedError",
+    "Durability",
     "FencedError",
     "FileStateStore",
     "MemoryStateStore",
+    "REDIS_SCHEMES",
     "RedisStateStore",
     "StateStore",
     "StateStoreError",
@@ -23,16 +28,17 @@ __all__ = [
 ]
 
 #: The URL schemes `open_store` takes (the one list config and CLI check against).
-STORE_SCHEMES = ("file", "redis", "rediss", "unix")
+STORE_SCHEMES = ("file", *REDIS_SCHEMES)
 
 
 def open_store(url: str) -> StateStore:
-    """A store from its URL: `redis://host:port/db` (or `rediss://`) or `file:///absolute/path`."""
+    """A store from its URL: `file:///absolute/path`, or a Redis URL (state/redis_location.py lists the forms).
+    A URL that cannot work raises ValueError in one line before anything connects."""
     parsed = urlparse(url)
-    if parsed.scheme in STORE_SCHEMES[1:]:
+    if parsed.scheme in REDIS_SCHEMES:
         return RedisStateStore(url)
     if parsed.scheme == "file":
         if parsed.netloc not in ("", "localhost") or not parsed.path:
             raise ValueError(f"state store URL {url!r}: use file:///absolute/path (three slashes)")
         return FileStateStore(parsed.path)
-    raise ValueError(f"state store URL {url!r}: scheme must be redis://, rediss:// or file:///")
+    raise ValueError(f"state store URL {redact_url(url)!r}: scheme must be one of {', '.join(s + '://' for s in STORE_SCHEMES)}")

@@ -194,6 +194,14 @@ class BatchRecord:
         return cls.decode(json.loads(text))
 
 
+@dataclass(frozen=True)
+class Durability:
+    """A store's answer to "could a restart or a failover lose what you acknowledged?"."""
+
+    found: str  # what the store runs with (persistence, replication), in one line
+    warning: str | None = None  # how acknowledged writes could be lost; None: no known way
+
+
 def owner_record(owner: str, at: float, epoch: int | None = None) -> dict[str, Any]:
     """The epoch record as a store writes it: who took the job's epoch and when (Redis adds the epoch itself)."""
     record: dict[str, Any] = {"v": JOURNAL_FORMAT, "owner": owner, "at": at}
@@ -299,9 +307,9 @@ class StateStore(ABC):
     def delete_batch(self, job_id: str, epoch: int, query_id: str, batch_id: int) -> None:
         """Forget a batch entirely (retention of COMMITTED records)."""
 
-    def durability_warning(self) -> str | None:
-        """Why this store could lose acknowledged writes on a restart (None: no known reason). For `doctor`."""
-        return None
+    def durability(self) -> "Durability":
+        """What keeps acknowledged writes through a restart or a failover, and why they could be lost. For `doctor`."""
+        return Durability(f"{self.url}: no known way to lose acknowledged writes on a restart")
 
     def close(self) -> None:
         """Release connections; the default has none."""

@@ -1,26 +1,38 @@
 """Redis state store: every mutation is one Lua script that checks the fencing epoch first.
 
-Layout under `streaming-sink:{job}:` — `epoch`, `owner`, `index` (set of "query_id|batch_id"),
-`batch:{q}:{n}` (record JSON), `gate:{q}:{n}` (which writer attempts may still record intents),
-`done:{q}:{n}` (set of labels), `intents:{q}:{n}` (hash label -> TxnRef JSON). Run Redis with AOF
-(`appendfsync always` or `everysec`) for durability; a script
-is atomic on one Redis instance (not written for Redis Cluster: keys share no hash slot).
+Layout: every key of a job is `<prefix>:{<job>}:<name>`. The braces are a Redis Cluster hash tag: a job's keys
+share one slot, so its scripts run on Cluster too. Names: `epoch`, `owner`, `seen` (heartbeat), `index` (set of
+"query_id|batch_id"), `batch:<q>:<n>` (record JSON), `gate:<q>:<n>` (which writer attempts may still record
+intents), `done:<q>:<n>` (set of labels), `intents:<q>:<n>` (hash label -> TxnRef JSON).
+
+Journals written before the tag (`<prefix>:<job>:<name>`) are read where they are, and the next `take_epoch` (a
+driver's start, an operator's acting command) moves them under the tag in one script, after fencing any driver
+still writing the old layout (the old `epoch` key is left holding the new epoch, so such a driver stays fenced).
+
+Durability: run Redis with AOF (`appendfsync always` or `everysec`). With replicas, each write waits (WAIT) until
+`wait_replicas` of them have it before the caller acts on it, so a failover cannot roll back a step the protocol
+relied on (docs/state-store.md). Where the store lives and its options: `redis_location.py`.
 """
 from __future__ import annotations
 
 import json
 import re
 import time
+from dataclasses import dataclass
 from typing import Any, cast
-from urllib.parse import urlsplit, urlunsplit
 
 import redis
+from redis.cluster import RedisCluster
 
 from ..committable import TxnRef
 
 from .base import (
-    BatchRecord, BatchSealedError, StateStore, StateStoreError, decode_owner, fencing_error, intent_gate, owner_record,
+    BatchRecord, BatchSealedError, Durability, StateStore, StateStoreError, decode_owner, fencing_error, intent_gate,
+    owner_record,
 )
+from .redis_location import RedisLocation, connect, parse_redis_url, redact_url
+
+__all__ = ["RedisStateStore", "ReplicationError", "redact_url"]
 
 # ARGV[1] expected epoch; ARGV[2] JSON list of redis commands; ARGV[3] the batch's gate key ('' for
 # none) and ARGV[4] the writer attempt it must admit (see state.base.intent_gate); ARGV[5] an intents
@@ -52,8 +64,15 @@ end
 return 1
 """
 
-# KEYS[1] epoch key, KEYS[2] owner key; ARGV[1] the lowest acceptable epoch; ARGV[2] owner JSON without the epoch.
+# KEYS[1] epoch key, KEYS[2] owner key, then ARGV[3] old-layout keys and as many new names for them;
+# ARGV[1] the lowest acceptable epoch; ARGV[2] owner JSON without the epoch; ARGV[4] the old epoch key ('' for none).
 _TAKE_EPOCH_SCRIPT = """
+local moves = tonumber(ARGV[3])
+for i = 1, moves do
+  if redis.call('EXISTS', KEYS[2 + i]) == 1 then
+    redis.call('RENAME', KEYS[2 + i], KEYS[2 + moves + i])
+  end
+end
 local epoch = redis.call('INCR', KEYS[1])
 local floor = tonumber(ARGV[1])
 if epoch < floor then
@@ -63,62 +82,124 @@ end
 local owner = cjson.decode(ARGV[2])
 owner['epoch'] = epoch
 redis.call('SET', KEYS[2], cjson.encode(owner))
+if ARGV[4] ~= '' then
+  redis.call('SET', ARGV[4], epoch)
+end
 return epoch
 """
 
 
-_QUERY_SECRET = re.compile(r"(?i)((?:^|&)password=)[^&]*")
+class ReplicationError(StateStoreError):
+    """A journal write did not reach the replicas it must before the caller may act on it."""
 
 
-def redact_url(url: str) -> str:
-    """`redis://user:pw@host:port/db` as `redis://***@host:port/db` (and `?password=` as `***`): the form that
-    may appear in output, errors and logs. A URL without credentials is returned unchanged."""
-    parts = urlsplit(url)
-    netloc = parts.netloc
-    if "@" in netloc:
-        netloc = "***@" + netloc.rsplit("@", 1)[1]
-    query = _QUERY_SECRET.sub(r"\1***", parts.query)
-    return urlunsplit(parts._replace(netloc=netloc, query=query))
+@dataclass(frozen=True)
+class _Server:
+    """One Redis server to talk to: the store's client, or a Cluster primary's own client."""
+
+    client: redis.Redis
+    name: str
 
 
 class RedisStateStore(StateStore):
-    """The production state store: one Redis instance (or a primary with AOF) per deployment.
+    """The production state store: one Redis server, a Sentinel-watched master, or a Redis Cluster.
 
     `url` is redacted (review S1: the password must never reach output, errors or logs); the raw URL is kept
     private, to connect and to pickle the store for Spark tasks.
     """
 
     def __init__(self, url: str, prefix: str = "streaming-sink", socket_timeout: float = 10.0) -> None:
-        self._raw_url = url
-        self.url = redact_url(url)
+        self._location: RedisLocation = parse_redis_url(url)
+        self.url = self._location.shown
         self._prefix = prefix
         # decode_responses=True: every reply is str. redis-py types replies `bytes | str` whatever the client
         # decodes, so the reads below cast to str (`cast` only informs the type checker; nothing is converted).
-        self._client = redis.Redis.from_url(self._raw_url, socket_timeout=socket_timeout, decode_responses=True)
-        self._script = self._client.register_script(_FENCED_SCRIPT)
-        self._take_epoch_script = self._client.register_script(_TAKE_EPOCH_SCRIPT)
+        self._client = connect(self._location, socket_timeout)
+        self._wait_replicas = self._location.wait_replicas  # None until resolved ("auto")
+        self._tagged: set[str] = set()  # jobs known to be under the tagged layout
 
     def __repr__(self) -> str:
         return f"RedisStateStore({self.url!r})"
 
-    def __getstate__(self) -> dict[str, str]:
-        return {"url": self._raw_url, "prefix": self._prefix}
+    def __getstate__(self) -> dict[str, Any]:
+        # the replica count resolved by the driver travels with the store, so its tasks wait for as many
+        return {"url": self._location.url, "prefix": self._prefix, "wait_replicas": self._wait_replicas}
 
-    def __setstate__(self, state: dict[str, str]) -> None:
+    def __setstate__(self, state: dict[str, Any]) -> None:
         self.__init__(state["url"], state["prefix"])  # type: ignore[misc]
+        self._wait_replicas = state.get("wait_replicas", self._wait_replicas)
+
+    # -- keys ------------------------------------------------------------------------------------------------
 
     def _key(self, job_id: str, *parts: object) -> str:
+        return ":".join([f"{self._prefix}:{{{job_id}}}", *map(str, parts)])
+
+    def _legacy_key(self, job_id: str, *parts: object) -> str:
         return ":".join([self._prefix, job_id, *map(str, parts)])
+
+    def _read_key(self, job_id: str, *parts: object) -> str:
+        """Where a read finds the job's key: under the tag, or in the old layout until `take_epoch` moves it."""
+        if job_id not in self._tagged and self._location.kind != "cluster":
+            if self._client.exists(self._key(job_id, "epoch"), self._key(job_id, "index")):
+                self._tagged.add(job_id)
+            elif self._client.exists(self._legacy_key(job_id, "epoch"), self._legacy_key(job_id, "index")):
+                return self._legacy_key(job_id, *parts)
+        return self._key(job_id, *parts)
+
+    def _legacy_keys(self, job_id: str) -> list[str]:
+        """The job's keys in the old layout, to move, after fencing any driver that still writes them."""
+        if self._location.kind == "cluster" or self._client.exists(self._key(job_id, "epoch")):
+            return []
+        old_epoch = self._legacy_key(job_id, "epoch")
+        if not self._client.exists(old_epoch, self._legacy_key(job_id, "index")):
+            return []
+        self._client.incr(old_epoch)  # an old-layout driver is fenced before its keys are listed
+        pattern = _glob_escape(self._legacy_key(job_id)) + ":*"
+        return sorted(cast(list[str], list(self._client.scan_iter(match=pattern, count=1000))))
+
+    # -- writes ----------------------------------------------------------------------------------------------
+
+    def _server_of(self, key: str) -> _Server:
+        """The server that holds `key` (WAIT must follow the write on the same connection)."""
+        if isinstance(self._client, RedisCluster):
+            node = self._client.get_node_from_key(key)
+            return _Server(self._client.get_redis_connection(node), node.name)
+        return _Server(self._client, self.url)
+
+    def _replicas_to_wait(self, server: _Server) -> int:
+        if self._wait_replicas is None:
+            info = server.client.info("replication")
+            self._wait_replicas = int(info.get("connected_slaves", 0))
+        return self._wait_replicas
+
+    def _write(self, script: str, keys: list[str], args: list[str]) -> Any:
+        """Run a write script; with replicas to wait for, WAIT on the same connection before answering: a write
+        only the primary has can be rolled back by a failover, so nobody may act on it before it is replicated."""
+        server = self._server_of(keys[0])
+        wanted = self._replicas_to_wait(server)
+        timeout_ms = int(self._location.wait_timeout * 1000)
+        with server.client.pipeline(transaction=False) as pipe:
+            pipe.eval(script, len(keys), *keys, *args)
+            if wanted:
+                pipe.execute_command("WAIT", wanted, timeout_ms)
+            replies = pipe.execute(raise_on_error=False)
+        if isinstance(replies[0], Exception):
+            raise replies[0]
+        if wanted and int(replies[1]) < wanted:
+            raise ReplicationError(
+                f"redis state store {server.name}: a journal write reached {replies[1]} of the {wanted} replica(s) it "
+                f"waits for within {self._location.wait_timeout:g} s (wait_replicas, wait_timeout); a failover could "
+                "lose it, so it counts as a failed write. See docs/state-store.md."
+            )
+        return replies[0]
 
     def _fenced(
         self, job_id: str, epoch: int, commands: list[list[object]], gate_key: str = "", attempt: str = "",
         intents_key: str = "", label: str = "",
     ) -> None:
         try:
-            self._script(
-                keys=[self._key(job_id, "epoch")],
-                args=[str(epoch), json.dumps(commands), gate_key, attempt, intents_key, label],
-            )
+            self._write(_FENCED_SCRIPT, [self._key(job_id, "epoch")],
+                        [str(epoch), json.dumps(commands), gate_key, attempt, intents_key, label])
         except redis.ResponseError as error:
             message = str(error)
             if message.startswith("FENCED"):
@@ -129,20 +210,16 @@ class RedisStateStore(StateStore):
             raise StateStoreError(f"redis state store {self.url}: {message}") from error
 
     def take_epoch(self, job_id: str, owner: str, at_least: int = 0) -> int:
-        return int(
-            self._take_epoch_script(
-                keys=[self._key(job_id, "epoch"), self._key(job_id, "owner")],
-                args=[str(at_least), json.dumps(owner_record(owner, time.time()))],
-            )
-        )
-
-    def current_epoch(self, job_id: str) -> int:
-        value = self._client.get(self._key(job_id, "epoch"))
-        return int(value) if value else 0
-
-    def epoch_owner(self, job_id: str) -> dict[str, Any] | None:
-        value, seen = self._client.mget([self._key(job_id, "owner"), self._key(job_id, "seen")])
-        return decode_owner(json.loads(value), json.loads(seen) if seen else None) if value else None
+        moves = self._legacy_keys(job_id)
+        moved_to = [f"{self._prefix}:{{{job_id}}}" + key[len(self._legacy_key(job_id)):] for key in moves]
+        epoch = int(self._write(
+            _TAKE_EPOCH_SCRIPT,
+            [self._key(job_id, "epoch"), self._key(job_id, "owner"), *moves, *moved_to],
+            [str(at_least), json.dumps(owner_record(owner, time.time())), str(len(moves)),
+             self._legacy_key(job_id, "epoch") if moves else ""],
+        ))
+        self._tagged.add(job_id)
+        return epoch
 
     def beat(self, job_id: str, epoch: int, at: float) -> None:
         self._fenced(job_id, epoch, [["SET", self._key(job_id, "seen"), json.dumps({"epoch": epoch, "at": at})]])
@@ -170,10 +247,6 @@ class RedisStateStore(StateStore):
             label=ref.label,
         )
 
-    def intents(self, job_id: str, query_id: str, batch_id: int) -> list[TxnRef]:
-        values = cast(list[str], self._client.hvals(self._key(job_id, "intents", query_id, batch_id)))  # see _client
-        return sorted((TxnRef.from_json(v) for v in values), key=lambda r: r.label)
-
     def remove_intents(self, job_id: str, epoch: int, query_id: str, batch_id: int, labels: list[str]) -> None:
         if labels:
             self._fenced(job_id, epoch, [["HDEL", self._key(job_id, "intents", query_id, batch_id), *labels]])
@@ -190,36 +263,12 @@ class RedisStateStore(StateStore):
             ],
         )
 
-    def get_batch(self, job_id: str, query_id: str, batch_id: int) -> BatchRecord | None:
-        value = cast("str | None", self._client.get(self._key(job_id, "batch", query_id, batch_id)))  # see _client
-        return BatchRecord.from_json(value) if value else None
-
     def mark_done(self, job_id: str, epoch: int, query_id: str, batch_id: int, label: str) -> None:
         self._fenced(job_id, epoch, [["SADD", self._key(job_id, "done", query_id, batch_id), label]])
 
     def mark_done_many(self, job_id: str, epoch: int, query_id: str, batch_id: int, labels: list[str]) -> None:
         if labels:
             self._fenced(job_id, epoch, [["SADD", self._key(job_id, "done", query_id, batch_id), *labels]])
-
-    def done_labels(self, job_id: str, query_id: str, batch_id: int) -> set[str]:
-        return set(cast(set[str], self._client.smembers(self._key(job_id, "done", query_id, batch_id))))  # see _client
-
-    def job_ids(self) -> list[str]:
-        jobs: set[str] = set()
-        for kind in ("epoch", "index"):
-            head, tail = f"{self._prefix}:", f":{kind}"
-            for key in self._client.scan_iter(match=f"{_glob_escape(self._prefix)}:*{tail}", count=1000):
-                job = key[len(head):-len(tail)]
-                if job and ":" not in job:
-                    jobs.add(job)
-        return sorted(jobs)
-
-    def batch_keys(self, job_id: str) -> list[tuple[str, int]]:
-        keys: list[tuple[str, int]] = []
-        for member in cast(set[str], self._client.smembers(self._key(job_id, "index"))):  # see _client
-            query_id, batch = member.rsplit("|", 1)
-            keys.append((query_id, int(batch)))
-        return sorted(keys, key=lambda k: (k[1], k[0]))
 
     def delete_batch(self, job_id: str, epoch: int, query_id: str, batch_id: int) -> None:
         self._fenced(
@@ -234,17 +283,92 @@ class RedisStateStore(StateStore):
             ],
         )
 
-    def durability_warning(self) -> str | None:
+    # -- reads -----------------------------------------------------------------------------------------------
+
+    def current_epoch(self, job_id: str) -> int:
+        value = self._client.get(self._read_key(job_id, "epoch"))
+        return int(value) if value else 0
+
+    def epoch_owner(self, job_id: str) -> dict[str, Any] | None:
+        value, seen = self._client.mget([self._read_key(job_id, "owner"), self._read_key(job_id, "seen")])
+        return decode_owner(json.loads(value), json.loads(seen) if seen else None) if value else None
+
+    def intents(self, job_id: str, query_id: str, batch_id: int) -> list[TxnRef]:
+        values = cast(list[str], self._client.hvals(self._read_key(job_id, "intents", query_id, batch_id)))
+        return sorted((TxnRef.from_json(v) for v in values), key=lambda r: r.label)
+
+    def get_batch(self, job_id: str, query_id: str, batch_id: int) -> BatchRecord | None:
+        value = cast("str | None", self._client.get(self._read_key(job_id, "batch", query_id, batch_id)))
+        return BatchRecord.from_json(value) if value else None
+
+    def done_labels(self, job_id: str, query_id: str, batch_id: int) -> set[str]:
+        return set(cast(set[str], self._client.smembers(self._read_key(job_id, "done", query_id, batch_id))))
+
+    def job_ids(self) -> list[str]:
+        jobs: set[str] = set()
+        for kind in ("epoch", "index"):
+            head, tail = f"{self._prefix}:", f":{kind}"
+            for key in self._client.scan_iter(match=f"{_glob_escape(self._prefix)}:*{tail}", count=1000):
+                job = key[len(head):-len(tail)]
+                if job.startswith("{") and job.endswith("}"):
+                    job = job[1:-1]
+                if job and not set(job) & set(":{}"):
+                    jobs.add(job)
+        return sorted(jobs)
+
+    def batch_keys(self, job_id: str) -> list[tuple[str, int]]:
+        keys: list[tuple[str, int]] = []
+        for member in cast(set[str], self._client.smembers(self._read_key(job_id, "index"))):
+            query_id, batch = member.rsplit("|", 1)
+            keys.append((query_id, int(batch)))
+        return sorted(keys, key=lambda k: (k[1], k[0]))
+
+    # -- operations ------------------------------------------------------------------------------------------
+
+    def _servers(self) -> list[_Server]:
+        if isinstance(self._client, RedisCluster):
+            return [_Server(self._client.get_redis_connection(node), node.name) for node in self._client.get_primaries()]
+        return [_Server(self._client, self.url)]
+
+    def durability(self) -> Durability:
+        found, warnings = [], []
+        for server in self._servers():
+            seen, warning = self._server_durability(server)
+            found.append(seen)
+            warnings += [warning] if warning else []
+        return Durability("; ".join(found), "; ".join(warnings) or None)
+
+    def _server_durability(self, server: _Server) -> tuple[str, str | None]:
+        """What one server keeps through a restart and a failover: (what was found, a warning or None)."""
         try:
-            config = self._client.config_get("append*")
+            config = server.client.config_get("append*")
+            config.update(server.client.config_get("min-replicas-to-write"))
         except redis.ResponseError as error:  # managed services often disable CONFIG
-            return f"cannot read the persistence settings ({error}); make sure AOF is on (appendonly yes)"
+            return (f"{server.name}: persistence settings not readable",
+                    f"cannot read the persistence settings ({error}); make sure AOF is on (appendonly yes)")
+        info = server.client.info("replication")
+        replicas = int(info.get("connected_slaves", 0))
+        lags = [int(value.get("lag", 0)) for name, value in info.items() if name.startswith("slave") and
+                isinstance(value, dict)]
+        wanted = self._replicas_to_wait(server)
+        found = (f"{server.name}: role {info.get('role')}, appendonly {config.get('appendonly')}, appendfsync "
+                 f"{config.get('appendfsync')}, {replicas} replica(s) connected"
+                 + (f" (lag up to {max(lags)} s)" if lags else "")
+                 + f", journal writes wait for {wanted}, min-replicas-to-write {config.get('min-replicas-to-write')}")
         if config.get("appendonly") != "yes":
-            return ("appendonly is off: a restart loses the journal. The job then stops (StateStoreLostError) "
-                    "instead of duplicating, but needs an operator; set appendonly yes and appendfsync everysec or always")
+            return found, ("appendonly is off: a restart loses the journal. The job then stops (StateStoreLostError) "
+                           "instead of duplicating, but needs an operator; set appendonly yes and appendfsync everysec "
+                           "or always")
         if config.get("appendfsync") == "no":
-            return "appendfsync is 'no': the last writes may be lost on a crash of the host; use everysec or always"
-        return None
+            return found, "appendfsync is 'no': the last writes may be lost on a crash of the host; use everysec or always"
+        if replicas > wanted:
+            return found, (f"{replicas} replica(s) connected but journal writes wait for {wanted}: a failover can "
+                           "promote a replica that missed the last journal writes, and the job then stops for an "
+                           "operator; use wait_replicas=auto (docs/state-store.md)")
+        if wanted > replicas:
+            return found, (f"journal writes wait for {wanted} replica(s) but {replicas} are connected: every write "
+                           "will fail after wait_timeout")
+        return found, None
 
     def close(self) -> None:
         self._client.close()

@@ -235,7 +235,8 @@ def _open_state(url: str) -> StateStore:
             hint = f"; for this folder: file://{Path(url).expanduser().resolve()}" if "@" not in url else ""
             raise CliError(ExitCode.USAGE, f"state store URL {shown!r} has no scheme: use redis://host:port/db or "
                                            f"file:///absolute/path{hint}")
-        raise CliError(ExitCode.USAGE, f"state store URL {shown!r}: scheme must be redis://, rediss:// or file:///")
+        raise CliError(ExitCode.USAGE, f"state store URL {shown!r}: scheme must be one of "
+                                       f"{', '.join(s + '://' for s in STORE_SCHEMES)}")
     try:
         return open_store(url)
     except ValueError as error:

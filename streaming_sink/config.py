@@ -18,11 +18,13 @@ import types
 import typing
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import msgspec
-from .state import STORE_SCHEMES
+from .state import REDIS_SCHEMES, STORE_SCHEMES
+from .state.redis_location import parse_redis_url, with_options
 
-from .config_schema import JobConfig, Table
+from .config_schema import JobConfig, State, Table
 from .intervals import parse_interval
 from .job_spec import JobSpec
 from .kafka_source import check_options, check_starting_offsets
@@ -79,7 +81,7 @@ def resolve_config(data: dict[str, Any], base_dir: Path) -> JobSpec:
     _check_url(target_url, tuple(REGISTRY), "target.url")
     state_url = config.state.url or f"file://{data_dir / 'state'}"
     _check_url(state_url, STORE_SCHEMES, "state.url")
-    state_url = os.environ.get(STATE_URL_ENV, state_url)
+    state_url = _state_url(os.environ.get(STATE_URL_ENV, state_url), config.state)
     interval = config.trigger.interval
     interval_s = None if interval == "available-now" else parse_interval(interval, "trigger.interval")
     options = dict(target.options)
@@ -298,6 +300,24 @@ def _table_schema(name: str, table: Table) -> str:
         raise ConfigurationError(
             f"tables.{name}.schema: give the JSON fields as Spark DDL, e.g. schema = \"id BIGINT NOT NULL, name STRING\"")
     return table.schema
+
+
+def _state_url(url: str, state: State) -> str:
+    """The store URL with [state]'s Redis options in its query, checked as the store will read it."""
+    options = {"wait_replicas": state.wait_replicas, "wait_timeout": state.wait_timeout}
+    given = {name: value for name, value in options.items() if value is not None}
+    if urlsplit(url).scheme not in REDIS_SCHEMES:
+        if given:
+            raise ConfigurationError(f"state.{min(given)}: only a Redis state store has replicas; remove the key")
+        return url
+    if "wait_timeout" in given:
+        given["wait_timeout"] = f"{parse_interval(given['wait_timeout'], 'state.wait_timeout'):g}"
+    try:
+        url = with_options(url, {name: str(value) for name, value in given.items()})
+        parse_redis_url(url)
+    except ValueError as error:
+        raise ConfigurationError(f"state.url: {error}") from None
+    return url
 
 
 def _check_url(url: str, schemes: tuple[str, ...], key: str) -> None:

@@ -57,6 +57,11 @@ class Target(_Section):
 
 class State(_Section):
     url: Union[str, None] = None
+    wait_replicas: Annotated[Union[Annotated[int, msgspec.Meta(ge=0)], Literal["auto"], None], msgspec.Meta(
+        description='Redis: replicas each journal write must reach before the job acts on it; "auto" (the '
+                    'default): those connected when the job starts')] = None
+    wait_timeout: Annotated[Union[str, None], msgspec.Meta(
+        description='Redis: how long a journal write waits for its replicas, e.g. "5 seconds" (the default)')] = None
 
 
 class Trigger(_Section):

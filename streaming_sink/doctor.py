@@ -67,13 +67,15 @@ def diagnose(spec: JobSpec, outage_tolerance_s: float, spark: Any) -> list[Check
 
 
 def _durability(state_url: str) -> Check:
-    """A store that forgets on restart is detected by the job (it stops), but an operator must step in."""
+    """A store that forgets on restart or rolls back in a failover is detected by the job (it stops), but an operator
+    must step in: say what the store runs with, and warn where it could lose acknowledged writes."""
     try:
-        warning = open_store(state_url).durability_warning()
+        durability = open_store(state_url).durability()
     except Exception as error:
         return Check("state store durability", "FAIL", f"{type(error).__name__}: {error}")
-    return Check("state store durability", "WARN", warning) if warning else Check(
-        "state store durability", "OK", "no known way to lose acknowledged writes on a restart")
+    if durability.warning:
+        return Check("state store durability", "WARN", f"{durability.warning} ({durability.found})")
+    return Check("state store durability", "OK", durability.found)
 
 
 _DEFAULT_CONSEQUENCE = (

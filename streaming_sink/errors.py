@@ -5,7 +5,8 @@
     ├── TargetError (RuntimeError)           the target refused in a way retrying will not fix (targets/base.py)
     ├── HttpError (RuntimeError)             an HTTP exchange failed (http.py)
     ├── StateStoreError (RuntimeError)       the journal could not be read or written; FencedError: another
-    │                                        driver holds the job; StateStoreLostError (state/base.py)
+    │                                        driver holds the job; StateStoreLostError (state/base.py);
+    │                                        ReplicationError: a write its replicas did not get (state/redis.py)
     ├── JournalFormatError (RuntimeError)    a record this release cannot read (committable.py)
     ├── OperatorActionRefused (RuntimeError) an operator command that would lose or duplicate rows (recovery.py)
     ├── StopForOperator (RuntimeError)       the job stops and a runbook section says what to decide:

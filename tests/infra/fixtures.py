@@ -19,9 +19,10 @@ from typing import Callable, Iterator
 import pytest
 
 from devstack.kafka import KafkaBroker, SaslSsl
-from devstack.redis import RedisServer
+from devstack.redis import RedisClusterGroup, RedisSentinelGroup, RedisServer
 
-__all__ = ["kafka_broker", "new_topic", "redis_server", "secured_kafka_broker", "spark_session"]
+__all__ = ["kafka_broker", "new_topic", "redis_cluster", "redis_sentinels", "redis_server", "redis_tls_server",
+           "secured_kafka_broker", "spark_session"]
 
 #: The one user ``secured_kafka_broker`` knows.
 SECURE_USER = "alice"
@@ -79,6 +80,30 @@ def redis_server(tmp_path: Path) -> Iterator[RedisServer]:
         yield server
     finally:
         server.stop()
+
+
+@pytest.fixture(scope="module")
+def redis_sentinels(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisSentinelGroup]:
+    """A primary, a replica and three Sentinels (devstack.redis.RedisSentinelGroup), shared by a module's tests."""
+    with RedisSentinelGroup(tmp_path_factory.mktemp("sentinels")) as group:
+        yield group
+
+
+@pytest.fixture(scope="module")
+def redis_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisClusterGroup]:
+    """A three-master Redis Cluster, shared by a module's tests (`flush()` empties it)."""
+    with RedisClusterGroup(tmp_path_factory.mktemp("cluster")) as cluster:
+        yield cluster
+
+
+@pytest.fixture(scope="module")
+def redis_tls_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
+    """A redis-server that speaks only TLS and asks for a client certificate; its `url` presents one."""
+    from tests.infra.tls import issue_certificates
+
+    directory = tmp_path_factory.mktemp("redis-tls")
+    with RedisServer(directory / "redis", tls=issue_certificates(directory)) as server:
+        yield server
 
 
 @pytest.fixture(scope="session")

@@ -30,17 +30,34 @@ def record(batch: int, state: BatchState = BatchState.PREPARED, epoch: int = 1, 
     return BatchRecord(Q, batch, state, epoch, committables, checksums={i: f"{i}:x" for i in range(n)})
 
 
-@pytest.fixture(params=["file", "redis", "memory"])
+#: Redis topologies (tests/infra/fixtures.py), each shared by this module's tests and emptied before each one:
+#: a Sentinel-watched primary whose writes wait for its replica, a three-master Cluster, a TLS-only server.
+_SHARED_REDIS = {"redis-sentinel": "redis_sentinels", "redis-cluster": "redis_cluster", "rediss": "redis_tls_server"}
+
+
+@pytest.fixture(params=["file", "redis", "memory", *_SHARED_REDIS])
 def store(request, tmp_path):
     if request.param == "memory":
         yield MemoryStateStore()
     elif request.param == "file":
         yield FileStateStore(tmp_path / "state")
     else:
-        server = request.getfixturevalue("redis_server")
-        s = RedisStateStore(server.url)
+        shared = request.param in _SHARED_REDIS
+        server = request.getfixturevalue(_SHARED_REDIS[request.param] if shared else "redis_server")
+        if shared:
+            _flush(server)
+        s = open_store(server.url)
         yield s
         s.close()
+
+
+def _flush(topology) -> None:
+    if hasattr(topology, "flush"):
+        topology.flush()
+        return
+    server = topology.master() if hasattr(topology, "master") else topology
+    with server.client() as client:
+        client.flushall()
 
 
 def test_open_store_urls(tmp_path):
@@ -234,10 +251,11 @@ def test_file_store_records_survive_kill_minus_9_mid_write(tmp_path):
 
 def test_doctor_warns_about_a_redis_without_append_only_file(redis_server) -> None:
     store = RedisStateStore(redis_server.url)
-    assert store.durability_warning() is None  # the fixture's server: appendonly yes, appendfsync always
+    durability = store.durability()  # the fixture's server: appendonly yes, appendfsync always, no replica
+    assert durability.warning is None and "appendonly yes, appendfsync always, 0 replica(s)" in durability.found
     # (turned off last: turning it on at run time starts an AOF rewrite that holds up the server's shutdown)
     store._client.config_set("appendonly", "no")
-    assert "appendonly is off" in store.durability_warning()
+    assert "appendonly is off" in store.durability().warning
     store.close()
 
 
@@ -288,7 +306,7 @@ def test_redis_url_is_redacted_but_still_connects(tmp_path):
         again = pickle.loads(pickle.dumps(s))  # how a Spark task gets the store (execution.py)
         assert again.current_epoch(JOB) == epoch and again.url == s.url
         again.close()
-        server.client(password=secret).set(f"streaming-sink:{JOB}:intents:{Q}:1", "not a hash")
+        server.client(password=secret).set(f"streaming-sink:{{{JOB}}}:intents:{Q}:1", "not a hash")
         with pytest.raises(StateStoreError) as caught:
             s.add_intent(JOB, epoch, Q, 1, ref("a"))
         assert "WRONGTYPE" in str(caught.value) and "***@" in str(caught.value)

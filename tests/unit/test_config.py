@@ -67,6 +67,13 @@ def test_a_real_target_does_not_create_tables(tmp_path, monkeypatch):
         ("target.url", "chdb://relative/path", "target.url: 'chdb://relative/path' needs an absolute path"),
         ("state.url", "s3://bucket/state", "state.url: 's3://bucket/state' must start with one of file://"),
         ("state.url", "redis://:pw@h:6379/0", f"state.url: do not write credentials in the file; put the whole URL in {STATE_URL_ENV}"),
+        ("state", {"wait_replicas": 1}, "state.wait_replicas: only a Redis state store has replicas; remove the key"),
+        ("state", {"url": "redis://h/0?wait_replicas=1", "wait_replicas": 2},
+         "state.url: wait_replicas is set both in the state store URL and in [state]; keep one"),
+        ("state", {"url": "redis://h/0", "wait_timeout": "soon"}, "state.wait_timeout: 'soon' is not an interval"),
+        ("state", {"url": "redis://h/0", "wait_replicas": -1}, "state.wait_replicas"),
+        ("state.url", "redis+sentinel://s1:26379", "state.url: state store URL 'redis+sentinel://s1:26379': name the master"),
+        ("state.url", "redis://h/0?ssl=true", "state.url: state store URL 'redis://h/0?ssl=true': unknown option 'ssl'"),
         ("trigger.interval", "often", "trigger.interval: 'often' is not an interval"),
         ("target", {"url": "starrocks://fe:8030", "options": {"timeout": 5}}, "target.options.timeout = 5 s is shorter than 10 s"),
         ("target", {"url": "starrocks://fe:8030", "options": {"prepared_timeout": 15}},
@@ -97,6 +104,14 @@ def test_driver_fetch_reaches_the_sink_s_runner(tmp_path):
 def test_state_url_from_the_environment(tmp_path, monkeypatch):
     monkeypatch.setenv(STATE_URL_ENV, "redis://:pw@h:6379/0")
     assert resolve_config(GOOD, tmp_path).state_url == "redis://:pw@h:6379/0"
+
+
+def test_state_replication_keys_join_the_url_the_environment_gives_too(tmp_path, monkeypatch):
+    """[state] wait_replicas / wait_timeout reach the store (and its Spark tasks) inside the one URL it reads."""
+    config = with_change("state", {"url": "redis+sentinel://s1,s2/journal", "wait_replicas": 2, "wait_timeout": "1500 ms"})
+    assert resolve_config(config, tmp_path).state_url == "redis+sentinel://s1,s2/journal?wait_replicas=2&wait_timeout=1.5"
+    monkeypatch.setenv(STATE_URL_ENV, "redis://:pw@h:6379/0")
+    assert resolve_config(config, tmp_path).state_url == "redis://:pw@h:6379/0?wait_replicas=2&wait_timeout=1.5"
 
 
 def test_toml_file_errors(tmp_path):

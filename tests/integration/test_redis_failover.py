@@ -1,0 +1,89 @@
+"""A Sentinel failover under a running job: the journal writes wait for the replica, so the promoted one has every
+step the driver acted on and the job ends exact; without the waits, the rolled-back journal is detected and the
+job stops loudly, with nothing written twice. Real Kafka, the packaged job, ClickHouse on chdb, and a primary,
+a replica and three Sentinels from Debian's redis-server (devstack.redis.RedisSentinelGroup)."""
+from __future__ import annotations
+
+import random
+import subprocess
+from collections import Counter
+from pathlib import Path
+from typing import Iterator
+
+import pytest
+
+from devstack.pipeline import DB, TABLES, LocalPipeline
+from devstack.redis import RedisSentinelGroup
+from tests.integration.exactly_once import kill_seeds
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture
+def sentinels(tmp_path: Path) -> Iterator[RedisSentinelGroup]:
+    with RedisSentinelGroup(tmp_path / "sentinels") as group:
+        yield group
+
+
+def _fail_over(sentinels: RedisSentinelGroup) -> None:
+    """Kill the master, wait for the Sentinels to promote the replica, start the old master again as its replica."""
+    old = sentinels.kill_primary()
+    sentinels.promoted(old)
+    sentinels.rejoin(old)
+
+
+@pytest.mark.extended
+@pytest.mark.parametrize("seed", kill_seeds())
+def test_the_master_killed_at_random_instants_fails_over_and_the_job_ends_exact(sentinels, seed, tmp_path,
+                                                                               kafka_broker):
+    pipeline = LocalPipeline(tmp_path, kafka_broker, sentinels.url)
+    pipeline.produce()
+    rng, failovers = random.Random(seed), 0
+    for run in range(3):
+        driver = pipeline.start_driver(run=run)
+        pipeline.wait_for_batches(driver, count=run + 1)
+        try:
+            driver.wait(timeout=rng.uniform(0.0, 4.0))  # the kill instant, drawn from the seed
+        except subprocess.TimeoutExpired:
+            _fail_over(sentinels)
+            failovers += 1
+        if driver.wait(timeout=300) == 0:  # it rode through the failover, or stopped on it and runs again
+            break
+    assert failovers >= 1, "the random instants never hit a running job; the test proved nothing"
+    pipeline.run_to_completion(first_run=10)
+    pipeline.verify()
+
+
+@pytest.mark.parametrize("waits", ["1", "0"])
+def test_a_write_only_the_old_master_had(sentinels, waits, tmp_path, kafka_broker):
+    """After batch 1 the replica is paused until the master drops it; the driver goes on into batch 2; the master
+    dies; the replica resumes and is promoted. Waiting for the replica (`1`), the driver could not act on any write
+    the replica lacked: its first one failed, and the job ends exact. Without waits (`0`), it committed part of
+    batch 2 on a journal the failover then rolled back: the restarted job detects that and stops, with no row
+    written twice."""
+    pipeline = LocalPipeline(tmp_path, kafka_broker, f"{sentinels.url}?wait_replicas={waits}&wait_timeout=2")
+    pipeline.produce()
+    assert pipeline.run_driver(crash_at="after-committed-record@1", run=0) < 0
+    sentinels.wait_in_sync(sentinels.master())
+    replica = sentinels.detach_replica()
+    code = pipeline.run_driver(crash_at="after-first-commit@2", run=1)
+    if waits == "1":
+        assert code == 1 and "ReplicationError" in pipeline.log_tail(1, 200), pipeline.log_tail(1)
+    else:
+        assert code < 0, f"run 1 should have died in batch 2's commits:\n{pipeline.log_tail(1)}"
+    old = sentinels.kill_primary()
+    replica.resume()
+    assert sentinels.promoted(old) is replica
+    sentinels.rejoin(old)
+
+    if waits == "1":
+        pipeline.run_to_completion(first_run=2)
+        pipeline.verify()
+        return
+    code = pipeline.run_driver(run=2)
+    assert code != 0 and "StateStoreLostError" in pipeline.log_tail(2, 400), pipeline.log_tail(2)
+    for table in TABLES:
+        rows = pipeline.adapter.rows(DB, table)
+        twice = [row for row, count in Counter(rows).items() if count > 1]
+        assert not twice, f"{table}: rows written twice after the rollback: {twice[:3]}"
+        assert set(rows) <= set(pipeline.source[table])
