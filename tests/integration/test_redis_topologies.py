@@ -144,3 +144,21 @@ def test_tls_needs_the_client_certificate(redis_tls_server):
     with pytest.raises(redis.ConnectionError):
         open_store(without_certificate).current_epoch(JOB)
     assert open_store(url).current_epoch(JOB) >= 0
+
+
+@pytest.mark.slow
+def test_a_job_upgraded_over_a_prepared_batch_in_the_old_layout_is_not_taken_for_a_lost_store(redis_server, tmp_path,
+                                                                                           kafka_broker):
+    """The driver dies with batch 1 PREPARED, its journal is laid out as the earlier release wrote it, and the job
+    of this release recovers the batch from it and ends exact."""
+    from devstack.pipeline import LocalPipeline
+
+    pipeline = LocalPipeline(tmp_path, kafka_broker, redis_server.url)
+    pipeline.produce()
+    assert pipeline.run_driver(crash_at="after-prepared-record@1", run=0) < 0
+    with redis_server.client() as client:
+        assert f"streaming-sink:{pipeline.job_id}:batch:{next(iter(pipeline.query_ids()))}:1" in to_legacy_layout(
+            client, pipeline.job_id)
+    pipeline.run_to_completion(first_run=1)
+    pipeline.verify()
+    assert "found PREPARED" in pipeline.log_tail(1, 400)
