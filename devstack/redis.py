@@ -1,7 +1,9 @@
 """A real ``redis-server`` (the distribution's binary) with durable AOF, for state-store tests.
 
 ``appendonly yes`` + ``appendfsync always`` makes every acknowledged write survive a restart
-or a SIGKILL, which is what the sink's state store relies on in production.
+or a SIGKILL, which is what the sink's state store relies on in production. The topologies production
+runs are built from the same binary: a TLS-only server (``tls=``), a primary with a replica and three
+Sentinels (``RedisSentinelGroup``), a three-master Cluster (``RedisClusterGroup``).
 """
 
 from __future__ import annotations

@@ -211,7 +211,7 @@ class RedisStateStore(StateStore):
 
     def take_epoch(self, job_id: str, owner: str, at_least: int = 0) -> int:
         moves = self._legacy_keys(job_id)
-        moved_to = [f"{self._prefix}:{{{job_id}}}" + key[len(self._legacy_key(job_id)):] for key in moves]
+        moved_to = [self._key(job_id) + key[len(self._legacy_key(job_id)):] for key in moves]
         epoch = int(self._write(
             _TAKE_EPOCH_SCRIPT,
             [self._key(job_id, "epoch"), self._key(job_id, "owner"), *moves, *moved_to],
