@@ -104,8 +104,9 @@ def _add_job_arguments(parser: argparse.ArgumentParser, target: str) -> None:
     parser.add_argument("--config", help="the job's TOML: supplies job id, state URL, target URL and database; "
                                          "explicit flags win")
     parser.add_argument("--job", help="the job_id (or from --config)")
-    parser.add_argument("--state", help=f"state store URL: redis://host:port/db or file:///path (or from --config; "
-                                        f"a Redis password belongs in {_STATE_ENV})")
+    parser.add_argument("--state", help=f"state store URL: file:///path, redis://host:port/db, rediss://, "
+                                        "redis+sentinel://s1,s2/MASTER or redis+cluster://n1,n2 (docs/state-store.md; "
+                                        f"or from --config; a Redis password belongs in {_STATE_ENV})")
     if target == "required":
         parser.add_argument("--target", help="target URL: chdb:///path, clickhouse://h:8123, starrocks://fe:8030, "
                                              "doris://fe:8030 (or from --config)")

@@ -162,3 +162,21 @@ def test_a_job_upgraded_over_a_prepared_batch_in_the_old_layout_is_not_taken_for
     pipeline.run_to_completion(first_run=1)
     pipeline.verify()
     assert "found PREPARED" in pipeline.log_tail(1, 400)
+
+
+@pytest.mark.parametrize("topology", ["redis_sentinels", "redis_cluster"])
+def test_operator_commands_take_sentinel_and_cluster_urls(topology, request, capsys):
+    import json
+
+    from streaming_sink.cli import main
+
+    where = request.getfixturevalue(topology)
+    if topology == "redis_cluster":
+        where.flush()
+    store = open_store(where.url)
+    epoch = store.take_epoch(JOB, "test")
+    store.put_batch(JOB, epoch, record(0, epoch, BatchState.COMMITTED))
+    assert main(["status", "--state", where.url, "--job", JOB, "--json"]) == 0
+    shown = json.loads(capsys.readouterr().out)
+    assert shown["job_id"] == JOB and shown["epoch"]["epoch"] == epoch
+    assert [batch["batch_id"] for batch in shown["batches"]] == [0]
