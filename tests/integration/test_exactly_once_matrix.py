@@ -49,7 +49,7 @@ def target(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[CrashTarg
 
 #: Runs whose proof CI already has from a sibling (the same target with another store or seed, the same store with
 #: another target): in the extended suite (`scripts/test.sh --extended`), to keep CI within its time.
-EXTENDED = {"clickhouse-redis", "clickhouse-23", "clickhouse-http-23"}
+EXTENDED = {"clickhouse-redis", "clickhouse-23", "clickhouse-http-23", "starrocks-29"}
 
 
 def _cases(pairs: list[tuple], ids: list[str]) -> list:

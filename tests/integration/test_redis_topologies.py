@@ -63,6 +63,7 @@ def test_doctor_reports_the_replication_and_warns_when_writes_do_not_wait(primar
     assert "wait for 2 replica(s) but 1 are connected" in too_many.warning
 
 
+@pytest.mark.extended  # CI has the same failover under a running job: test_redis_failover.py [1]
 def test_the_store_follows_the_sentinels_master_across_a_failover(tmp_path):
     """What one master acknowledged (and its replica had, since the write waited) is on the promoted one."""
     with RedisSentinelGroup(tmp_path / "sentinels") as group:
