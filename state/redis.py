@@ -15,11 +15,12 @@ relied on (docs/state-store.md). Where the store lives and its options: `redis_l
 """
 from __future__ import annotations
 
+import functools
 import json
 import re
 import time
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import Any, Callable, cast
 
 import redis
 from redis.cluster import RedisCluster
@@ -137,14 +138,15 @@ class RedisStateStore(StateStore):
     def _legacy_key(self, job_id: str, *parts: object) -> str:
         return ":".join([self._prefix, job_id, *map(str, parts)])
 
-    def _read_key(self, job_id: str, *parts: object) -> str:
-        """Where a read finds the job's key: under the tag, or in the old layout until `take_epoch` moves it."""
+    def _read_keys(self, job_id: str) -> Callable[..., str]:
+        """How a read names the job's keys: under the tag, or in the old layout until `take_epoch` moves it
+        (decided once per read, whatever number of keys the read needs)."""
         if job_id not in self._tagged and self._location.kind != "cluster":
             if self._client.exists(self._key(job_id, "epoch"), self._key(job_id, "index")):
                 self._tagged.add(job_id)
             elif self._client.exists(self._legacy_key(job_id, "epoch"), self._legacy_key(job_id, "index")):
-                return self._legacy_key(job_id, *parts)
-        return self._key(job_id, *parts)
+                return functools.partial(self._legacy_key, job_id)
+        return functools.partial(self._key, job_id)
 
     def _legacy_keys(self, job_id: str) -> list[str]:
         """The job's keys in the old layout, to move, after fencing any driver that still writes them."""
@@ -286,23 +288,24 @@ class RedisStateStore(StateStore):
     # -- reads -----------------------------------------------------------------------------------------------
 
     def current_epoch(self, job_id: str) -> int:
-        value = self._client.get(self._read_key(job_id, "epoch"))
+        value = self._client.get(self._read_keys(job_id)("epoch"))
         return int(value) if value else 0
 
     def epoch_owner(self, job_id: str) -> dict[str, Any] | None:
-        value, seen = self._client.mget([self._read_key(job_id, "owner"), self._read_key(job_id, "seen")])
+        key = self._read_keys(job_id)
+        value, seen = self._client.mget([key("owner"), key("seen")])
         return decode_owner(json.loads(value), json.loads(seen) if seen else None) if value else None
 
     def intents(self, job_id: str, query_id: str, batch_id: int) -> list[TxnRef]:
-        values = cast(list[str], self._client.hvals(self._read_key(job_id, "intents", query_id, batch_id)))
+        values = cast(list[str], self._client.hvals(self._read_keys(job_id)("intents", query_id, batch_id)))
         return sorted((TxnRef.from_json(v) for v in values), key=lambda r: r.label)
 
     def get_batch(self, job_id: str, query_id: str, batch_id: int) -> BatchRecord | None:
-        value = cast("str | None", self._client.get(self._read_key(job_id, "batch", query_id, batch_id)))
+        value = cast("str | None", self._client.get(self._read_keys(job_id)("batch", query_id, batch_id)))
         return BatchRecord.from_json(value) if value else None
 
     def done_labels(self, job_id: str, query_id: str, batch_id: int) -> set[str]:
-        return set(cast(set[str], self._client.smembers(self._read_key(job_id, "done", query_id, batch_id))))
+        return set(cast(set[str], self._client.smembers(self._read_keys(job_id)("done", query_id, batch_id))))
 
     def job_ids(self) -> list[str]:
         jobs: set[str] = set()
@@ -318,7 +321,7 @@ class RedisStateStore(StateStore):
 
     def batch_keys(self, job_id: str) -> list[tuple[str, int]]:
         keys: list[tuple[str, int]] = []
-        for member in cast(set[str], self._client.smembers(self._read_key(job_id, "index"))):
+        for member in cast(set[str], self._client.smembers(self._read_keys(job_id)("index"))):
             query_id, batch = member.rsplit("|", 1)
             keys.append((query_id, int(batch)))
         return sorted(keys, key=lambda k: (k[1], k[0]))

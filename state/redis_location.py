@@ -88,7 +88,7 @@ def parse_redis_url(url: str) -> RedisLocation:
     for name in _FILE_OPTIONS:
         if name in query and not os.path.isfile(query[name]):
             raise ValueError(f"state store URL {shown!r}: {name} file {query[name]!r} does not exist")
-    if set(query) & {"ssl_ca_certs", "ssl_certfile", "ssl_keyfile"} and parts.scheme != "rediss":
+    if set(query) & set(_FILE_OPTIONS) and parts.scheme != "rediss":
         raise ValueError(f"state store URL {shown!r}: TLS options need rediss://")
     if ("ssl_certfile" in query) != ("ssl_keyfile" in query):
         raise ValueError(f"state store URL {shown!r}: give ssl_certfile and ssl_keyfile together (client certificate)")
