@@ -39,6 +39,7 @@ if ((need_venv)) && ! pick_python >/dev/null; then
     missing_pkgs+=(python3 python3-venv)  # Debian 12: Python 3.11; venv's ensurepip is separate
 fi
 command -v redis-server >/dev/null 2>&1 || [[ -x /usr/bin/redis-server ]] || missing_pkgs+=(redis-server)
+command -v redis-cli >/dev/null 2>&1 || [[ -x /usr/bin/redis-cli ]] || missing_pkgs+=(redis-tools)  # creates the test Cluster
 command -v java >/dev/null 2>&1 || missing_pkgs+=(openjdk-17-jdk-headless)
 command -v mvn >/dev/null 2>&1 || missing_pkgs+=(maven)
 command -v setpriv >/dev/null 2>&1 || missing_pkgs+=(util-linux)
