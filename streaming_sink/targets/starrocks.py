@@ -302,7 +302,7 @@ class StarRocksTarget(StreamLoadTarget):
             )
         except HttpError as error:
             return _Answer.failed("HTTP_ERROR", str(error), applied=True)
-        return _Answer.parse("_cancel", response)
+        return _Answer.parse_rest("_cancel", response)
 
     def _backoff(self, attempt: int, why: str) -> None:
         delay = min(self.options.backoff_max_s, self.options.backoff_s * (2 ** min(attempt, 16)))
@@ -342,6 +342,15 @@ class _Answer:
                 "the transaction interface needs StarRocks 2.4 or later, and fe_url must be the FE HTTP port"
             )
         return cls(str(body["Status"]), str(body.get("Message") or ""), body)
+
+    @classmethod
+    def parse_rest(cls, op: str, response: HttpResponse) -> "_Answer":
+        """A RestBaseResult, as `_cancel` answers: lower-case `status` (OK/FAILED) and `msg`
+        (docs/protocol.md, StarRocks: endpoints)."""
+        body = response.json()
+        if not isinstance(body, dict) or "status" not in body:
+            raise TargetError(f"StarRocks {op} at {response.url} answered without a 'status' ({str(body)[:200]!r})")
+        return cls(str(body["status"]).upper(), str(body.get("msg") or ""), body)
 
 
 class _StarRocksTransaction(TableTransaction):

@@ -464,28 +464,24 @@ class StarRocksEmulator(BaseEmulator):
         return Response.json(body, indent=None, status=int(body["status"]))
 
     def _fe_cancel(self, req: Request, call: Call) -> Response:
-        """``_cancel?label=`` fallback of the connector's aborter (SRC-EO).
-
-        The server side (CancelStreamLoadAction) was not read: the response shape and messages
-        here are UNCONFIRMED. Chosen: a TransactionResult; PREPARE/PREPARED are aborted.
+        """``POST /api/{db}/{table}/_cancel?label=`` (SR-CSLA): aborts the label's running txn with
+        reason "user cancel" and answers a RestBaseResult with lower-case ``status``/``msg``, OK or
+        FAILED with the exception's text (SR-CSLA-T). The text for a label with no running txn is
+        UNCONFIRMED; a finished txn cannot be aborted, so it fails too.
         """
         if not self.credentials_ok(req):
             return self._unauthorized()
         db, label = req.segments[1], req.query.get("label", "")
         if not label:
-            return self._fe_failed("No label selected.", "com.starrocks.common.DdlException")
+            return self._rest_result("No label selected.")
         with self.lock:
             if db not in self.store.dbs:
-                return self._fe_failed(f"Database[{db}] does not exist.")
+                return self._rest_result(f"Database[{db}] does not exist.")
             txn = self.store.label_txn(db, label)
-            if txn is None:
-                return self._fe_failed(f"No transaction found with db[{db}] and label[{label}]")
-            if txn.state in (PREPARE, PREPARED):
-                self._abort(txn, "user cancel")
-                return self._fe_result("OK", "", txn)
-            if txn.state == ABORTED:
-                return self._fin_already_aborted(req, call, txn)
-            return self._fin_cannot_abort(req, call, txn)
+            if txn is None or txn.state not in (PREPARE, PREPARED):
+                return self._rest_result(f"transaction with label {label} not found or not running")
+            self._abort(txn, "user cancel")
+            return self._rest_result()
 
     # -- BE: /api/transaction/{op} (SR-BE-TSL, SR-BE-TM) --------------------------------------
 
