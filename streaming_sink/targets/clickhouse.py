@@ -20,6 +20,14 @@ so there "no row" is LOST. Rows are kept for good: two of ~100 bytes per transac
 mode one more per staging partition.
 Never `ATTACH PARTITION FROM`: it copies, so a repeated commit would duplicate rows.
 
+Replicas (Replicated*/Shared* tables, ClickHouse Cloud; conformance review 2026-11-24, C2 and C5): a
+read may land on a replica that has not fetched the newest ledger rows yet, while the staging table's
+DROP (database DDL) already reached it, and an ALTER returns before the other replicas ran it. So every
+ledger read that decides something is consistent (`_ledger_rows`: the replica syncs the ledger first), each
+MOVE waits for every replica (`alter_sync = 2`), and on a Replicated ledger or target table the ledger rows
+and the INSERT … SELECT wait for a majority (`insert_quorum = 'auto'`) before the next step relies on them.
+Facts and sources: docs/clickhouse-clusters.md, "Replicas behind a load balancer".
+
 Materialized views fire on INSERT only, never on a partition move, so a table that feeds views is
 refused in the default `commit_mode = "move"` (review R8). `commit_mode = "insert"` commits with
 `INSERT INTO <target> SELECT … FROM <staging>` instead, which the views see; the ledger journals it
@@ -74,6 +82,11 @@ _PARTITION_COLUMN = "partition_id String DEFAULT ''"
 # make_label's shape: "ss_", sanitised parts joined by "_", then "_" and 12 hex digits of a hash.
 _LABEL_SHAPE = re.compile(r"ss_\w*_[0-9a-f]{12}", re.ASCII)
 _MOVABLE_ENGINE_SUFFIX = "MergeTree"
+_REPLICATED_PREFIXES = ("Replicated", "Shared")  # engines whose replicas can lag: a ledger read syncs first
+# A partition move returns once every replica ran it (alter_sync 0 waits for none, 1 for this replica: the defaults on
+# Cloud and on a server; 3 for the active replicas only, kept when the target's `settings` ask for it).
+_MOVE_SYNC = {"alter_sync": 2}
+_QUORUM = {"insert_quorum": "auto"}  # a majority of a Replicated table's replicas hold the rows before the INSERT returns
 _CANNOT_ORDER_BY = 44  # ILLEGAL_COLUMN: a column type ORDER BY cannot compare (AggregateFunction, ...)
 _CHDB_CLIENTS: dict[str, Any] = {}  # one embedded engine per path per process
 _CHDB_LOCK = threading.Lock()
@@ -151,6 +164,7 @@ class ClickHouseTarget(Target):
         self._dedup_limit: ExpiryLimit | None = None  # insert mode: what the tables' deduplication logs forget
         self._ledger_ready = False
         self._ledger_ttl_s: float | None = None  # a legacy ledger's TTL, found when the ledger is checked
+        self._ledger_engine = ""  # the ledger's engine, found when the ledger is checked: replicated ones are synced
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
@@ -322,14 +336,19 @@ class ClickHouseTarget(Target):
         if not states:
             self._refuse_before_first_commit(committable)  # a view created since the job started
         state = _summary(states)
+        if state == COMMITTED:  # every partition moved: a partition still listed is a lagging replica's view, never moved again
+            client.command(f"DROP TABLE IF EXISTS {self._table(staging)} SYNC")
+            return CommitOutcome.COMMITTED
         try:
             partitions = self._partitions(staging)
             if state is None:
                 self._write_ledger(committable, MOVING)
+            move_sync = {"alter_sync": 3} if str(self.settings.get("alter_sync")) == "3" else _MOVE_SYNC  # see _MOVE_SYNC
             for partition_id in partitions:
                 client.command(
                     f"ALTER TABLE {self._table(staging)} MOVE PARTITION ID {literal(partition_id)} "
-                    f"TO TABLE {self._table(committable.table)}"
+                    f"TO TABLE {self._table(committable.table)}",
+                    settings=move_sync,
                 )
             left = self.count_rows(staging)
             if left:
@@ -341,8 +360,7 @@ class ClickHouseTarget(Target):
             if self._exists(staging):
                 raise
             return self._outcome_without_staging(committable)  # dropped under us: the ledger decides
-        if state != COMMITTED:
-            self._write_ledger(committable, COMMITTED)
+        self._write_ledger(committable, COMMITTED)
         client.command(f"DROP TABLE IF EXISTS {self._table(staging)} SYNC")
         return CommitOutcome.COMMITTED
 
@@ -377,6 +395,8 @@ class ClickHouseTarget(Target):
         return [name for name in self.staging_tables() if name.startswith(label_prefix)]
 
     def _outcome_without_staging(self, committable: Committable) -> CommitOutcome:
+        """The verdict on a label whose staging table was seen gone; read after that, and consistently (`_ledger_rows`):
+        a replica that applied the DROP but lags on the ledger would otherwise show no row, and a replay duplicate it."""
         state = self._ledger_state(committable.label)
         if state == COMMITTED:
             return CommitOutcome.COMMITTED
@@ -414,15 +434,21 @@ class ClickHouseTarget(Target):
         )
         client.command(f"ALTER TABLE {self._table(LEDGER_TABLE)} ADD COLUMN IF NOT EXISTS {_STATE_COLUMN}")
         client.command(f"ALTER TABLE {self._table(LEDGER_TABLE)} ADD COLUMN IF NOT EXISTS {_PARTITION_COLUMN}")
+        self._ledger_engine = self._ledger_definition()[0]
         self._ledger_ttl_s = self._read_ledger_ttl_s()
         self._ledger_ready = True
 
+    def _ledger_definition(self) -> tuple[str, str]:
+        """The ledger's engine and full engine clause, as system.tables shows them."""
+        engine, engine_full = self.client().query(
+            "SELECT engine, engine_full FROM system.tables WHERE database = {db:String} AND name = {t:String}",
+            parameters={"db": self.database, "t": LEDGER_TABLE},
+        ).result_rows[0]
+        return str(engine), str(engine_full)
+
     def _read_ledger_ttl_s(self) -> float | None:
         """The ledger's TTL (legacy ledgers had `TTL committed_at + INTERVAL n DAY`); None: rows are kept."""
-        engine = self.client().query(
-            "SELECT engine_full FROM system.tables WHERE database = {db:String} AND name = {t:String}",
-            parameters={"db": self.database, "t": LEDGER_TABLE},
-        ).result_rows[0][0]
+        engine = self._ledger_definition()[1]
         if not re.search(r"\bTTL\b", engine):
             return None
         days = re.search(r"toIntervalDay\((\d+)\)", engine)
@@ -431,26 +457,33 @@ class ClickHouseTarget(Target):
     def _write_ledger(self, committable: Committable, state: str) -> None:
         self.client().command(
             f"INSERT INTO {self._table(LEDGER_TABLE)} (label, target_table, rows, state) VALUES "
-            f"({literal(committable.label)}, {literal(committable.table)}, {int(committable.rows)}, {literal(state)})"
+            f"({literal(committable.label)}, {literal(committable.table)}, {int(committable.rows)}, {literal(state)})",
+            settings=self._ledger_write_settings(),
         )
+
+    def _ledger_write_settings(self) -> dict[str, str]:
+        """A Replicated ledger's row is on a majority of replicas before the next step relies on it. Not on
+        SharedMergeTree (every insert is a quorum insert there) nor on a single server (nothing to wait for)."""
+        return _QUORUM if self._ledger_engine.startswith("Replicated") else {}
 
     def _write_inserted(self, committable: Committable, partition_id: str, rows: int) -> None:
         """Journal that one staging partition's INSERT finished, so a resumed commit never sends it again."""
         self.client().command(
             f"INSERT INTO {self._table(LEDGER_TABLE)} (label, target_table, rows, state, partition_id) VALUES "
             f"({literal(committable.label)}, {literal(committable.table)}, {int(rows)}, {literal(INSERTED)}, "
-            f"{literal(partition_id)})"
+            f"{literal(partition_id)})",
+            settings=self._ledger_write_settings(),
         )
 
     def _inserted_partitions(self, label: str) -> set[str]:
         """The staging partitions whose INSERT the ledger says finished (none in ledgers of older versions)."""
         return {
             r[0]
-            for r in self.client().query(
+            for r in self._ledger_rows(
                 f"SELECT DISTINCT partition_id FROM {self._table(LEDGER_TABLE)} WHERE label = {{label:String}} "
                 f"AND state = {literal(INSERTED)}",
-                parameters={"label": label},
-            ).result_rows
+                label,
+            )
         }
 
     def _ledger_state(self, label: str) -> str | None:
@@ -461,11 +494,24 @@ class ClickHouseTarget(Target):
         """Every state the ledger holds for the label: which way its commit began, and whether it finished."""
         return {
             r[0]
-            for r in self.client().query(
-                f"SELECT DISTINCT state FROM {self._table(LEDGER_TABLE)} WHERE label = {{label:String}}",
-                parameters={"label": label},
-            ).result_rows
+            for r in self._ledger_rows(f"SELECT DISTINCT state FROM {self._table(LEDGER_TABLE)} WHERE label = {{label:String}}", label)
         }
+
+    def _ledger_rows(self, sql: str, label: str) -> list[Any]:
+        """A ledger query's rows, holding every ledger row written before it was sent, whichever replica answers.
+
+        A replica behind a load balancer may not have fetched the newest ledger parts yet (ClickHouse KB "read
+        consistency"). On a Replicated*/Shared* ledger this replica first fetches every part the ledger's
+        replication log names (`SYSTEM SYNC REPLICA … LIGHTWEIGHT`, same session, so the same replica), and on
+        SharedMergeTree the read is also sequentially consistent; on a Replicated one that setting would cover
+        only inserts with a sequential quorum, which the ledger does not use. A single server is always current.
+        """
+        client, settings = self.client(), {}
+        if self._ledger_engine.startswith(_REPLICATED_PREFIXES):
+            client.command(f"SYSTEM SYNC REPLICA {self._table(LEDGER_TABLE)} LIGHTWEIGHT")
+            if self._ledger_engine.startswith("Shared"):
+                settings = {"select_sequential_consistency": 1}
+        return list(client.query(sql, parameters={"label": label}, settings=settings).result_rows)
 
     def _exists(self, table: str) -> bool:
         return bool(self.client().command(f"EXISTS TABLE {self._table(table)}"))
@@ -549,9 +595,11 @@ class ClickHouseTarget(Target):
             else:
                 done = self._inserted_partitions(c.label)  # empty for a label an older version began: all repeated
             columns = ", ".join(quote(name) for name in self._insertable_columns(staging))
+            quorum = self.engine_of(c.table).startswith("Replicated")  # Shared*: every insert is a quorum insert already
             for partition_id in sorted(set(sizes) - done):
+                settings = self._insert_settings_sql(f"{staging}:{partition_id}", quorum)
                 client.command(
-                    f"INSERT INTO {self._table(c.table)} ({columns}) SETTINGS {self._insert_settings_sql(f'{staging}:{partition_id}')} "
+                    f"INSERT INTO {self._table(c.table)} ({columns}) SETTINGS {settings} "
                     f"SELECT {columns} FROM {self._table(staging)} WHERE _partition_id = {literal(partition_id)} ORDER BY {columns}"
                 )
                 self._write_inserted(c, partition_id, sizes[partition_id][0])
@@ -604,7 +652,7 @@ class ClickHouseTarget(Target):
             f"{max(least, _SUGGESTED_WINDOW)}"
         )
 
-    def _insert_settings_sql(self, token: str) -> str:
+    def _insert_settings_sql(self, token: str, quorum: bool = False) -> str:
         if self._insert_settings is None:
             known = {
                 r[0]
@@ -615,6 +663,8 @@ class ClickHouseTarget(Target):
             }
             self._insert_settings = {name: value for name, value in _INSERT_SETTINGS.items() if name in known}
         settings = {**self._insert_settings, "insert_deduplication_token": literal(token)}
+        if quorum:
+            settings.update({name: literal(value) for name, value in _QUORUM.items()})
         return ", ".join(f"{name} = {value}" for name, value in settings.items())
 
     def _insertable_columns(self, table: str) -> list[str]:

@@ -49,6 +49,34 @@ Faults (`front.faults`) copy what real servers and networks do, each armed for t
 statements whose text matches a predicate, counted, and resettable: `drop_before`, `fail_before`
 (5xx before executing), `drop_after_apply` (the statement is applied, the connection closes before
 the answer) and `delay` (the answer, or the statement, waits on an event: client timeouts).
+
+Replicas (`front.replicate`, `front.lag`, `front.stale_reads`). One engine cannot replicate, so the front
+models what a client behind a load balancer over replicas of a Replicated/Shared table sees:
+
+* `replicate("db.table", engine)` presents the table as replicated: reads of `system.tables` show
+  `engine` (ReplicatedMergeTree; or SharedMergeTree, which ClickHouse Cloud makes of a table created
+  as MergeTree, the ledger included) with a Keeper path in `engine_full`, and `SYSTEM SYNC REPLICA` of
+  it is accepted (the engine refuses it for a table that is not replicated, as a server does). The
+  target is not told anything: it finds the engine where it would on a server.
+* `lag("db.table")` stalls one replica's replication queue for the table: from then on that replica
+  holds the table's rows as they were (a copy in the engine's database `_front_replica`); writes go on
+  reaching the other replicas. The database's DDL is not lagged: a table dropped is gone everywhere.
+* `front.stale_reads` (a `Fault`, armed like those of `front.faults`) is the load balancer sending the
+  next N matching reads (SELECT, EXISTS, ...) to the lagging replica: they read a lagged table's copy
+  instead of the table, as a replica that has not fetched the newest parts answers (ClickHouse KB
+  "read consistency",
+  clickhouse.com/docs/resources/support-center/knowledge-base/data-management/read-consistency).
+* What ends the staleness, as on a real replica: `SYSTEM SYNC REPLICA <table>` (plain, STRICT or
+  LIGHTWEIGHT) makes the replica fetch every part in the replication log, so the lag of that table ends
+  (docs: reference/statements/system, "SYNC REPLICA"; PULL only queues the entries and waits for
+  nothing, so it ends nothing). The front assumes the session that syncs is the one that reads, as the
+  KB's recipe does. A read with `select_sequential_consistency = 1` of a table presented as Shared*
+  reads the newest parts (SharedMergeTree docs, "consistency"); of a Replicated* one it stays stale,
+  since that setting only covers inserts made with a sequential (non-parallel) quorum
+  (settings reference, select_sequential_consistency).
+
+Not modelled: writes landing on the lagging replica, a lag of `system.parts`, several lagging replicas.
+`front.executed` lists each statement with the settings it ran with (URL and session settings).
 """
 from __future__ import annotations
 
@@ -474,6 +502,81 @@ class _Sessions:
 
 
 # --------------------------------------------------------------------------------------------
+# Replicas
+# --------------------------------------------------------------------------------------------
+
+_IDENTIFIER = r"(?:`(?:[^`\\]|\\.)*`|[A-Za-z_][A-Za-z0-9_]*)"
+_SYNC_REPLICA_RE = re.compile(
+    rf"^SYSTEM\s+SYNC\s+REPLICA\s+(?:ON\s+CLUSTER\s+\S+\s+)?(?:(?P<db>{_IDENTIFIER})\s*\.\s*)?(?P<table>{_IDENTIFIER})"
+    r"(?:\s+(?P<mode>STRICT|LIGHTWEIGHT|PULL)\b.*)?\s*;?\s*$",
+    re.IGNORECASE | re.DOTALL,
+)
+_SYSTEM_TABLES_RE = re.compile(r"(?<![\w`.])system\s*\.\s*tables(?![\w`])", re.IGNORECASE)
+_LAGGING_DB = "_front_replica"  # where the lagging replica's copies of lagged tables live, in the engine
+
+
+def _unquote_identifier(name: str) -> str:
+    return re.sub(r"\\(.)", r"\1", name[1:-1]) if name.startswith("`") else name
+
+
+def _split_table(table: str) -> tuple[str, str]:
+    database, dot, name = table.partition(".")
+    if not dot:
+        raise ValueError(f"name the table with its database, e.g. analytics.{table}")
+    return database, name
+
+
+class _Replicas:
+    """Tables the front presents as replicated, and which of them the lagging replica holds stale (module docstring)."""
+
+    def __init__(self) -> None:
+        self.engines: dict[tuple[str, str], str] = {}  # (database, table) -> the engine system.tables shows
+        self.lagging: set[tuple[str, str]] = set()  # tables whose newest parts the lagging replica has not fetched
+        self.lock = threading.Lock()
+
+    @staticmethod
+    def copy_of(key: tuple[str, str]) -> str:
+        return f"{quote_identifier(_LAGGING_DB)}.{quote_identifier('.'.join(key))}"
+
+    def synced_table(self, text: str, database: str) -> tuple[tuple[str, str], bool] | None:
+        """For a SYNC REPLICA of a presented table: the table, and whether the replica catches up (not PULL)."""
+        found = _SYNC_REPLICA_RE.match(text)
+        if found is None:
+            return None
+        key = (_unquote_identifier(found.group("db")) if found.group("db") else database, _unquote_identifier(found.group("table")))
+        with self.lock:
+            if key not in self.engines:
+                return None  # the engine answers: not replicated
+        return key, (found.group("mode") or "").upper() != "PULL"
+
+    def view(self, sql: bytes, stale: bool, settings: dict[str, str]) -> bytes:
+        """The read as the replica it lands on answers it: presented engines, and lagged tables' copies when `stale`."""
+        with self.lock:
+            engines, lagging = dict(self.engines), set(self.lagging)
+        text = sql.decode("utf-8", errors="replace")
+        if engines:
+            text = _SYSTEM_TABLES_RE.sub(lambda _: self._presented_tables(engines), text)
+        sequential = settings.get("select_sequential_consistency", "0") not in ("0", "")
+        for key in sorted(lagging) if stale else ():
+            if sequential and engines[key].startswith("Shared"):
+                continue  # SharedMergeTree: a sequentially consistent read fetches the newest parts first
+            database, table = (re.escape(quote_identifier(part)) + "|" + re.escape(part) for part in key)
+            reference = re.compile(rf"(?<![\w`.])(?:{database})\s*\.\s*(?:{table})(?![\w`])")
+            text = reference.sub(lambda _: self.copy_of(key), text)
+        return text.encode()
+
+    @staticmethod
+    def _presented_tables(engines: dict[tuple[str, str], str]) -> str:
+        """system.tables, with each presented table's engine (and a Keeper path in engine_full, as a server shows)."""
+        keeper_args = "('/clickhouse/tables/{uuid}/{shard}', '{replica}')"
+        cases = [(f"database = {quote_string(db)} AND name = {quote_string(table)}", name) for (db, table), name in engines.items()]
+        engine = ", ".join(f"{condition}, {quote_string(name)}" for condition, name in cases)
+        full = ", ".join(f"{condition}, concat({quote_string(name + keeper_args)}, substring(engine_full, length(engine) + 1))"
+                         for condition, name in cases)
+        return f"(SELECT * REPLACE (multiIf({engine}, engine) AS engine, multiIf({full}, engine_full) AS engine_full) FROM system.tables)"
+
+
+# --------------------------------------------------------------------------------------------
 # The HTTP server
 # --------------------------------------------------------------------------------------------
 
@@ -507,6 +610,9 @@ class ClickHouseFront:
         self.faults = Faults()
         self.sessions = _Sessions()
         self.statements: list[str] = []  # every statement executed (its text up to any inline data), in order
+        self.executed: list[tuple[str, dict[str, str]]] = []  # each of them with the settings it ran with
+        self._replicas = _Replicas()
+        self.stale_reads = Fault("stale_reads", "a read lands on the lagging replica: tables `lag` froze read as they were then")
         self.encodings: collections.Counter[tuple[str, str]] = collections.Counter()  # ("request"|"response", coding)
         self._statements_lock = threading.Lock()
         self._engine: Engine | None = None
@@ -538,6 +644,7 @@ class ClickHouseFront:
 
     def stop(self) -> None:
         self.faults.reset()
+        self.stale_reads.reset()
         if self._server is not None:
             self._server.shutdown()
             self._server.server_close()
@@ -626,9 +733,19 @@ class ClickHouseFront:
                     if session is not None:
                         session.settings.update(changed)
 
-            outcome = self.engine.execute(sql, default_format, query_params, engine_settings, database, after)
+            synced = self._replicas.synced_table(text, database) if keyword == "SYSTEM" else None
+            if synced is not None:
+                if synced[1]:
+                    self._catch_up(synced[0])
+                outcome = Outcome(b"")
+            else:
+                if keyword in _RESULT_KEYWORDS and self._replicas.engines:
+                    stale = self.stale_reads.take(text) is not None  # it lands on the lagging replica
+                    sql = self._replicas.view(sql, stale, engine_settings)
+                outcome = self.engine.execute(sql, default_format, query_params, engine_settings, database, after)
             with self._statements_lock:
                 self.statements.append(text)
+                self.executed.append((text, dict(engine_settings)))
             if session is not None:  # a server frees the session when the statement ends, before the answer goes out
                 self.sessions.release(session_id or "", session, params.get("close_session") == "1")
                 session = None
@@ -662,6 +779,33 @@ class ClickHouseFront:
             assert compress is not None
             body = compress[0](body)
         send(status, headers, body)
+
+    # -- replicas (module docstring) -----------------------------------------------------------
+
+    def replicate(self, table: str, engine: str = "ReplicatedMergeTree") -> None:
+        """Present `database.table` as a replicated table of this engine (ReplicatedMergeTree, SharedMergeTree, ...)."""
+        with self._replicas.lock:
+            self._replicas.engines[_split_table(table)] = engine
+
+    def lag(self, table: str) -> None:
+        """Stall the lagging replica's queue for the presented `database.table`: it keeps the rows the table holds now."""
+        key = _split_table(table)
+        if key not in self._replicas.engines:
+            raise ValueError(f"{table} is not presented as replicated: call replicate({table!r}) first")
+        source, copy = ".".join(map(quote_identifier, key)), self._replicas.copy_of(key)
+        for statement in (f"CREATE DATABASE IF NOT EXISTS {quote_identifier(_LAGGING_DB)}", f"DROP TABLE IF EXISTS {copy} SYNC",
+                          f"CREATE TABLE {copy} AS {source}", f"INSERT INTO {copy} SELECT * FROM {source}"):
+            self.engine.execute(statement.encode(), "TabSeparated", {}, {}, "default")
+        with self._replicas.lock:
+            self._replicas.lagging.add(key)
+
+    def _catch_up(self, key: tuple[str, str]) -> None:
+        """The lagging replica fetched every part of the table's replication log: its reads are current again."""
+        with self._replicas.lock:
+            lagged = key in self._replicas.lagging
+            self._replicas.lagging.discard(key)
+        if lagged:
+            self.engine.execute(f"DROP TABLE IF EXISTS {self._replicas.copy_of(key)} SYNC".encode(), "TabSeparated", {}, {}, "default")
 
     def _authenticate(self, request: _Request) -> None:
         if self.password is None:

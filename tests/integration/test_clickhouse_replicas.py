@@ -1,0 +1,180 @@
+"""ClickHouse behind a load balancer over replicas (issue 23 item 7; conformance review 2026-11-24, C2 and C5).
+
+A replicated cluster cannot run here, so the test front plays one (tests/clickhouse_front/server.py,
+"Replicas"): it presents the ledger as a Replicated (or Shared) table over the real engine and keeps one
+replica whose replication queue for the ledger stalled. A restarted driver whose session lands there sees
+the ledger as it was before the commit, while the staging table the commit dropped is gone everywhere.
+Only what a real replica does ends that: `SYSTEM SYNC REPLICA … LIGHTWEIGHT`, or, on SharedMergeTree, a
+read with `select_sequential_consistency = 1`. Every test drives the target over HTTP, as a driver does.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Iterator
+
+import pyarrow as pa
+import pytest
+from clickhouse_connect.driver.exceptions import DatabaseError, OperationalError
+
+from streaming_sink.committable import Committable, TxnRef, make_label
+from streaming_sink.targets.base import CommitOutcome, CommittedNotChosenError
+from streaming_sink.targets.clickhouse import LEDGER_TABLE, ClickHouseTarget
+from tests.clickhouse_front import ClickHouseFront
+
+DB, TABLE, ROWS = "analytics", "orders", 10
+LEDGER = f"{DB}.{LEDGER_TABLE}"
+SOURCE = list(range(ROWS))
+# Two partitions, so a commit moves twice and can be cut between the moves.
+TABLE_DDL = f"CREATE TABLE {DB}.{TABLE} (id Int64, name String) ENGINE = MergeTree PARTITION BY id % 2 ORDER BY id"
+REPLICATED, SHARED = "ReplicatedMergeTree", "SharedMergeTree"
+
+
+@pytest.fixture
+def front(tmp_path: Path) -> Iterator[ClickHouseFront]:
+    with ClickHouseFront(tmp_path / "clickhouse") as front:
+        yield front
+
+
+def _setup(front: ClickHouseFront, ledger_engine: str | None = REPLICATED, **options: Any) -> ClickHouseTarget:
+    """A target over the front whose ledger the front presents as `ledger_engine` (None: a single server's MergeTree)."""
+    if ledger_engine is not None:
+        front.replicate(LEDGER, ledger_engine)
+    target = ClickHouseTarget(front.url, database=DB, **options)
+    target.client().command(f"CREATE DATABASE {DB}")
+    target.client().command(TABLE_DDL + (" SETTINGS non_replicated_deduplication_window = 1000"
+                                         if options.get("commit_mode") == "insert" else ""))
+    target.routable_tables()  # the ledger exists from here
+    return target
+
+
+def _prepare(target: ClickHouseTarget, attempt: str = "e1w0t0") -> Committable:
+    """The source rows in a staging table, prepared by the target's own transaction (one label per attempt)."""
+    txn = TxnRef("clickhouse", DB, TABLE, make_label("job", "query-1", 7, TABLE, 0, attempt), 0, attempt)
+    transaction = target.begin(TABLE, lambda chunk: txn, lambda recorded: None)
+    transaction.write(pa.table({"id": pa.array(SOURCE, pa.int64()), "name": [f"n{i}" for i in SOURCE]}))
+    [part] = transaction.prepare()
+    return part.committable("checksum")
+
+
+def _visible(target: ClickHouseTarget) -> list[int]:
+    return sorted(r[0] for r in target.client().query(f"SELECT id FROM {DB}.{TABLE}").result_rows)
+
+
+@pytest.mark.parametrize("ledger_engine", [REPLICATED, SHARED])
+def test_a_restarted_driver_on_a_lagging_replica_finds_the_commit_and_replays_nothing(front, ledger_engine):
+    """Review divergence 2: the commit wrote `committed` and dropped staging; the driver died before it recorded
+    the batch done. The restarted driver's session lands on a replica that has applied the DROP but fetched no
+    ledger row of the commit: its verdict must still be COMMITTED, since any other verdict replays the batch."""
+    first = _setup(front, ledger_engine)
+    committable = _prepare(first)
+    front.lag(LEDGER)  # this replica fetches none of the commit's ledger rows
+    assert first.commit(committable) is CommitOutcome.COMMITTED
+    first.close()  # the driver dies here: the batch is not recorded done
+    front.stale_reads.arm(LEDGER_TABLE, times=1000)  # the new session's ledger reads land on the lagging replica
+
+    restarted = ClickHouseTarget(front.url, database=DB)
+    outcome = restarted.commit(committable)
+    if outcome is not CommitOutcome.COMMITTED:  # recovery replays a batch whose label did not commit
+        restarted.commit(_prepare(restarted, attempt="e2w0t0"))
+    assert (outcome, _visible(restarted)) == (CommitOutcome.COMMITTED, SOURCE)
+    assert front.stale_reads.fired and restarted.staging_tables() == []
+    restarted.close()
+
+
+def test_an_abort_on_a_lagging_replica_never_drops_a_commit_that_began(front):
+    """The driver died after the first of two moves; a fenced driver (or an operator) on the lagging replica
+    aborts the label. The ledger's `moving` row forbids it; a stale read would drop the rows not yet moved."""
+    first = _setup(front, retries=0)
+    committable = _prepare(first)
+    front.lag(LEDGER)
+    front.faults.drop_after_apply.arm("MOVE PARTITION")  # the first move is applied, its answer never comes
+    with pytest.raises(OperationalError):  # retries=0: the lost answer ends the commit here
+        first.commit(committable)
+    first.close()
+    front.stale_reads.arm(LEDGER_TABLE, times=1000)
+
+    fenced = ClickHouseTarget(front.url, database=DB)
+    with pytest.raises(CommittedNotChosenError):
+        fenced.abort(committable)
+    assert fenced.commit(committable) is CommitOutcome.COMMITTED  # the restarted driver finishes it
+    assert _visible(fenced) == SOURCE
+    fenced.close()
+
+
+@pytest.mark.parametrize("ledger_engine", [None, REPLICATED, SHARED])
+def test_moves_wait_for_every_replica_and_verdicts_read_a_synced_ledger(front, ledger_engine):
+    """Review divergence 4: each MOVE returns only once every replica executed it (`alter_sync = 2`), so the
+    `committed` row never gets ahead of a replica. On a Replicated ledger its rows reach a majority first
+    (`insert_quorum = 'auto'`), and every ledger read that decides something first syncs this replica
+    (Shared: and reads sequentially consistent). A single server's MergeTree ledger needs neither."""
+    target = _setup(front, ledger_engine)
+    committable = _prepare(target)
+    start = len(front.executed)
+    assert target.commit(committable) is CommitOutcome.COMMITTED
+    ran = front.executed[start:]
+
+    moves = [settings for text, settings in ran if "MOVE PARTITION" in text]
+    assert len(moves) == 2 and all(settings.get("alter_sync") == "2" for settings in moves), moves
+    ledger_rows = [settings for text, settings in ran if text.startswith(f"INSERT INTO `{DB}`.`{LEDGER_TABLE}`")]
+    assert [settings.get("insert_quorum") for settings in ledger_rows] == [
+        "auto" if ledger_engine == REPLICATED else None] * 2
+    reads = [(text.split()[0], settings.get("select_sequential_consistency"))
+             for text, settings in ran if LEDGER_TABLE in text and not text.startswith("INSERT")]
+    synced = [("SYSTEM", None), ("SELECT", "1" if ledger_engine == SHARED else None)]
+    assert reads == (synced if ledger_engine else [("SELECT", None)]), reads
+    assert _visible(target) == SOURCE
+    target.close()
+
+
+def test_an_insert_commit_into_a_replicated_table_waits_for_a_quorum(front, monkeypatch):
+    """Insert mode: each INSERT … SELECT into a Replicated table returns once a majority of its replicas hold it."""
+    target = _setup(front, commit_mode="insert")
+    committable = _prepare(target)
+    # chdb has no Keeper: the table is a MergeTree that the target is told is replicated (a MergeTree ignores the quorum)
+    monkeypatch.setattr(target, "engine_of", lambda table: REPLICATED)
+    start = len(front.statements)
+    assert target.commit(committable) is CommitOutcome.COMMITTED
+    inserts = [text for text in front.statements[start:] if text.startswith(f"INSERT INTO `{DB}`.`{TABLE}`")]
+    assert len(inserts) == 2 and all("insert_quorum = 'auto'" in text for text in inserts), inserts
+    assert _visible(target) == SOURCE
+    target.close()
+
+
+def test_the_front_answers_as_a_lagging_replica_until_a_sync_ends_the_lag(front):
+    """The stand-in itself: presented engines, stale reads of the lagged table only while armed, PULL ending nothing,
+    SYNC REPLICA (and, on Shared, a sequentially consistent read) ending the lag; other tables as the engine has them."""
+    target = ClickHouseTarget(front.url, database=DB)
+    client = target.client()
+    client.command(f"CREATE DATABASE {DB}")
+    client.command(f"CREATE TABLE {DB}.journal (n UInt8) ENGINE = MergeTree ORDER BY n")
+    client.command(TABLE_DDL)
+    front.replicate(f"{DB}.journal")
+    engines = dict(client.query("SELECT name, engine FROM system.tables WHERE database = {db:String}",
+                                parameters={"db": DB}).result_rows)
+    assert engines == {"journal": REPLICATED, TABLE: "MergeTree"}
+    [[full]] = client.query(f"SELECT engine_full FROM system.tables WHERE database = '{DB}' AND name = 'journal'").result_rows
+    assert full.startswith(f"{REPLICATED}('/clickhouse/tables/{{uuid}}/{{shard}}', '{{replica}}') ORDER BY n"), full
+    with pytest.raises(DatabaseError, match="is not replicated"):
+        client.command(f"SYSTEM SYNC REPLICA {DB}.{TABLE} LIGHTWEIGHT")  # the engine's own answer
+
+    client.command(f"INSERT INTO {DB}.journal VALUES (1)")
+    front.lag(f"{DB}.journal")
+    client.command(f"INSERT INTO {DB}.journal VALUES (2)")
+
+    def read(**settings: Any) -> list[int]:
+        return sorted(r[0] for r in client.query(f"SELECT n FROM `{DB}`.`journal`", settings=settings).result_rows)
+
+    assert read() == [1, 2]  # not armed: the read lands on a current replica
+    front.stale_reads.arm("journal", times=10)
+    assert read() == [1]
+    assert read(select_sequential_consistency=1) == [1]  # Replicated: only a sequential quorum insert would show
+    client.command(f"SYSTEM SYNC REPLICA `{DB}`.`journal` PULL")
+    assert read() == [1]
+    client.command(f"SYSTEM SYNC REPLICA {DB}.journal LIGHTWEIGHT")
+    assert read() == [1, 2] and front.stale_reads.fired == 4
+
+    front.replicate(f"{DB}.journal", SHARED)
+    front.lag(f"{DB}.journal")
+    client.command(f"INSERT INTO {DB}.journal VALUES (3)")
+    assert read() == [1, 2] and read(select_sequential_consistency=1) == [1, 2, 3]
+    target.close()
