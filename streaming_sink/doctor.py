@@ -1,8 +1,9 @@
 """`streaming-sink doctor`: check every part a job needs, each with a verdict, before a 3 a.m. surprise.
 
-Checks connectivity and credentials (Kafka, state store, target), that the tables exist with the
-columns the job writes, and that the server keeps prepared transactions and labels longer than
-the outage the operator plans to survive. Reads only: safe while the job runs.
+Checks connectivity and credentials (Kafka, state store, target), how loads reach the target (an
+https FE that redirects to plain-http BEs), that the tables exist with the columns the job writes,
+and that the server keeps prepared transactions and labels longer than the outage the operator
+plans to survive. Reads only: safe while the job runs.
 """
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from .job_spec import JobSpec
 from .kafka_source import probe
 from .targets import target_from_url
 from .targets.base import ExpiryLimit
+from .targets.stream_load import StreamLoadTarget
 
 
 @dataclass
@@ -41,9 +43,12 @@ def diagnose(spec: JobSpec, outage_tolerance_s: float, spark: Any) -> list[Check
     def kafka() -> str:
         return probe(spark, spec.kafka_source())
 
+    largest: list[int] = []  # transactions in the job's largest retained batch, once the store was read
+
     def state() -> str:
         store = open_store(spec.state_url)
         owner = store.epoch_owner(spec.job_id)
+        largest.extend(_largest_batch(store, spec.job_id))
         return f"{store.url}: reachable; " + (f"epoch {owner['epoch']} held by {owner['owner']}" if owner else "no driver yet")
 
     known: dict[str, set[str] | None] = {}
@@ -54,7 +59,7 @@ def diagnose(spec: JobSpec, outage_tolerance_s: float, spark: Any) -> list[Check
 
     def tables() -> str:
         if "tables" not in known:
-            raise RuntimeError("skipped: the target is not reachable")
+            raise RuntimeError("skipped: the target check failed")
         resolved = resolve_tables(spec, known["tables"])
         check_columns(target, table_schemas(spec, resolved))
         if known["tables"] is None:
@@ -62,8 +67,21 @@ def diagnose(spec: JobSpec, outage_tolerance_s: float, spark: Any) -> list[Check
         return f"tables {sorted(resolved)} exist with every column the job writes"
 
     checks += [_run("kafka", kafka), _run("state store", state), _durability(spec.state_url),
-               _run("target", connect), _run("tables", tables)]
-    return checks + expiry_checks(target.expiry_limits(), outage_tolerance_s)
+               _run("target", connect), *_transport(target), _run("tables", tables)]
+    return checks + expiry_checks(target.expiry_limits(), outage_tolerance_s, max(largest, default=None))
+
+
+def _largest_batch(store: Any, job_id: str) -> list[int]:
+    """How many transactions each batch record the store keeps for the job holds (none before its first batch)."""
+    records = (store.get_batch(job_id, query_id, batch_id) for query_id, batch_id in store.batch_keys(job_id))
+    return [len(record.committables) for record in records if record is not None]
+
+
+def _transport(target: Any) -> list[Check]:
+    """A WARN when an https FE's loads go on to a BE over plain http (`allow_plain_http_redirect`); without that
+    consent a StarRocks FE over https fails the target check itself (`routable_tables`)."""
+    hop = target.plain_http_hop() if isinstance(target, StreamLoadTarget) else None
+    return [Check("target transport", "WARN", hop)] if hop else []
 
 
 def _durability(state_url: str) -> Check:
@@ -84,18 +102,18 @@ _DEFAULT_CONSEQUENCE = (
 )
 
 
-def expiry_checks(limits: list[ExpiryLimit], outage_tolerance_s: float) -> list[Check]:
+def expiry_checks(limits: list[ExpiryLimit], outage_tolerance_s: float, largest_batch: int | None = None) -> list[Check]:
     """Judge each limit by age against the planned outage; a limit by count only warns, since how soon
-    it is reached depends on the database's traffic, not on the outage."""
+    it is reached depends on the database's traffic, not on the outage, unless the job's largest batch
+    (transactions in one batch record) alone exceeds it: then a crash mid-commit can stop the job."""
     checks = []
     for limit in sorted(limits, key=lambda limit: limit.what):
         name, note = f"timeout {limit.what}", limit.note or _DEFAULT_CONSEQUENCE
         tolerance = f"the planned outage tolerance {outage_tolerance_s:g} s"
-        by_count = (
-            None if limit.count is None
-            else f"it is also forgotten once {limit.count} newer transactions have finished in its database, however soon"
-        )
-        if limit.seconds is not None and limit.seconds < outage_tolerance_s:
+        by_count = None if limit.count is None else _count_history(limit.count, largest_batch)
+        if limit.count is not None and largest_batch is not None and largest_batch >= limit.count:
+            checks.append(Check(name, "FAIL", f"{by_count}: {note}"))
+        elif limit.seconds is not None and limit.seconds < outage_tolerance_s:
             detail = f"{limit.seconds:g} s is shorter than {tolerance}" + (f"; {by_count}" if by_count else "")
             checks.append(Check(name, "FAIL", f"{detail}: {note}"))
         elif by_count:
@@ -106,6 +124,20 @@ def expiry_checks(limits: list[ExpiryLimit], outage_tolerance_s: float) -> list[
         else:
             checks.append(Check(name, "OK", f"{limit.seconds:g} s >= outage tolerance {outage_tolerance_s:g} s"))
     return checks
+
+
+def _count_history(count: int, largest_batch: int | None) -> str:
+    """The history a count limit leaves the job: what its own largest batch takes of it."""
+    text = f"it is also forgotten once {count} newer transactions have finished in its database, however soon"
+    if largest_batch is None:
+        return text
+    if largest_batch >= count:
+        return (f"{text}; the job's largest batch so far held {largest_batch} transactions, more than the server remembers, "
+                "so it forgets the batch's own labels while the batch commits and a crash then stops the job for an "
+                "operator (docs/runbook.md, section 'Replay ambiguous: a committed label was forgotten'): make batches "
+                "smaller or raise the limit")
+    return (f"{text}; the job's largest batch so far held {largest_batch} transactions, so a crash mid-commit is resolved "
+            f"by the server only while fewer than {count - largest_batch} other transactions finish in the database")
 
 
 def render(checks: list[Check]) -> str:

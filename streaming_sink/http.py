@@ -5,29 +5,39 @@ the client must re-send the method, every header (including `Authorization`) and
 `requests` drops `Authorization` on a cross-host redirect (docs/protocol.md, Common: redirects). So redirects
 are followed here, by hand, re-sending everything.
 
-Retries: a request that never reached the server (connection refused, connect timeout) is always
-retried with backoff. A request that may have reached it (reset, read timeout, 5xx) is retried
-only when the caller says it is idempotent; otherwise the caller gets `HttpConnectionError` with
+Retries (with the backoff and deadline of streaming_sink/retry.py): a request that never reached the
+server (connection refused, connect timeout) is always retried. A request that may have reached it
+(reset, read timeout, 5xx) is retried only when the caller says it is idempotent; otherwise the caller gets `HttpConnectionError` with
 `maybe_applied=True` and must find out what happened (e.g. through the label state).
 
 Bodies are `bytes` or a zero-argument callable returning an iterable of byte chunks (sent with
-chunked transfer encoding, re-created for every redirect hop and retry), so a large body never
-has to exist in memory at once.
+chunked transfer encoding, re-created for every hop and retry that sends it), so a large body never
+has to exist in memory at once. A request with a body goes out with `Expect: 100-continue` and its
+body is sent only to a server that asks for it (`_send_body` says why and how): a load's body goes
+to the BE once, not to the FE first.
 """
 from __future__ import annotations
 
 import base64
+import http.client
+import io
 import json
 import logging
+import os
+import socket
+import ssl
 import threading
-from time import sleep  # a module global, so tests can replace it here and nowhere else
+import time
+import warnings
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Mapping, Union
-from urllib.parse import quote, urljoin, urlsplit
+from typing import Any, Callable, Iterable, Mapping, NamedTuple, Union
+from urllib.parse import quote, urlencode, urljoin, urlsplit
 
 import requests
+from requests.structures import CaseInsensitiveDict
 
 from .errors import StreamingSinkError
+from .retry import RetryPolicy, wait
 
 log = logging.getLogger(__name__)
 
@@ -35,9 +45,10 @@ Body = Union[bytes, Callable[[], Iterable[bytes]], None]
 
 REDIRECT_STATUSES = frozenset({301, 302, 303, 307, 308})
 #: The only redirects followed: they keep the method and body, as the StarRocks and Doris FEs use them.
-#: Credentials go to their Location only on these, and never from https to plain http.
+#: Credentials go to their Location only on these, and from https to plain http only when allowed.
 FOLLOWED_REDIRECTS = frozenset({307, 308})
 _EXCERPT = 300
+_MAX_LINE = 65536  # longest status or header line read from an early answer
 
 
 class HttpError(StreamingSinkError, RuntimeError):
@@ -70,6 +81,14 @@ class AuthenticationError(HttpStatusError):
 
 class HttpProtocolError(HttpError):
     """The answer was not what the protocol promises (e.g. not JSON, a redirect loop)."""
+
+
+class _Reply(NamedTuple):
+    """One hop's answer, whichever way it was sent."""
+
+    status: int
+    body: bytes
+    headers: Mapping[str, str]
 
 
 @dataclass(frozen=True)
@@ -118,6 +137,11 @@ class HttpClient:
     `base_url` may list several addresses of one service, comma-separated (StarRocks or Doris FEs):
     a request that could not connect to one goes to the next at once; every request starts at the
     address that last answered.
+
+    `allow_plain_redirect` lets a redirect lead from https to plain http, credentials and body
+    included: the StarRocks FE always redirects loads to `http://` BEs (docs/protocol.md, Common:
+    redirects). `continue_timeout` is how long a request with a body waits for the server to ask for
+    it (`100 Continue`) or to answer without it, before sending it anyway.
     """
 
     def __init__(
@@ -131,8 +155,11 @@ class HttpClient:
         retries: int = 3,
         backoff_s: float = 0.5,
         backoff_max_s: float = 8.0,
+        deadline_s: float = RetryPolicy.deadline_s,
         max_redirects: int = 5,
         verify: bool | str = True,
+        allow_plain_redirect: bool = False,
+        continue_timeout: float = 3.0,
     ) -> None:
         self.base_urls = [url.strip().rstrip("/") for url in base_url.split(",") if url.strip()]
         for url in self.base_urls or [base_url]:
@@ -145,10 +172,17 @@ class HttpClient:
         self._current = 0  # index of the address that last answered; shared by threads, any value is valid
         self.user, self.password = user, password
         self.connect_timeout, self.read_timeout = connect_timeout, read_timeout
-        self.retries, self.backoff_s, self.backoff_max_s = retries, backoff_s, backoff_max_s
+        self.retry = RetryPolicy(retries, backoff_s, backoff_max_s, deadline_s)
         self.max_redirects = max_redirects
-        self.verify = verify  # https: True (the system's CAs), a CA bundle's path, or False (no check)
+        self.verify = verify  # https: True (the CAs `requests` trusts), a CA bundle's path, or False (no check)
+        self.allow_plain_redirect = allow_plain_redirect
+        self.continue_timeout = continue_timeout
         self._local = threading.local()
+
+    @property
+    def uses_https(self) -> bool:
+        """Whether any of the service's addresses is https."""
+        return any(url.startswith("https://") for url in self.base_urls)
 
     # -- pickling: sessions stay behind ---------------------------------------------------------
 
@@ -190,6 +224,7 @@ class HttpClient:
         HttpConnectionError when no answer came (after the retries the rules above allow).
         """
         allowed = frozenset(allow_status)
+        pauses = self.retry.pauses()
         attempt = 0
         failovers = 0
         while True:
@@ -202,9 +237,10 @@ class HttpClient:
                     self._current = (start + 1) % len(self.base_urls)
                     log.warning("%s %s: %s; trying %s", method, path_or_url, error, self.base_urls[self._current])
                     continue
-                if (error.maybe_applied and not idempotent) or attempt >= self.retries:
+                pause = None if error.maybe_applied and not idempotent else next(pauses, None)
+                if pause is None:
                     raise
-                self._pause(attempt, f"{method} {path_or_url}: {error}")
+                wait(pause, f"{method} {path_or_url} (attempt {attempt + 2}): {error}")
                 attempt += 1
                 continue
             status = response.status
@@ -216,8 +252,9 @@ class HttpClient:
                     f"check the user ({self.user!r}) and password, and that the user may load into this database",
                     response,
                 )
-            if status >= 500 and idempotent and attempt < self.retries:
-                self._pause(attempt, f"{method} {path_or_url}: HTTP {status}")
+            pause = next(pauses, None) if status >= 500 and idempotent else None
+            if pause is not None:
+                wait(pause, f"{method} {path_or_url} (attempt {attempt + 2}): HTTP {status}")
                 attempt += 1
                 continue
             raise HttpStatusError(
@@ -245,11 +282,6 @@ class HttpClient:
             self._local.session = session
         return session
 
-    def _pause(self, attempt: int, why: str) -> None:
-        delay = min(self.backoff_max_s, self.backoff_s * (2**attempt))
-        log.warning("retrying in %.2fs (attempt %d of %d): %s", delay, attempt + 2, self.retries + 1, why)
-        sleep(delay)
-
     def _follow(
         self,
         method: str,
@@ -265,22 +297,27 @@ class HttpClient:
         hops: list[str] = []
         first_hop = True
         while True:
-            data = body() if callable(body) else body
-            response = self._send(method, url, sent_headers, data, params if first_hop else None, timeout)
-            if response.status_code not in REDIRECT_STATUSES:
-                return HttpResponse(response.status_code, response.content, response.headers, url, tuple(hops))
-            location = response.headers.get("Location")
-            if response.status_code not in FOLLOWED_REDIRECTS:
+            hop_params = params if first_hop else None
+            if body is None or body == b"":
+                reply = self._send(method, url, sent_headers, body, hop_params, timeout)
+            else:
+                reply = self._send_body(method, url, sent_headers, body, hop_params, timeout)
+            if reply.status not in REDIRECT_STATUSES:
+                return HttpResponse(reply.status, reply.body, reply.headers, url, tuple(hops))
+            location = reply.headers.get("Location")
+            if reply.status not in FOLLOWED_REDIRECTS:
                 raise HttpProtocolError(
-                    f"{method} {url} answered HTTP {response.status_code} to {location!r}: only 307/308 redirects are "
+                    f"{method} {url} answered HTTP {reply.status} to {location!r}: only 307/308 redirects are "
                     "followed (they keep the method and body); check the URL"
                 )
             if not location:
-                raise HttpProtocolError(f"{method} {url} answered HTTP {response.status_code} without a Location header")
+                raise HttpProtocolError(f"{method} {url} answered HTTP {reply.status} without a Location header")
             target = urljoin(url, location)
-            if urlsplit(url).scheme == "https" and urlsplit(target).scheme != "https":
+            if urlsplit(url).scheme == "https" and urlsplit(target).scheme != "https" and not self.allow_plain_redirect:
                 raise HttpProtocolError(
-                    f"{method} {url} redirected to {target}: refusing to send credentials from https to plain http"
+                    f"{method} {url} redirected to {target}: refusing to send credentials from https to plain http; "
+                    "if the server only redirects to plain http (StarRocks FEs do), set the target option "
+                    "allow_plain_http_redirect"
                 )
             hops.append(url)
             if len(hops) > self.max_redirects:
@@ -292,12 +329,13 @@ class HttpClient:
         method: str,
         url: str,
         headers: dict[str, str],
-        data: bytes | Iterable[bytes] | None,
+        data: bytes | None,
         params: Mapping[str, str] | None,
         timeout: float | None,
-    ) -> requests.Response:
+    ) -> _Reply:
+        """A request without a body, through this thread's `requests` session (kept-alive connections)."""
         try:
-            return self._session().request(
+            response = self._session().request(
                 method,
                 url,
                 headers=headers,
@@ -306,6 +344,7 @@ class HttpClient:
                 allow_redirects=False,
                 timeout=(self.connect_timeout, timeout if timeout is not None else self.read_timeout),
             )
+            return _Reply(response.status_code, response.content, response.headers)
         except requests.ConnectTimeout as error:
             raise HttpConnectionError(f"{method} {url}: could not connect ({_reason(error)})", maybe_applied=False) from error
         except requests.ConnectionError as error:
@@ -316,6 +355,213 @@ class HttpClient:
             raise HttpConnectionError(
                 f"{method} {url}: no answer within {timeout or self.read_timeout}s", maybe_applied=True
             ) from error
+
+    def _send_body(
+        self,
+        method: str,
+        url: str,
+        headers: dict[str, str],
+        body: bytes | Callable[[], Iterable[bytes]],
+        params: Mapping[str, str] | None,
+        timeout: float | None,
+    ) -> _Reply:
+        """A request with a body, whose body goes only to a server that asks for it.
+
+        It is sent with `Expect: 100-continue`; the body follows a `100 Continue`, or `continue_timeout`
+        seconds without any answer; an answer that comes first (an FE's 307, an error) is the reply, and
+        the body is never sent. Why: both FEs answer a load from its headers with a 307 to a BE, without
+        reading the body and without `100 Continue` (the StarRocks FE's `newContinueResponse` returns
+        null; Doris's LoadAction redirects first), while `requests` never waits, so it uploaded every
+        body to the FE, which dropped it, and then to the BE; newer StarRocks FEs reset such connections
+        (StarRocks/demo issue #79). The BEs send `100 Continue` when they want the body, so it goes at
+        once; a server that neither asks nor answers still gets it after the wait (RFC 9110, 10.1.1).
+        Probing with an empty body first was not chosen: a server that acts instead of redirecting (a BE
+        given as fe_url, an FE that loads itself) would run an empty load.
+
+        One new connection per request, closed after it: a connection whose announced body was never
+        sent cannot carry another request, and reusing one after an early answer has broken the next
+        request (StarRocks issue #52516). Loads are large, so the connection costs little.
+        """
+        parts = urlsplit(url)
+        target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+        if params:
+            target += ("&" if parts.query else "?") + urlencode(params)
+        read_timeout = timeout if timeout is not None else self.read_timeout
+        connection = self._connection(parts.scheme, parts.hostname or "", parts.port)
+        try:
+            try:
+                connection.connect()
+            except OSError as error:  # refused, unreachable, DNS, connect timeout, TLS handshake: nothing was sent
+                raise HttpConnectionError(f"{method} {url}: could not connect ({_reason(error)})", maybe_applied=False) from error
+            try:
+                return self._exchange(connection, method, target, headers, body, read_timeout)
+            except TimeoutError as error:
+                raise HttpConnectionError(f"{method} {url}: no answer within {read_timeout}s", maybe_applied=True) from error
+            except (OSError, http.client.HTTPException) as error:
+                raise HttpConnectionError(
+                    f"{method} {url}: connection lost before an answer ({_reason(error)})", maybe_applied=True
+                ) from error
+        finally:
+            connection.close()
+
+    def _exchange(
+        self,
+        connection: http.client.HTTPConnection,
+        method: str,
+        target: str,
+        headers: Mapping[str, str],
+        body: bytes | Callable[[], Iterable[bytes]],
+        read_timeout: float,
+    ) -> _Reply:
+        """Headers, then the body only if it is wanted (see `_send_body`), then the answer."""
+        sock = connection.sock
+        assert sock is not None
+        sock.settimeout(read_timeout)
+        connection.putrequest(method, target, skip_accept_encoding=True)
+        for name, value in headers.items():
+            if name.lower() not in ("expect", "connection", "content-length", "transfer-encoding"):
+                connection.putheader(name, value)
+        connection.putheader("Expect", "100-continue")
+        connection.putheader("Connection", "close")
+        if isinstance(body, bytes):
+            connection.putheader("Content-Length", str(len(body)))
+        else:
+            connection.putheader("Transfer-Encoding", "chunked")
+        connection.endheaders()
+        status_line = _early_status_line(sock, self.continue_timeout, read_timeout)
+        if status_line is None:  # asked for, or no answer in time: send it
+            try:
+                _write_body(sock, body() if callable(body) else body)
+            except (BrokenPipeError, ConnectionResetError):
+                pass  # the server stopped reading: its answer, if it sent one, says why
+            status_line = b""
+        return _read_reply(sock, status_line, method)
+
+    def _connection(self, scheme: str, host: str, port: int | None) -> http.client.HTTPConnection:
+        if scheme == "https":
+            return http.client.HTTPSConnection(host, port, timeout=self.connect_timeout, context=self._ssl_context(host))
+        return http.client.HTTPConnection(host, port, timeout=self.connect_timeout)
+
+    def _ssl_context(self, host: str) -> ssl.SSLContext:
+        """The certificate checks `requests` makes for `verify`, for the connections `_send_body` makes."""
+        if self.verify is False:
+            from urllib3.exceptions import InsecureRequestWarning
+
+            warnings.warn(f"unverified https request to {host}: its certificate is not checked (verify=false)",
+                          InsecureRequestWarning, stacklevel=2)
+        context: ssl.SSLContext | None = getattr(self._local, "ssl_context", None)
+        if context is None:
+            if self.verify is False:
+                context = ssl.create_default_context()
+                context.check_hostname = False
+                context.verify_mode = ssl.CERT_NONE
+            elif isinstance(self.verify, str) and os.path.isdir(self.verify):
+                context = ssl.create_default_context(capath=self.verify)
+            else:
+                context = ssl.create_default_context(
+                    cafile=self.verify if isinstance(self.verify, str) else requests.certs.where()
+                )
+            self._local.ssl_context = context
+        return context
+
+
+def _early_status_line(sock: socket.socket, wait: float, read_timeout: float) -> bytes | None:
+    """The status line of a final answer that came before the body was asked for, or None when the body is to
+    be sent: a `100 Continue` came, or nothing did within `wait` seconds. Read a byte at a time, so nothing
+    after an interim answer is consumed."""
+    deadline = time.monotonic() + wait
+    while True:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            return None
+        sock.settimeout(remaining)
+        try:
+            first = sock.recv(1)
+        except TimeoutError:
+            return None
+        finally:
+            sock.settimeout(read_timeout)
+        if not first:
+            raise http.client.RemoteDisconnected("the server closed the connection without an answer")
+        line = first + _read_line(sock)
+        status = _status_code(line)
+        if not 100 <= status < 200:
+            return line
+        while _read_line(sock) not in (b"\r\n", b"\n", b""):
+            pass  # the interim answer's headers
+        if status == 100:
+            return None
+
+
+def _read_line(sock: socket.socket) -> bytes:
+    line = bytearray()
+    while not line.endswith(b"\n"):
+        byte = sock.recv(1)
+        if not byte:
+            break
+        line += byte
+        if len(line) > _MAX_LINE:
+            raise http.client.LineTooLong("status or header line")
+    return bytes(line)
+
+
+def _status_code(line: bytes) -> int:
+    parts = line.split(None, 2)
+    if len(parts) < 2 or not parts[0].startswith(b"HTTP/") or not parts[1].isdigit():
+        raise http.client.BadStatusLine(excerpt(line.decode("latin-1"), 100))
+    return int(parts[1])
+
+
+def _write_body(sock: socket.socket, data: bytes | Iterable[bytes]) -> None:
+    if isinstance(data, bytes):
+        sock.sendall(data)
+        return
+    for chunk in data:
+        if chunk:  # an empty chunk would end the body
+            sock.sendall(b"%X\r\n" % len(chunk))
+            sock.sendall(chunk)
+            sock.sendall(b"\r\n")
+    sock.sendall(b"0\r\n\r\n")
+
+
+def _read_reply(sock: socket.socket, status_line: bytes, method: str) -> _Reply:
+    """The answer on `sock`, parsed by `http.client`; `status_line` is its first line when it was read already."""
+    reader = io.BufferedReader(_Replay(status_line, sock))
+    response = http.client.HTTPResponse(_Source(reader), method=method)  # type: ignore[arg-type]  # only makefile is used
+    try:
+        response.begin()
+        return _Reply(response.status, response.read(), CaseInsensitiveDict(response.getheaders()))
+    finally:
+        response.close()
+        reader.close()
+
+
+class _Replay(io.RawIOBase):
+    """Bytes already read from a socket, then the socket itself."""
+
+    def __init__(self, head: bytes, sock: socket.socket) -> None:
+        self._head, self._sock = head, sock
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        if self._head:
+            size = min(len(buffer), len(self._head))
+            buffer[:size] = self._head[:size]
+            self._head = self._head[size:]
+            return size
+        return self._sock.recv_into(buffer)
+
+
+class _Source:
+    """What `http.client.HTTPResponse` takes for a socket: it only calls `makefile`."""
+
+    def __init__(self, reader: io.BufferedReader) -> None:
+        self._reader = reader
+
+    def makefile(self, mode: str) -> io.BufferedReader:
+        return self._reader
 
 
 def _never_connected(error: BaseException) -> bool:

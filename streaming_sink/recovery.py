@@ -103,6 +103,9 @@ class Recovery:
 
         marks = _ProgressMarks(self.store, self.job_id, self.epoch, record.query_id, record.batch_id)
         stopped = threading.Event()  # set by the first failure: queued commits are not sent any more
+        # LOST for a label first sent in this phase is safe: a commit of a label the server does not know commits
+        # nothing, so it was unknown before it (F4). Kept as it arrives, before the replay and any later failure.
+        proofs = _NeverCommitted(self.store, self.job_id, self.epoch, record)
 
         def commit_one(committable: Committable) -> CommitOutcome | None:
             if stopped.is_set():
@@ -114,29 +117,27 @@ class Recovery:
                     marks.add(committable.label)
                     if on_commit:
                         on_commit()
+                elif outcome is CommitOutcome.LOST and committable.label not in already_sent:
+                    proofs.add(committable.label)
                 return outcome
             except BaseException:
                 stopped.set()
                 raise
 
         outcomes = self._run_commits(commit_one, pending)
-        # LOST for a label first sent in this phase is safe: a commit of a label the server does not know
-        # commits nothing, so it was unknown before it. LOST for a label sent before may be a forgotten commit.
-        ambiguous = [c for c, o in zip(pending, outcomes) if o is CommitOutcome.LOST and c.label in sent_before]
+        # LOST for a label sent before this phase may be a forgotten commit, and LOST_AFTER_SEND always may be.
+        ambiguous = [c for c, o in zip(pending, outcomes)
+                     if o is CommitOutcome.LOST_AFTER_SEND or (o is CommitOutcome.LOST and c.label in sent_before)]
         if ambiguous:
             raise ReplayAmbiguousError(
                 f"job {self.job_id} batch {record.batch_id} of query {record.query_id}: the target no longer knows "
                 f"{len(ambiguous)} transaction(s) whose commit was sent ({', '.join(c.label for c in ambiguous)}). "
-                "The server forgets finished labels after a while (StarRocks 3 days; Doris 12 h or 2000 finished "
-                "transactions per database), so they may be committed or not: replaying could duplicate their rows, "
+                "The server forgets finished labels after a while or past a count (StarRocks 3 days or 1000 running "
+                "and finished transactions per database; Doris 12 h or 2000 finished ones), so they may be committed or "
+                "not: replaying could duplicate their rows, "
                 "skipping could lose them. Nothing was replayed. See docs/runbook.md, section 'Replay ambiguous: "
                 "a committed label was forgotten', to settle it with a query on the target and resume."
             )
-        proved = [c.label for c, o in zip(pending, outcomes)
-                  if o is CommitOutcome.LOST and c.label not in already_sent and c.label not in record.never_committed]
-        if proved:  # recorded before the replay starts, so a later phase never reads them as ambiguous (F4)
-            record.never_committed = record.never_committed + proved
-            self.store.put_batch(self.job_id, self.epoch, record)
         lost = [c for c, o in zip(pending, outcomes) if o is not CommitOutcome.COMMITTED and c not in ambiguous]
         if lost:
             log.warning(
@@ -277,23 +278,24 @@ class Recovery:
         return record is not None and record.state is BatchState.COMMITTED and now - record.created_at > STALE_QUERY_SECONDS
 
 
-class _ProgressMarks:
-    """Group commit of one commit phase's progress marks (`mark_done`): as few store writes as the commits allow.
+class _GroupWrites:
+    """Group commit of labels to the store, as a commit phase's workers produce them: as few writes as the commits
+    allow, and no lock held across a write.
 
-    A worker whose commit landed adds its label; if no worker is writing marks, it writes every label waiting,
-    again until none waits, while the other workers go on committing. So each label is recorded by the time the
-    commit phase returns (the worker writing is waited for like any other), with one write per label when
-    commits run one at a time, and far fewer when they run in parallel. A mark only spares recovery a commit it
-    would send again (the servers answer a repeated commit COMMITTED); `sent`, written before any commit, is
-    what keeps a forgotten label from being replayed (I8), so a crash before a mark is written is safe.
+    A worker adds its label; if no worker is writing, it writes every label waiting, again until none waits, while
+    the other workers go on committing. So each label is written by the time the commit phase returns (the worker
+    writing is waited for like any other), with one write per label when commits run one at a time, and far fewer
+    when they run in parallel.
     """
 
-    def __init__(self, store: StateStore, job_id: str, epoch: int, query_id: str, batch_id: int) -> None:
-        self._store, self._key = store, (job_id, epoch, query_id, batch_id)
+    def __init__(self) -> None:
         self._lock = threading.Lock()
         self._waiting: list[str] = []
         self._writing = False
         self.recorded = 0
+
+    def _write(self, labels: list[str]) -> None:
+        raise NotImplementedError
 
     def add(self, label: str) -> None:
         with self._lock:
@@ -308,15 +310,40 @@ class _ProgressMarks:
                     if not labels:
                         self._writing = False
                         return
-                self._store.mark_done_many(*self._key, labels)
-                first = self.recorded == 0
+                self._write(labels)
                 self.recorded += len(labels)
-                if first:
-                    crash_point("after-first-commit", self._key[3])
         except BaseException:
             with self._lock:
                 self._writing = False
             raise
+
+
+class _ProgressMarks(_GroupWrites):
+    """The commit phase's progress marks (`mark_done`). A mark only spares recovery a commit it would send again
+    (the servers answer a repeated commit COMMITTED); `sent`, written before any commit, is what keeps a forgotten
+    label from being replayed (I8), so a crash before a mark is written is safe."""
+
+    def __init__(self, store: StateStore, job_id: str, epoch: int, query_id: str, batch_id: int) -> None:
+        super().__init__()
+        self._store, self._key = store, (job_id, epoch, query_id, batch_id)
+
+    def _write(self, labels: list[str]) -> None:
+        self._store.mark_done_many(*self._key, labels)
+        if self.recorded == 0:
+            crash_point("after-first-commit", self._key[3])
+
+
+class _NeverCommitted(_GroupWrites):
+    """Labels proved never committed (LOST on the first commit the server received: F4), kept in the record as they
+    arrive, so neither a later failure of the phase nor a later phase reads them as ambiguous."""
+
+    def __init__(self, store: StateStore, job_id: str, epoch: int, record: BatchRecord) -> None:
+        super().__init__()
+        self._store, self._job_id, self._epoch, self._record = store, job_id, epoch, record
+
+    def _write(self, labels: list[str]) -> None:
+        self._record.never_committed = self._record.never_committed + labels
+        self._store.put_batch(self._job_id, self._epoch, self._record)
 
 
 @dataclass

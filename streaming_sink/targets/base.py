@@ -28,6 +28,10 @@ class CommitOutcome(str, Enum):
     COMMITTED = "COMMITTED"  # visible now (or already was)
     ABORTED = "ABORTED"  # the server knows it rolled this transaction back: it was never visible, replay is safe
     LOST = "LOST"  # the server no longer knows the transaction at all: committed and forgotten, or never committed
+    # Unknown to the server, and a commit this very call sent may have landed (its answer was lost) before the
+    # server forgot the label: committed or not, no one can tell, so it is never replayed (label memory by count
+    # can forget a label seconds after its commit: docs/protocol.md, StarRocks: label retention).
+    LOST_AFTER_SEND = "LOST_AFTER_SEND"
 
 
 @dataclass(frozen=True)
@@ -147,6 +151,14 @@ class Target(ABC):
 
     def close(self) -> None:
         """Release connections."""
+
+
+class TransactionLimitError(TargetError):
+    """The server refused one more open transaction: its database holds as many running ones as it allows
+    (max_running_txn_num_per_db; prepared and pre-committed transactions count until committed). Retrying
+    inside the batch cannot help while the batch's own transactions hold the slots, so it fails at once."""
+
+    RUNBOOK = "See docs/runbook.md, section 'Too many open transactions for the server'."
 
 
 class CommitAmbiguousError(TargetError):

@@ -48,7 +48,6 @@ import logging
 import math
 import re
 import threading
-import time
 from dataclasses import dataclass
 from typing import Any, Callable, TypeVar
 from urllib.parse import urlparse
@@ -58,6 +57,7 @@ import pyarrow as pa
 from .encoding import EncodingError
 from ..committable import Committable, TxnRef
 from ..crash import crash_point
+from ..retry import RetryPolicy
 from .base import (
     CommitAmbiguousError, CommitOutcome, CommittedNotChosenError, ConfigurationError, ExpiryLimit, NewRef, PreparedPart, RecordIntent,
     TableTransaction, Target, TargetError,
@@ -219,7 +219,11 @@ class ClickHouseTarget(Target):
 
     def routable_tables(self) -> set[str]:
         """The tables whose engine the sink commits atomically (clickhouse_engines.py); the others are left
-        out, each with a warning that says why and what to load instead."""
+        out, each with a warning that says why and what to load instead. Reads and DDL with IF NOT EXISTS
+        only, so a failed attempt is repeated whole."""
+        return self._repeating("start-up checks", self._routable_tables)
+
+    def _routable_tables(self) -> set[str]:
         client = self.client()
         facts = {
             row["name"]: TableFacts.from_row(row)
@@ -251,7 +255,7 @@ class ClickHouseTarget(Target):
     def engine_of(self, table: str) -> str:
         """The table's engine (from routable_tables, or asked now)."""
         if table not in self._engines:
-            self._refusal(table)
+            self._repeating(f"engine check of {table}", lambda: self._refusal(table))
         return self._engines.get(table, "")
 
     def check_loadable(self, table: str) -> None:
@@ -267,7 +271,7 @@ class ClickHouseTarget(Target):
 
     def refusal(self, table: str) -> str | None:
         if table not in self._refusals:
-            self._refusals[table] = self._refusal(table)
+            self._refusals[table] = self._repeating(f"engine check of {table}", lambda: self._refusal(table))
         return self._refusals[table]
 
     def expiry_limits(self) -> list[ExpiryLimit]:
@@ -280,18 +284,22 @@ class ClickHouseTarget(Target):
         self.check_loadable(table)
 
     def table_columns(self, table: str) -> dict[str, str] | None:
-        rows = self.client().query(
+        rows = self._repeating(f"column read of {table}", lambda: self.client().query(
             "SELECT name, type FROM system.columns WHERE database = {db:String} AND table = {t:String} ORDER BY position",
             parameters={"db": self.database, "t": table},
-        ).result_rows
+        ).result_rows)
         return {name: kind for name, kind in rows}
 
     def create_table(self, table: str, schema: pa.Schema) -> None:
         """Create a MergeTree table for an Arrow schema if it is missing (the embedded quick start)."""
         columns = ", ".join(f"{quote(f.name)} {clickhouse_type(f.type, f.nullable)}" for f in schema)
-        client = self.client()
-        client.command(f"CREATE DATABASE IF NOT EXISTS {quote(self.database)}")
-        client.command(f"CREATE TABLE IF NOT EXISTS {self._table(table)} ({columns}) ENGINE = MergeTree ORDER BY tuple()")
+
+        def create() -> None:
+            client = self.client()
+            client.command(f"CREATE DATABASE IF NOT EXISTS {quote(self.database)}")
+            client.command(f"CREATE TABLE IF NOT EXISTS {self._table(table)} ({columns}) ENGINE = MergeTree ORDER BY tuple()")
+
+        self._repeating(f"creation of {table}", create)
 
     def begin(self, table: str, new_ref: NewRef, record_intent: RecordIntent) -> TableTransaction:
         self.check_loadable(table)
@@ -308,22 +316,19 @@ class ClickHouseTarget(Target):
         return self._repeating(f"commit of {committable.label}", lambda: self._commit_once(committable))
 
     def _repeating(self, what: str, step: Callable[[], _T]) -> _T:
-        """`step()`, repeated with backoff after a transport error or an error answer of the server (clickhouse-connect's
-        DatabaseError, OperationalError included); the sink's own errors raise at once."""
+        """`step()`, repeated with the retry policy after a transport error or an error answer of the server
+        (clickhouse-connect's DatabaseError, OperationalError included), each time on a fresh connection; the
+        sink's own errors raise at once. Embedded chdb has no transport: nothing is repeated."""
         from clickhouse_connect.driver.exceptions import DatabaseError
 
-        attempt = 0
-        while True:
-            try:
-                return step()
-            except DatabaseError as error:
-                if self.embedded or attempt >= self.retries:
-                    raise
-                delay = min(self.backoff_max_s, self.backoff_s * (2 ** min(attempt, 16)))
-                attempt += 1
-                log.warning("ClickHouse %s: %s; repeating it in %.1fs (%d of %d)", what, error, delay, attempt, self.retries)
-                self.close()  # a fresh connection for the repeat
-                time.sleep(delay)
+        def repeatable(error: BaseException) -> bool:
+            if not isinstance(error, DatabaseError):
+                return False
+            self.close()
+            return True
+
+        return RetryPolicy(0 if self.embedded else self.retries, self.backoff_s, self.backoff_max_s).run(
+            f"ClickHouse {what}", step, repeatable)
 
     def _commit_once(self, committable: Committable) -> CommitOutcome:
         self._ensure_ledger()
@@ -384,10 +389,10 @@ class ClickHouseTarget(Target):
 
     def staging_tables(self) -> list[str]:
         """Staging tables present now (for tests and the operator's status)."""
-        rows = self.client().query(
+        rows = self._repeating("staging table listing", lambda: self.client().query(
             "SELECT name FROM system.tables WHERE database = {db:String} AND startsWith(name, 'ss_')",
             parameters={"db": self.database},
-        ).result_rows
+        ).result_rows)
         return sorted(r[0] for r in rows if _LABEL_SHAPE.fullmatch(r[0]))
 
     def leftover_transactions(self, label_prefix: str) -> list[str]:
@@ -938,9 +943,29 @@ class _StagingTransaction(TableTransaction):
                 # A Replacing/Summing/Collapsing... staging table would fold rows of equal keys in a background
                 # merge before prepare counts them; the target's own merges apply once the rows are moved.
                 target.client().command(f"SYSTEM STOP MERGES {target._table(ref.label)}")
-        target.client().insert_arrow(quote(self._ref.label), chunk, database=target.database)
+        target._repeating(f"insert into {self._ref.label}", lambda: self._insert(chunk))
         self._rows += chunk.num_rows
         self._bytes += chunk.nbytes
+
+    def _insert(self, chunk: pa.Table) -> None:
+        """One insert into the staging table, which only this writer writes: after an error its row count
+        tells whether the insert landed (done), did not (raised again, so it is repeated), or neither."""
+        from clickhouse_connect.driver.exceptions import DatabaseError
+
+        target, label = self._target, self._ref.label if self._ref else ""
+        try:
+            target.client().insert_arrow(quote(label), chunk, database=target.database)
+        except DatabaseError:
+            target.close()
+            landed = target._repeating(f"row count of {label}", lambda: target.count_rows(label))
+            if landed == self._rows + chunk.num_rows:
+                return
+            if landed != self._rows:
+                raise TargetError(
+                    f"staging table {label} holds {landed} rows after an insert whose answer was lost; "
+                    f"{self._rows} or {self._rows + chunk.num_rows} were expected"
+                ) from None
+            raise
 
     def _refuse_nulls_where_defaults_would_land(self, chunk: pa.Table) -> None:
         """ClickHouse stores a NULL sent to a column that is not Nullable (Array, Map and Tuple columns never
@@ -959,7 +984,8 @@ class _StagingTransaction(TableTransaction):
     def prepare(self) -> list[PreparedPart]:
         if self._ref is None:
             return []
-        counted = self._target.count_rows(self._ref.label)
+        label = self._ref.label
+        counted = self._target._repeating(f"row count of {label}", lambda: self._target.count_rows(label))
         if counted != self._rows:
             raise TargetError(
                 f"staging table {self._ref.label} holds {counted} rows but {self._rows} were written; "

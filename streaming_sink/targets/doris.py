@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import logging
 import re
-import time
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping
 
@@ -35,11 +34,12 @@ from ..committable import Committable, TxnRef
 from .encoding import (
     ArrowFormat, CsvFormat, JsonFormat, WireFormat, columns_header, encode_chunks, header_safe,
 )
-from ..http import AuthenticationError, HttpError, HttpResponse, api_path, excerpt
+from ..http import AuthenticationError, HttpConnectionError, HttpError, HttpResponse, HttpStatusError, api_path, excerpt
+from ..retry import RetryPolicy, wait
 from .stream_load import FORGOTTEN_LABELS, SharedOptions, StreamLoadTarget, option_values
 from .base import (
     CommitOutcome, CommittedNotChosenError, ConfigurationError, ExpiryLimit, NewRef, PreparedPart, RecordIntent,
-    TableTransaction, TargetError,
+    TableTransaction, TargetError, TransactionLimitError,
 )
 
 log = logging.getLogger(__name__)
@@ -57,7 +57,9 @@ _NO_LABEL_2PC = re.compile(r"No transaction id selected|convert txn_id \[\] fail
 # Transient refusals that a later attempt may pass: the write-lock timeout (docs/protocol.md, Doris: commit
 # and abort) and the running-txn limit (docs/protocol.md, Doris: timeouts and label retention; D-DTM).
 _RETRYABLE_2PC = re.compile(r"write lock timeout", re.IGNORECASE)
-_RETRYABLE_LOAD = re.compile(r"current running txns on db|too many running txns|write lock timeout", re.IGNORECASE)
+_RETRYABLE_LOAD = re.compile(r"write lock timeout", re.IGNORECASE)
+# A load past max_running_txn_num_per_db (D-DTM): not retried, since the batch's own pre-committed txns hold the slots.
+_RUNNING_LIMIT = re.compile(r"current running txns on db|too many running txns", re.IGNORECASE)
 
 _RESERVED_HEADERS = frozenset(
     {"label", "two_phase_commit", "format", "columns", "column_separator", "line_delimiter", "row_delimiter",
@@ -145,6 +147,7 @@ class _Answer:
 
     status: str
     msg: str
+    unclear: bool = False  # no answer, yet the request may have reached the server and been acted on
 
     @property
     def ok(self) -> bool:
@@ -183,6 +186,7 @@ class DorisTarget(StreamLoadTarget):
 
         `get_load_state` is the one read-only call of the load protocol that checks all three.
         """
+        self.require_plain_http_consent()
         try:
             response = self.http.request(
                 "GET", api_path(self.database, "get_load_state"), params={"label": _LOAD_STATE_PROBE_LABEL}, idempotent=True
@@ -252,7 +256,7 @@ class DorisTarget(StreamLoadTarget):
 
         path = api_path(ref.database, ref.table, "_stream_load")
         resolutions = 0
-        busy = 0
+        pauses = self.retry.pauses()
         while True:
             answer = self._put(path, headers, body, what=f"stream load of label {ref.label}")
             status = str(answer.get("Status", ""))
@@ -264,9 +268,11 @@ class DorisTarget(StreamLoadTarget):
                 self._free_label(ref, answer)
                 continue
             message = str(answer.get("Message", ""))
-            if status == "Fail" and _RETRYABLE_LOAD.search(message) and busy < self.options.retries:
-                self._pause(busy, f"stream load of label {ref.label}: {message}")
-                busy += 1
+            if _RUNNING_LIMIT.search(message):
+                raise TransactionLimitError(self._load_failure(ref, answer))
+            pause = next(pauses, None) if status == "Fail" and _RETRYABLE_LOAD.search(message) else None
+            if pause is not None:
+                wait(pause, f"Doris stream load of label {ref.label}: {message}")
                 continue
             raise TargetError(self._load_failure(ref, answer))
 
@@ -365,9 +371,20 @@ class DorisTarget(StreamLoadTarget):
         if committable.txn_id is None:
             raise TargetError(f"committable {committable.label} has no Doris txn id; it cannot be committed")
         txn_id = int(committable.txn_id)
-        attempt = 0
+        pauses = self.retry.pauses()
+        unclear = False  # a commit this call sent may have landed without our hearing of it
         while True:
-            answer = self._two_pc(committable.database, "commit", txn_id=txn_id)
+            answer = self._two_pc(committable.database, "commit", txn_id=txn_id, repeat_unclear=False)
+            unclear = unclear or answer.unclear
+            pause = next(pauses, None) if answer.unclear or _RETRYABLE_2PC.search(answer.msg) else None
+            if pause is not None:
+                wait(pause, f"commit of Doris txn {txn_id}: {answer.msg}")
+                continue
+            if answer.unclear:
+                raise TargetError(
+                    f"commit of Doris txn {txn_id} (label {committable.label}) got no answer: {answer.msg}. The batch "
+                    "stays pre-committed and the next run commits it; check the FE"
+                )
             if answer.ok or _ALREADY_COMMITTED.search(answer.msg):
                 return CommitOutcome.COMMITTED
             if _ALREADY_ABORTED.search(answer.msg):
@@ -375,21 +392,18 @@ class DorisTarget(StreamLoadTarget):
                             txn_id, committable.label, answer.msg)
                 return CommitOutcome.ABORTED
             if _TXN_NOT_FOUND.search(answer.msg):
-                return self._resolve_not_found(committable, answer)
-            if _RETRYABLE_2PC.search(answer.msg) and attempt < self.options.retries:
-                self._pause(attempt, f"commit of Doris txn {txn_id}: {answer.msg}")
-                attempt += 1
-                continue
+                return self._resolve_not_found(committable, answer, unclear)
             raise TargetError(
                 f"Doris refused to commit txn {txn_id} (label {committable.label}, table "
                 f"{committable.database}.{committable.table}): status {answer.status!r}, msg {answer.msg!r}"
             )
 
-    def _resolve_not_found(self, committable: Committable, answer: _Answer) -> CommitOutcome:
+    def _resolve_not_found(self, committable: Committable, answer: _Answer, unclear: bool) -> CommitOutcome:
         """The FE forgot the txn (label history passed): the label's state is the last witness.
 
         An ABORTED label does not make the forgotten txn ABORTED: a forgotten label may be used again
-        (the empty-load abort probe does so), and then the state speaks of that newer txn.
+        (the empty-load abort probe does so), and then the state speaks of that newer txn. `unclear`: a
+        commit this call sent may have landed before the FE forgot the txn (LOST_AFTER_SEND).
         """
         state = self.load_state(committable.database, committable.label)
         if state in ("COMMITTED", "VISIBLE"):
@@ -402,7 +416,7 @@ class DorisTarget(StreamLoadTarget):
                 "committed cannot be told here: the coordinator decides.",
                 committable.txn_id, committable.label, answer.msg, state,
             )
-            return CommitOutcome.LOST
+            return CommitOutcome.LOST_AFTER_SEND if unclear else CommitOutcome.LOST
         raise TargetError(
             f"Doris says txn {committable.txn_id} is not found but its label {committable.label} is {state}; "
             "refusing to guess whether it holds this committable's data"
@@ -475,7 +489,10 @@ class DorisTarget(StreamLoadTarget):
 
     # -- plumbing --------------------------------------------------------------------------------
 
-    def _two_pc(self, database: str, operation: str, txn_id: int | None = None, label: str | None = None) -> _Answer:
+    def _two_pc(self, database: str, operation: str, txn_id: int | None = None, label: str | None = None,
+                repeat_unclear: bool = True) -> _Answer:
+        """One `_stream_load_2pc` request. `repeat_unclear=False`: a request that may have been acted on without
+        an answer is not repeated here but answered `unclear`, so the caller knows it may have landed."""
         headers = {"Expect": "100-continue", "txn_operation": operation}
         if txn_id is not None:
             headers["txn_id"] = str(txn_id)
@@ -483,8 +500,14 @@ class DorisTarget(StreamLoadTarget):
             headers["label"] = label
         what = f"{operation} of Doris " + (f"txn {txn_id}" if txn_id is not None else f"label {label}")
         try:
-            response = self.http.request("PUT", api_path(database, "_stream_load_2pc"), headers=headers, idempotent=True)
+            response = self.http.request("PUT", api_path(database, "_stream_load_2pc"), headers=headers,
+                                         idempotent=repeat_unclear)
             body = response.json()
+        except (HttpConnectionError, HttpStatusError) as error:
+            server_error = isinstance(error, HttpStatusError) and error.response is not None and error.response.status >= 500
+            if repeat_unclear or not (server_error or isinstance(error, HttpConnectionError) and error.maybe_applied):
+                raise TargetError(f"{what} got no usable answer: {error}") from error
+            return _Answer("", str(error), unclear=True)
         except HttpError as error:
             raise TargetError(f"{what} got no usable answer: {error}") from error
         if not isinstance(body, dict) or "status" not in body:
@@ -502,10 +525,10 @@ class DorisTarget(StreamLoadTarget):
             raise TargetError(f"Doris {what}: unexpected answer {excerpt(str(answer), 300)!r}")
         return answer
 
-    def _pause(self, attempt: int, why: str) -> None:
-        delay = min(8.0, self.options.backoff_s * (2**attempt))
-        log.warning("Doris: retrying in %.2fs: %s", delay, why)
-        time.sleep(delay)
+    @property
+    def retry(self) -> RetryPolicy:
+        """How often a write-lock timeout or a commit whose answer was lost is tried again (the client's own policy)."""
+        return self.http.retry
 
 
 class _DorisTransaction(TableTransaction):

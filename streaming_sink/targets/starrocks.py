@@ -21,7 +21,6 @@ Wire facts (paths, headers, answers, label states): docs/protocol.md, the "StarR
 from __future__ import annotations
 
 import logging
-import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -32,10 +31,11 @@ from .encoding import (
     DEFAULT_CHUNK_BYTES, CsvFormat, JsonFormat, WireFormat, columns_header, encode_chunks, header_safe,
 )
 from ..http import AuthenticationError, HttpConnectionError, HttpError, HttpResponse, api_path
+from ..retry import RetryPolicy, wait
 from .stream_load import FORGOTTEN_LABELS, SharedOptions, StreamLoadTarget, option_values
 from .base import (
     CommitOutcome, CommittedNotChosenError, ConfigurationError, ExpiryLimit, NewRef, PreparedPart, RecordIntent,
-    TableTransaction, TargetError,
+    TableTransaction, TargetError, TransactionLimitError,
 )
 
 log = logging.getLogger(__name__)
@@ -56,12 +56,12 @@ _MANAGED_HEADERS = frozenset(
      "transaction_type", "strict_mode"}
 )
 _PROBE_LABEL = "streaming_sink_connectivity_probe"
+# How the FE refuses a begin past max_running_txn_num_per_db (docs/protocol.md, StarRocks: concurrency and limits).
+_RUNNING_LIMIT = "current running txns on db"
 DEFAULT_PREPARED_TIMEOUT_S = 86400.0  # FE prepared_transaction_default_timeout_second (docs/protocol.md, StarRocks: timeouts)
 DEFAULT_LABEL_KEEP_S = 259200.0  # FE label_keep_max_second (docs/protocol.md, StarRocks: label retention)
-# Newer FEs also forget the oldest finished labels of a database once it holds more transactions
-# than this (docs/protocol.md, StarRocks: label retention, marks the setting UNCONFIRMED; the source
-# read counts running + finished ones against label_keep_max_num, default 1000, in
-# DatabaseTransactionMgr.removeExpiredTxns).
+# The FE also forgets the oldest finished labels of a database once it holds more transactions, running and
+# finished together, than label_keep_max_num (docs/protocol.md, StarRocks: label retention; every release since 2.0/2.1).
 DEFAULT_LABEL_KEEP_NUM = 1000
 
 
@@ -152,14 +152,16 @@ class StarRocksTarget(StreamLoadTarget):
     # -- Target protocol -------------------------------------------------------------------------
 
     def routable_tables(self) -> set[str] | None:
-        """Checks that the FE answers, the credentials work and the database exists; returns `tables`."""
+        """Checks that an https FE may redirect to plain http, that the FE answers, the credentials work and the
+        database exists; returns `tables`."""
+        self.require_plain_http_consent()
         self.load_state(_PROBE_LABEL)
         return set(self.options.tables) if self.options.tables is not None else None
 
     def expiry_limits(self) -> list[ExpiryLimit]:
         """Server defaults unless configured: PREPARED lives `prepared_timeout` (FE default 86400 s); a
-        finished label is remembered `label_keep_max_second` (FE default 3 days), and on newer FEs only
-        while the database holds at most DEFAULT_LABEL_KEEP_NUM transactions."""
+        finished label is remembered `label_keep_max_second` (FE default 3 days), and only while the
+        database holds at most DEFAULT_LABEL_KEEP_NUM transactions, running ones included."""
         prepared = self.options.prepared_timeout or DEFAULT_PREPARED_TIMEOUT_S
         return [
             ExpiryLimit(
@@ -170,9 +172,9 @@ class StarRocksTarget(StreamLoadTarget):
             ),
             ExpiryLimit(
                 "label history (FE default)", DEFAULT_LABEL_KEEP_S, DEFAULT_LABEL_KEEP_NUM,
-                note=FORGOTTEN_LABELS + "raise label_keep_max_second on the FE, or keep outages short. Newer FEs also forget the "
+                note=FORGOTTEN_LABELS + "raise label_keep_max_second on the FE, or keep outages short. The FE also forgets the "
                      "oldest labels once running + finished transactions in the database exceed label_keep_max_num "
-                     "(1000 by default in the source read; which releases do this is unconfirmed): raise it too",
+                     "(1000 by default): raise it too",
             ),
         ]
 
@@ -197,11 +199,13 @@ class StarRocksTarget(StreamLoadTarget):
         headers = self._headers(label, table)
         if self.options.publish_timeout is not None:
             headers["timeout"] = str(int(self.options.publish_timeout))
-        attempts = 0
+        attempts, pauses = 0, self.busy_retry.pauses()
+        unclear = False  # a commit this call sent may have landed without our hearing of it
         while True:
             answer = self._call("commit", headers)
             if answer.ok:
                 return CommitOutcome.COMMITTED
+            unclear = unclear or answer.unclear
             state, reason = self.load_state(label)
             if state in _DONE:
                 log.info("commit of %s answered %s, but the label is %s: committed", label, answer.brief, state)
@@ -213,18 +217,21 @@ class StarRocksTarget(StreamLoadTarget):
             if state == UNKNOWN:
                 log.warning(
                     "commit of %s answered %s; the label is unknown to the server: it never began, or it finished and "
-                    "was forgotten (label_keep_max_second, 3 days by default, or a count limit on newer FEs). "
-                    "Whether it was committed cannot be told here: the coordinator decides", label, answer.brief,
+                    "was forgotten (label_keep_max_second, 3 days by default, or more than label_keep_max_num "
+                    "transactions, 1000 by default, in the database)%s. Whether it was committed cannot be told here: "
+                    "the coordinator decides", label, answer.brief,
+                    "; a commit of it this call sent may have landed just before" if unclear else "",
                 )
-                return CommitOutcome.LOST
+                return CommitOutcome.LOST_AFTER_SEND if unclear else CommitOutcome.LOST
             attempts += 1  # PREPARED (write-lock timeout, routing miss) or PREPARE: commit again
-            if attempts > self.options.busy_retries:
+            pause = next(pauses, None)
+            if pause is None:
                 raise TargetError(
                     f"StarRocks commit of label {label} (table {self.database}.{table}) still fails after "
                     f"{attempts} attempts; last answer {answer.brief}, label state {state}. The batch stays "
                     "PREPARED and the next run commits it; check the FE (write-lock contention, publish delays)."
                 )
-            self._backoff(attempts, f"commit of {label}: {answer.brief}, label {state}")
+            wait(pause, f"StarRocks commit of {label}: {answer.brief}, label {state}")
 
     def abort(self, ref: TxnRef) -> None:
         """Roll back; harmless when the label never began or is already aborted; loud if it was committed."""
@@ -304,10 +311,10 @@ class StarRocksTarget(StreamLoadTarget):
             return _Answer.failed("HTTP_ERROR", str(error), applied=True)
         return _Answer.parse_rest("_cancel", response)
 
-    def _backoff(self, attempt: int, why: str) -> None:
-        delay = min(self.options.backoff_max_s, self.options.backoff_s * (2 ** min(attempt, 16)))
-        log.info("StarRocks: %s; retrying in %.2fs", why, delay)
-        time.sleep(delay)
+    @property
+    def busy_retry(self) -> RetryPolicy:
+        """How often a busy label, a write-lock timeout or an FE routing miss is tried again."""
+        return RetryPolicy(self.options.busy_retries, self.options.backoff_s, self.options.backoff_max_s)
 
 
 @dataclass(frozen=True)
@@ -322,6 +329,11 @@ class _Answer:
     @property
     def ok(self) -> bool:
         return self.status == "OK"
+
+    @property
+    def unclear(self) -> bool:
+        """No answer from the server, yet the request may have reached it and been acted on."""
+        return self.status in ("CONNECTION", "HTTP_ERROR") and self.applied
 
     @property
     def brief(self) -> str:
@@ -388,7 +400,7 @@ class _StarRocksTransaction(TableTransaction):
         headers = target._headers(ref.label, ref.table)
         if target.options.prepared_timeout is not None:
             headers["prepared_timeout"] = str(int(target.options.prepared_timeout))
-        attempts = 0
+        pauses = target.busy_retry.pauses()
         while True:
             answer = self._retry_busy("prepare", headers)
             if answer.ok:
@@ -399,13 +411,13 @@ class _StarRocksTransaction(TableTransaction):
             state, reason = target.load_state(ref.label)
             if state == PREPARED:
                 break
-            attempts += 1
             lost_context = answer.status == "TXN_NOT_EXISTS"  # PREPARE on the FE, unknown to the BE: BE restart
-            if state != PREPARE or lost_context or attempts > target.options.busy_retries:
+            pause = None if state != PREPARE or lost_context else next(pauses, None)
+            if pause is None:
                 raise TargetError(self._failure("prepare", answer, state, reason))
             # the request did not get through: preparing again is safe (a prepare still running
             # answers TXN_IN_PROCESSING, a finished one TXN_NOT_EXISTS while the label is PREPARED)
-            target._backoff(attempts, f"prepare of {ref.label}: {answer.brief}, label still PREPARE")
+            wait(pause, f"StarRocks prepare of {ref.label}: {answer.brief}, label still PREPARE")
         txn_id = answer.body.get("TxnId", self._txn_id)
         part = PreparedPart(ref, None if txn_id is None else str(txn_id), self._rows, self._bytes)
         part.filtered_rows, part.unselected_rows = self._rejected  # the sink counts them as accounted for, not lost
@@ -424,7 +436,7 @@ class _StarRocksTransaction(TableTransaction):
         self._ref = ref
         headers = target._headers(ref.label, ref.table)
         headers["timeout"] = str(int(target.options.timeout))
-        attempts = 0
+        pauses = target.busy_retry.pauses()
         while True:
             answer = target._call("begin", headers)
             if answer.ok:
@@ -437,10 +449,12 @@ class _StarRocksTransaction(TableTransaction):
             if state == PREPARE:
                 log.info("begin of %s answered %s, but the label is PREPARE: it is ours, going on", ref.label, answer.brief)
                 return
-            attempts += 1
-            if answer.status == "LABEL_ALREADY_EXISTS" or state not in _GONE or attempts > target.options.busy_retries:
+            pause = None if answer.status == "LABEL_ALREADY_EXISTS" or state not in _GONE else next(pauses, None)
+            if pause is None:
                 break
-            target._backoff(attempts, f"begin of {ref.label}: {answer.brief}")  # nothing exists: begin again
+            wait(pause, f"StarRocks begin of {ref.label}: {answer.brief}")  # nothing exists: begin again
+        if _RUNNING_LIMIT in answer.message:
+            raise TransactionLimitError(self._begin_failure(answer))
         raise TargetError(self._begin_failure(answer))
 
     def _load(self, piece: bytes) -> None:
@@ -462,18 +476,18 @@ class _StarRocksTransaction(TableTransaction):
     def _retry_busy(self, op: str, headers: dict[str, str], body: bytes | None = None, retry_fe_miss: bool = False) -> _Answer:
         """TXN_IN_PROCESSING (another request holds the label) and FE routing misses did nothing: retry."""
         target = self._target
-        attempt = 0
+        pauses = target.busy_retry.pauses()
         while True:
             answer = target._call(op, headers, body)
             busy = answer.status == "TXN_IN_PROCESSING"
             fe_miss = retry_fe_miss and answer.status == "FAILED" and "Can't find the transaction" in answer.message
             never_sent = answer.status == "CONNECTION" and not answer.applied
-            if not (busy or fe_miss or never_sent) or attempt >= target.options.busy_retries:
+            pause = next(pauses, None) if busy or fe_miss or never_sent else None
+            if pause is None:
                 return answer
             if fe_miss and target.load_state(headers["label"])[0] != PREPARE:
                 return answer  # the transaction really is gone (timed out, aborted)
-            target._backoff(attempt, f"{op} of {headers['label']}: {answer.brief}")
-            attempt += 1
+            wait(pause, f"StarRocks {op} of {headers['label']}: {answer.brief}")
 
     def _check_counts(self, answer: _Answer) -> None:
         body = answer.body
@@ -515,11 +529,8 @@ class _StarRocksTransaction(TableTransaction):
                 f"StarRocks begin for {where} failed: {answer.brief}. Create the table (the sink never creates "
                 "StarRocks tables) or fix the routing."
             )
-        if "running txns" in text:
-            return (
-                f"StarRocks begin for {where} failed: {answer.brief}. Too many open transactions: lower the "
-                "number of Spark partitions, or raise max_running_txn_num_per_db on the FE."
-            )
+        if _RUNNING_LIMIT in answer.message:
+            return f"StarRocks begin for {where} (label {label}) was refused: {answer.brief}"
         return f"StarRocks begin for {where} (label {label}) failed: {answer.brief}" + self._hint(answer)
 
     def _failure(self, op: str, answer: _Answer, state: str, reason: str) -> str:

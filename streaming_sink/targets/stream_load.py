@@ -35,6 +35,9 @@ class SharedOptions:
     commit_parallelism: int = 8
     verify: bool = True  # https: check the server's certificate
     ca_bundle: str | None = None  # https: a PEM file of the CAs to trust instead of the system's
+    # https: consent to the FE's redirect to a plain-http BE, which then gets credentials and data unencrypted;
+    # StarRocks FEs redirect only that way (docs/protocol.md, Common: redirects)
+    allow_plain_http_redirect: bool = False
 
 
 class StreamLoadTarget(Target):
@@ -56,8 +59,13 @@ class StreamLoadTarget(Target):
         if not database:
             raise ConfigurationError(f"{name}: database must not be empty")
         self.options = self.options_class.parse(options)
+        if not isinstance(self.options.allow_plain_http_redirect, bool):  # a string "false" must not mean yes
+            raise ConfigurationError(
+                f"{name}: allow_plain_http_redirect must be true or false, got {self.options.allow_plain_http_redirect!r}"
+            )
         try:
             self.http = HttpClient(fe_url, user, password, verify=self.options.ca_bundle or self.options.verify,
+                                   allow_plain_redirect=self.options.allow_plain_http_redirect,
                                    **self.http_settings())
         except ValueError as error:
             raise ConfigurationError(f"{name} fe_url: {error}") from None
@@ -75,6 +83,26 @@ class StreamLoadTarget(Target):
 
     def _started(self) -> None:
         """Per-target state, once the options and the client exist."""
+
+    def require_plain_http_consent(self) -> None:
+        """At start, before any data moves: both products' FEs redirect every load to a BE over plain http
+        (docs/protocol.md, Common: redirects), so an https fe_url could never load without
+        `allow_plain_http_redirect`; it is refused here in one line, not mid-load."""
+        if self.http.uses_https and not self.options.allow_plain_http_redirect:
+            raise ConfigurationError(
+                f"{type(self).__name__} fe_url {self.fe_url} is https, but the FE redirects every load to a BE over "
+                "plain http: set the target option "
+                "allow_plain_http_redirect = true to accept that hop (credentials and data cross it unencrypted), "
+                "or give fe_url as http"
+            )
+
+    def plain_http_hop(self) -> str | None:
+        """For the doctor: what `allow_plain_http_redirect` lets through with an https fe_url, else None."""
+        if not (self.http.uses_https and self.options.allow_plain_http_redirect):
+            return None
+        return ("fe_url is https and allow_plain_http_redirect is on: a load the FE redirects to a BE over plain http "
+                "(StarRocks FEs always do) carries the credentials and data unencrypted over that hop; keep the BEs on "
+                "a trusted network")
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.fe_url!r}, database={self.database!r}, user={self.user!r})"

@@ -12,6 +12,7 @@ import itertools
 import json
 import os
 import socket
+import ssl
 import threading
 import traceback
 import uuid
@@ -52,13 +53,18 @@ class BaseEmulator:
         self.fe_port = 0
         self.be_port = 0
         self.error_logs: dict[str, list[str]] = {}
+        self._fe_tls: Optional[ssl.SSLContext] = None
+        #: request-body bytes each listener received: read as a body, or drained unread after an early
+        #: answer (then chunk framing included); a client that sends bodies to the BE only leaves "fe" at 0
+        self.body_bytes: dict[str, int] = {"fe": 0, "be": 0}
+        self._count_lock = threading.Lock()
 
     # -- lifecycle ---------------------------------------------------------------------------
 
     def start(self) -> "BaseEmulator":
         if self._fe is not None:
             return self
-        self._fe = Listener(self.fe_port, self, "fe")
+        self._fe = Listener(self.fe_port, self, "fe", tls=self._fe_tls)
         self._be = Listener(self.be_port, self, "be")
         self.fe_port = self._fe.server_address[1]
         self.be_port = self._be.server_address[1]
@@ -112,6 +118,14 @@ class BaseEmulator:
         self.stop()
         self.store.close()
 
+    def serve_fe_over_tls(self, certfile: str, keyfile: str) -> "BaseEmulator":
+        """Serve the FE over https (call before ``start``). The BE stays plain http and the FE's 307s
+        keep ``http://`` Locations, as a real StarRocks FE's do (SR-RBA; docs/protocol.md, Common: redirects)."""
+        context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        context.load_cert_chain(certfile, keyfile)
+        self._fe_tls = context
+        return self
+
     def __enter__(self) -> "BaseEmulator":
         return self.start()
 
@@ -127,7 +141,11 @@ class BaseEmulator:
 
     @property
     def fe_url(self) -> str:
-        return f"http://127.0.0.1:{self.fe_port}"
+        return f"{'https' if self._fe_tls is not None else 'http'}://127.0.0.1:{self.fe_port}"
+
+    def _count_body(self, role: str, size: int) -> None:
+        with self._count_lock:
+            self.body_bytes[role] = self.body_bytes.get(role, 0) + size
 
     @property
     def be_url(self) -> str:
@@ -307,8 +325,9 @@ class BaseEmulator:
             with self.lock:
                 self._expire_label(call.db, call.label)
         resp = self.route(role, req, call)
-        if (resp.status != 307 and call.op == "commit"
-                and self.faults.drop_connection_after_commit.take(call) is not None):
+        if resp.status != 307 and (  # a redirect acts on nothing: the hop that acts loses its answer
+                self.faults.drop_connection_after.take(call) is not None
+                or (call.op == "commit" and self.faults.drop_connection_after_commit.take(call) is not None)):
             return Response.dropped()
         slow = self.faults.slow_response.take(call)
         if slow is not None:
@@ -347,16 +366,18 @@ class BaseEmulator:
         if close:
             h.close_connection = True
         if unread:
-            self._linger(h)
+            self._linger(h, req.role)
 
-    @staticmethod
-    def _linger(h: RequestHandler) -> None:
-        """Half-close, then drain what the client still sends, so it reads our answer, not RST."""
+    def _linger(self, h: RequestHandler, role: str) -> None:
+        """Half-close, then drain (and count) what the client still sends, so it reads our answer, not RST."""
         try:
             h.connection.shutdown(socket.SHUT_WR)
             h.connection.settimeout(2.0)
-            while h.rfile.read1(65536):
-                pass
+            while True:
+                drained = h.rfile.read1(65536)
+                if not drained:
+                    break
+                self._count_body(role, len(drained))
         except (OSError, ValueError):
             pass
 

@@ -71,7 +71,11 @@ class DorisProfile:
     label_num_threshold: Optional[int] = None
     stream_load_default_precommit_timeout_second: int = 3600  # doris-flink #510
     stream_load_default_timeout_second: Optional[int] = None  # 600 in 1.1, 259200 from 1.2
-    max_running_txn_num_per_db: int = 1000                    # D-DTM Config (100/1000/10000)
+    # Running transactions per database, PRECOMMITTED ones included, past which a load is refused
+    # (D-DTM `checkRunningTxnExceedLimit`; Config.max_running_txn_num_per_db). None: the version's
+    # default: 100 in the 2.0/2.1-era Config.java, 1000 in 3.x, 10000 in the newest (4.x); the
+    # releases where it changed are UNCONFIRMED.
+    max_running_txn_num_per_db: Optional[int] = None
     two_pc_error_status: Optional[str] = None   # FE-side 2PC failures; derived when None
     internal_error_status: Optional[str] = None  # BE-side 2PC failures; derived when None
 
@@ -81,6 +85,8 @@ class DorisProfile:
             self.stream_load_default_timeout_second = 259200 if v >= (1, 2) else 600
         if self.label_num_threshold is None:
             self.label_num_threshold = 2000 if v >= (2, 0) else -1
+        if self.max_running_txn_num_per_db is None:
+            self.max_running_txn_num_per_db = 10000 if v >= (4, 0) else 1000 if v >= (3, 0) else 100
         if self.two_pc_error_status is None:
             # Doris: commit and abort: "Fail" (docs/1.x and the 2.0-era PR #20647 example), ANALYSIS_ERROR in 2.x
             # BE Status::to_json. Which 2.x minor switched is UNCONFIRMED; 2.1 is assumed.

@@ -108,6 +108,7 @@ GENERIC_KNOBS: dict[str, str] = {
     "drop_connection_before": "close the socket without acting or answering",
     "http_5xx": "answer HTTP `status` (default 503) without acting",
     "slow_response": "act, then delay the answer by `seconds` (default 1) on an Event",
+    "drop_connection_after": "act on any request, then close the socket without an answer",
     "drop_connection_after_commit": "apply a commit, then close the socket without an answer",
     "expire_prepared": "time out the label's prepared/pre-committed txn before handling",
 }

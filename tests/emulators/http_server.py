@@ -1,15 +1,17 @@
 """The HTTP plumbing under both emulators: parsed requests, answers, and the threaded FE / BE listeners.
 
 Written on ``http.server`` so the emulators need only the stdlib. It does what the clients of a real FE and
-BE can observe: a body read lazily so a 307 never waits for it, ``100 Continue`` only when the body is
-wanted, chunked bodies, dropped connections, and the redirect whose Location keeps path and query byte for
-byte (docs/protocol.md, "Common: redirects"). What a request means is for ``BaseEmulator`` to say.
+BE can observe: a body read lazily so a 307 never waits for it, ``100 Continue`` from the BE only and only
+when the body is wanted (the FE never sends one), chunked bodies, dropped connections, an optional TLS FE,
+and the redirect whose Location keeps path and query byte for byte and is always ``http://``
+(docs/protocol.md, "Common: redirects"). What a request means is for ``BaseEmulator`` to say.
 """
 from __future__ import annotations
 
 import base64
 import json
 import socket
+import ssl
 import threading
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -58,9 +60,14 @@ class Request:
         return self._body is not None or not self.has_body
 
     def body(self) -> bytes:
-        """Read the body, sending ``100 Continue`` first when the client asked for it."""
+        """Read the body, sending ``100 Continue`` first when the client asked for it and this is a BE.
+
+        The FE never sends one: the StarRocks FE's HTTP aggregator answers ``newContinueResponse`` with
+        null, and both FEs answer data requests with a 307 without reading the body (docs/protocol.md,
+        Common: redirects). The bytes read are counted per role (``BaseEmulator.body_bytes``).
+        """
         if self._body is None:
-            if self.expect_continue:
+            if self.expect_continue and self.role != "fe":
                 self._h.wfile.write(b"HTTP/1.1 100 Continue\r\n\r\n")
                 self._h.wfile.flush()
             rfile = self._h.rfile
@@ -80,6 +87,7 @@ class Request:
                 self._body = b"".join(parts)
             else:
                 self._body = rfile.read(self.content_length) if self.content_length else b""
+            self._h.server.emulator._count_body(self.role, len(self._body))
         return self._body
 
     def basic_auth(self) -> Optional[tuple[str, str]]:
@@ -158,12 +166,29 @@ class Listener(ThreadingHTTPServer):
     daemon_threads = True
     allow_reuse_address = True
 
-    def __init__(self, port: int, emulator: "BaseEmulator", role: str) -> None:
+    def __init__(self, port: int, emulator: "BaseEmulator", role: str,
+                 tls: Optional[ssl.SSLContext] = None) -> None:
         self.emulator = emulator
         self.role = role
+        self.tls = tls  # serve https with this context (the FE only: BEs serve Stream Load over http)
         self._conns: set[socket.socket] = set()
         self._conns_lock = threading.Lock()
         super().__init__(("127.0.0.1", port), RequestHandler)
+
+    def finish_request(self, request: Any, client_address: Any) -> None:
+        """With TLS, the handshake happens here, in the connection's own thread, so a client that stalls
+        or refuses the certificate never blocks the accepting loop."""
+        if self.tls is None:
+            super().finish_request(request, client_address)
+            return
+        try:
+            wrapped = self.tls.wrap_socket(request, server_side=True)
+        except (ssl.SSLError, OSError):
+            return  # e.g. a client that does not trust the certificate: it sees the handshake fail
+        try:
+            super().finish_request(wrapped, client_address)
+        finally:
+            wrapped.close()
 
     def track(self, conn: socket.socket, add: bool) -> None:
         with self._conns_lock:
@@ -185,7 +210,8 @@ def redirect(req: Request, be_port: int, close: bool = False) -> Response:
 
     Like the servers (which build the URI with an empty query then append the original query),
     the Location always carries the ``?`` and keeps path and query byte for byte; it never
-    carries credentials, so clients must re-send ``Authorization`` themselves.
+    carries credentials, so clients must re-send ``Authorization`` themselves. Its scheme is
+    ``http`` even from a TLS FE, as the StarRocks FE builds it (``new URI("http", …)``, SR-RBA).
     """
     location = f"http://127.0.0.1:{be_port}{req.path}?{req.query_string}"
     return Response(status=307, headers={"Location": location}, close=close)

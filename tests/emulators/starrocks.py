@@ -77,15 +77,11 @@ class StarRocksProfile:
 
     version: str = "3.5.4"
     label_keep_max_second: float = 259200            # SR-CFG, 3 days
-    # Label eviction by count: newer FEs also evict finished txns by count, under a setting whose
-    # name is UNCONFIRMED (docs/protocol.md, StarRocks: label retention). This knob is the
-    # emulator's own name for it. In
-    # one StarRocks source read (fe/.../transaction/DatabaseTransactionMgr.java, a
-    # StarRocksException-era version), `removeExpiredTxns` forgets the oldest finished txns of a
-    # database while its running + finished txns exceed Config.label_keep_max_num (default 1000,
-    # documented "for load jobs managed by LoadManager"); the release that added it is UNCONFIRMED,
-    # so it is off (None) unless a test sets it.
-    finished_label_limit: Optional[int] = None
+    # Label eviction by count (docs/protocol.md, StarRocks: label retention): while a database holds
+    # more transactions, running plus finished, than label_keep_max_num, the FE forgets its oldest
+    # finished ones whatever their age (SR-DTM `removeExpiredTxns`, `getTransactionNum`; StarRocks
+    # PR #2414, in every release since 2.0/2.1). On at the server's default; None turns it off.
+    label_keep_max_num: Optional[int] = 1000                # SR-CFG
     stream_load_default_timeout_second: int = 600    # SR-CFG (StarRocks: timeouts)
     max_stream_load_timeout_second: int = 259200     # StarRocks: timeouts (which max: UNCONFIRMED)
     prepared_transaction_default_timeout_second: int = 86400  # SR-T-prepared_timeout
@@ -169,9 +165,9 @@ class StarRocksEmulator(BaseEmulator):
 
     def _tick_extra(self, now: float) -> None:
         """BE cleaner: idle timeout (SR-BE-TM ``_clean_stream_context``; only if set on begin);
-        FE: label eviction by count (``finished_label_limit``, see the profile)."""
-        if self.profile.finished_label_limit is not None:
-            self._evict_beyond_count(self.profile.finished_label_limit, count_running=True)
+        FE: label eviction by count (``label_keep_max_num``, see the profile)."""
+        if self.profile.label_keep_max_num is not None:
+            self._evict_beyond_count(self.profile.label_keep_max_num, count_running=True)
         for ctx in list(self._contexts.values()):
             if ctx.idle_timeout_s > 0 and now - ctx.last_active > ctx.idle_timeout_s:
                 if ctx.lock.acquire(blocking=False):

@@ -414,10 +414,10 @@ def test_label_retention_then_unknown_and_reusable(sr: StarRocksEmulator) -> Non
     assert sr.visible_rows(DB, TABLE) == [(1, "a")]  # eviction forgets the label, not the data
 
 
-def test_finished_label_limit_forgets_the_oldest_finished_labels(tmp_path: Any) -> None:
+def test_label_keep_max_num_forgets_the_oldest_finished_labels(tmp_path: Any) -> None:
     """A.4: newer FEs also evict finished txns by count (setting name UNCONFIRMED; the source read
     uses label_keep_max_num over running + finished txns of the database, see the profile)."""
-    with StarRocksEmulator(tmp_path, finished_label_limit=3) as emu:
+    with StarRocksEmulator(tmp_path, label_keep_max_num=3) as emu:
         emu.create_table(DB, TABLE, [("id", "INT"), ("name", "VARCHAR(20)")])
         emu.create_table("other", TABLE, [("id", "INT"), ("name", "VARCHAR(20)")])
         for op, body in (("begin", b""), ("load", b"9,z\n"), ("commit", b"")):

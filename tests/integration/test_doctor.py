@@ -60,6 +60,18 @@ def test_a_label_count_limit_is_a_warning_and_age_limits_are_judged_against_the_
     assert label.verdict == "WARN" and "1000 newer transactions" in label.detail and "label_keep_max_num" in label.detail
 
 
+def test_the_label_history_the_job_can_rely_on_counts_its_largest_batch():
+    """StarRocks keeps the newest 1000 transactions of a database, running ones included: a batch of 300 leaves room
+    for 700 others to finish before its labels are forgotten; a batch of 1200 forgets its own labels as it commits."""
+    limits = StarRocksTarget().expiry_limits()
+    fits = {c.name: c for c in expiry_checks(limits, 3600, largest_batch=300)}["timeout label history (FE default)"]
+    assert fits.verdict == "WARN" and "largest batch so far held 300 transactions" in fits.detail
+    assert "while fewer than 700 other transactions finish in the database" in fits.detail
+    larger = {c.name: c for c in expiry_checks(limits, 3600, largest_batch=1200)}["timeout label history (FE default)"]
+    assert larger.verdict == "FAIL" and "more than the server remembers" in larger.detail
+    assert "section 'Replay ambiguous: a committed label was forgotten'" in larger.detail
+
+
 def test_doctor_verdicts(tmp_path, kafka_broker, new_topic):
     topic = new_topic(partitions=1)
     with open_target(tmp_path / "ch", DB) as target:

@@ -247,6 +247,29 @@ def test_a_committed_txn_evicted_by_2000_newer_finished_loads_is_lost(emu: Doris
     assert len(emu.visible_rows(DB, "orders")) == 3
 
 
+def test_a_commit_whose_answer_was_lost_and_whose_txn_was_evicted_before_the_retry_is_lost_after_send(
+        tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The commit landed, its answer was lost, and other loaders finished enough loads while the target
+    waited to retry that the FE forgot the txn: "not found" then says nothing about whether it committed,
+    so the outcome is LOST_AFTER_SEND (never replayed), not LOST (replayed: a duplicate)."""
+    with DorisEmulator(tmp_path / "d", label_num_threshold=2) as emu:
+        emu.create_table(DB, "orders", COLUMNS)
+        emu.create_table(DB, "payments", COLUMNS)
+        target = make_target(emu)
+        committable = prepared(emu, target)
+        pauses: list[object] = []
+
+        def others_finish_meanwhile(*why: object) -> None:  # whichever pause comes before the repeat
+            pauses.append(why)
+            other_jobs_finish_loads(emu, 2, first=len(pauses) * 10)
+
+        monkeypatch.setattr("streaming_sink.retry.sleep", others_finish_meanwhile)
+        emu.faults.drop_connection_after_commit.arm(op="commit")
+        assert target.commit(committable) is CommitOutcome.LOST_AFTER_SEND
+        assert emu.faults.drop_connection_after_commit.fired == 1 and len(pauses) == 1
+        assert len(emu.visible_rows(DB, "orders")) == 3  # it did land
+
+
 def test_not_found_with_a_newer_aborted_txn_under_the_label_is_lost_not_aborted(emu: DorisEmulator) -> None:
     """Once a committed txn is forgotten its label can be used again: the empty-load probe that aborts
     labels on servers before 2.1 does exactly that. The label then says ABORTED about another txn,

@@ -11,6 +11,7 @@ from typing import Any, Callable, Iterator
 import pytest
 
 from streaming_sink import http as http_module
+from streaming_sink import retry as retry_module
 from streaming_sink.http import (
     AuthenticationError, HttpClient, HttpConnectionError, HttpProtocolError, HttpStatusError,
 )
@@ -77,6 +78,46 @@ def drop(handler: BaseHTTPRequestHandler) -> None:
     handler.connection.shutdown(socket.SHUT_RDWR)
 
 
+class EarlyAnswer:
+    """An FE as the StarRocks and Doris ones behave: never sends `100 Continue`, answers at once from the
+    headers without reading the body, then counts the body bytes that still arrive (docs/protocol.md,
+    Common: redirects)."""
+
+    def __init__(self, status: int, headers: dict[str, str]) -> None:
+        self.received: list[int] = []  # body bytes that arrived, per request
+        early = self
+
+        class _Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+            def handle_expect_100(self) -> bool:
+                return True  # no `100 Continue`, ever
+
+            def _any(self) -> None:
+                self.close_connection = True
+                answer(self, status, b"", {**headers, "Connection": "close"})
+                self.wfile.flush()
+                self.connection.shutdown(socket.SHUT_WR)
+                received = 0
+                while chunk := self.rfile.read1(65536):  # until the client closes
+                    received += len(chunk)
+                early.received.append(received)
+
+            do_PUT = do_POST = _any
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
+        self.server.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, kwargs={"poll_interval": 0.02}, daemon=True).start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
 @pytest.fixture
 def servers() -> Iterator[Callable[[Callable], Recorder]]:
     made: list[Recorder] = []
@@ -93,7 +134,7 @@ def servers() -> Iterator[Callable[[Callable], Recorder]]:
 @pytest.fixture(autouse=True)
 def no_sleep(monkeypatch: pytest.MonkeyPatch) -> list[float]:
     slept: list[float] = []
-    monkeypatch.setattr(http_module, "sleep", slept.append)  # this module's pauses only, not the process's
+    monkeypatch.setattr(retry_module, "sleep", slept.append)  # the sink's pauses only, not the process's
     return slept
 
 
@@ -129,13 +170,97 @@ def test_redirect_loops_and_https_downgrades_are_refused(servers, monkeypatch) -
     with pytest.raises(HttpProtocolError, match="more than 2 redirects"):
         HttpClient(looping.url, max_redirects=2).request("GET", "/")
 
-    class FakeResponse:
-        status_code, headers, content = 307, {"Location": "http://be:8040/x"}, b""
-
     client = HttpClient("https://fe:8030", "root", "pw")
-    monkeypatch.setattr(client, "_send", lambda *args: FakeResponse())
-    with pytest.raises(HttpProtocolError, match="refusing to send credentials from https to plain http"):
+    monkeypatch.setattr(client, "_send", lambda *args: http_module._Reply(307, b"", {"Location": "http://be:8040/x"}))
+    with pytest.raises(HttpProtocolError, match="refusing to send credentials from https to plain http.*allow_plain_http_redirect"):
         client.request("POST", "/x")
+
+
+def test_an_allowed_plain_http_redirect_from_https_is_followed(tmp_path, servers) -> None:
+    """The StarRocks FE redirects to `http://` even when it serves https (SR-RBA): with consent, the hop is made."""
+    import ssl
+
+    ca, cert, key = issue_certificates(tmp_path)
+    be = servers(lambda h, n: answer(h, 200, b'{"Status": "OK"}'))
+    fe = servers(lambda h, n: answer(h, 307, b"", {"Location": f"{be.url}/api/transaction/load?"}))
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(cert, key)
+    fe.server.socket = context.wrap_socket(fe.server.socket, server_side=True)
+    url = fe.url.replace("http://", "https://")
+    with pytest.raises(HttpProtocolError, match="from https to plain http"):
+        HttpClient(url, "root", "pw", verify=ca).request("PUT", "/api/transaction/load", body=b"1,a\n")
+    assert be.requests == []
+    with pytest.raises(HttpConnectionError, match="CERTIFICATE_VERIFY_FAILED") as caught:
+        HttpClient(url, retries=0, allow_plain_redirect=True).request("PUT", "/api/transaction/load", body=b"1,a\n")
+    assert caught.value.maybe_applied is False and be.requests == []  # the certificate is checked for bodies too
+    client = HttpClient(url, "root", "pw", verify=ca, allow_plain_redirect=True)
+    assert client.request("PUT", "/api/transaction/load", body=b"1,a\n").json() == {"Status": "OK"}
+    assert be.requests[0]["body"] == b"1,a\n" and be.requests[0]["headers"]["Authorization"] == AUTH
+
+
+@pytest.mark.parametrize("streamed", [False, True])
+def test_a_body_is_not_uploaded_to_a_server_that_answers_before_asking_for_it(servers, streamed) -> None:
+    """`Expect: 100-continue` is honoured: the FE's 307 comes before any body byte is sent, and the body
+    goes to the BE only, which asks for it with `100 Continue`."""
+    be = servers(lambda h, n: answer(h, 200, b'{"Status": "OK"}'))
+    fe = EarlyAnswer(307, {"Location": f"{be.url}/api/transaction/load?"})
+    made: list[int] = []
+    payload = b"x" * (3 * 1024 * 1024)
+
+    def body() -> Iterator[bytes]:
+        made.append(1)
+        yield payload[: len(payload) // 2]
+        yield payload[len(payload) // 2:]
+
+    try:
+        client = HttpClient(fe.url, "root", "pw", continue_timeout=30)  # the 307 must not wait for the timeout
+        response = client.request("PUT", "/api/transaction/load", headers={"label": "L"}, body=body if streamed else payload)
+    finally:
+        fe.close()
+    assert response.json() == {"Status": "OK"} and response.redirects == (f"{fe.url}/api/transaction/load",)
+    assert fe.received == [0]  # not a byte of the body went to the FE
+    (hop,) = be.requests
+    assert hop["body"] == payload and hop["headers"]["Expect"] == "100-continue"
+    assert made == ([1] if streamed else [])  # a streamed body is made only for the hop that sends it
+
+
+def test_a_body_goes_after_the_continue_timeout_to_a_server_that_never_asks(servers) -> None:
+    """A server that wants the body but never sends `100 Continue` still gets it, once the wait runs out."""
+    seen: list[bytes] = []
+
+    class Silent(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+        def handle_expect_100(self) -> bool:
+            return True
+
+        def do_PUT(self) -> None:
+            seen.append(self.rfile.read(int(self.headers["Content-Length"])))
+            answer(self, 200, b'{"ok": 1}')
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Silent)
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.02}, daemon=True).start()
+    try:
+        client = HttpClient(f"http://127.0.0.1:{server.server_address[1]}", continue_timeout=0.2)
+        assert client.request("PUT", "/load", body=b"1,a\n").json() == {"ok": 1}
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert seen == [b"1,a\n"]
+
+
+def test_an_error_answered_before_the_body_is_returned_without_sending_it(servers) -> None:
+    fe = EarlyAnswer(401, {"WWW-Authenticate": 'Basic realm=""'})
+    try:
+        with pytest.raises(AuthenticationError, match="HTTP 401"):
+            HttpClient(fe.url, "root", "bad").request("PUT", "/api/transaction/load", body=b"1,a\n" * 1000)
+    finally:
+        fe.close()
+    assert fe.received == [0]
 
 
 @pytest.mark.parametrize("status", [301, 302, 303])

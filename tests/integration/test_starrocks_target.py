@@ -230,8 +230,8 @@ def test_a_committed_label_forgotten_after_label_keep_max_second_is_lost_not_com
 
 
 def test_a_committed_label_evicted_by_count_is_lost_not_committed(tmp_path) -> None:
-    """A.4: newer FEs also forget finished labels by count (see the emulator's finished_label_limit)."""
-    with StarRocksEmulator(tmp_path / "sr", password=PASSWORD, finished_label_limit=3) as emu:
+    """A.4: newer FEs also forget finished labels by count (the emulator's label_keep_max_num)."""
+    with StarRocksEmulator(tmp_path / "sr", password=PASSWORD, label_keep_max_num=3) as emu:
         emu.create_table(DB, TABLE, [("id", "INT"), ("name", "VARCHAR(32)")])
         target = make_target(emu)
         committable = Writer(target).write(*ROWS).prepare()
@@ -241,6 +241,22 @@ def test_a_committed_label_evicted_by_count_is_lost_not_committed(tmp_path) -> N
             assert target.commit(other) is CommitOutcome.COMMITTED
         assert target.load_state("L1")[0] == "UNKNOWN"
         assert target.commit(committable) is CommitOutcome.LOST
+
+
+def test_a_commit_whose_answer_was_lost_and_whose_label_was_evicted_since_is_lost_after_send(tmp_path) -> None:
+    """label_keep_max_num counts running transactions too: a batch larger than it forgets its own labels
+    while it commits. A commit that landed, whose answer was lost, reads UNKNOWN at once: it may be committed,
+    so it is LOST_AFTER_SEND (never replayed), not LOST (replayed: a duplicate)."""
+    with StarRocksEmulator(tmp_path / "sr", password=PASSWORD, label_keep_max_num=2) as emu:
+        emu.create_table(DB, TABLE, [("id", "INT"), ("name", "VARCHAR(32)")])
+        target = make_target(emu)
+        batch = [Writer(target, label=f"L{n}").write((n, "x")).prepare() for n in range(3)]  # 3 running > 2
+        emu.faults.drop_connection_after_commit.arm(op="commit", label="L0", role="fe")
+        assert target.commit(batch[0]) is CommitOutcome.LOST_AFTER_SEND
+        assert emu.faults.drop_connection_after_commit.fired == 1
+        assert emu.visible_rows(DB, TABLE) == [(0, "x")]  # it did land
+        assert [target.commit(c) for c in batch[1:]] == [CommitOutcome.COMMITTED] * 2
+        assert target.commit(batch[0]) is CommitOutcome.LOST  # a later call that sent nothing unclear
 
 
 def test_an_evicted_label_the_terminal_state_cache_calls_aborted_is_aborted(tmp_path) -> None:
@@ -455,7 +471,7 @@ def test_expiry_limits_report_what_recovery_depends_on() -> None:
     assert (limits["prepared transactions"].seconds, limits["prepared transactions"].count) == (86400.0, None)
     label = limits["label history (FE default)"]
     assert (label.seconds, label.count) == (259200.0, 1000)  # 3 days, and newer FEs' count limit
-    assert "label_keep_max_num" in label.note and "unconfirmed" in label.note
+    assert "label_keep_max_num" in label.note and "1000 by default" in label.note and "unconfirmed" not in label.note
     configured = {limit.what: limit.seconds for limit in StarRocksTarget(prepared_timeout=600).expiry_limits()}
     assert configured["prepared transactions"] == 600.0
 

@@ -84,6 +84,27 @@ def replay_lost_after_commit_sent() -> contextlib.AbstractContextManager:
     return _patched(Recovery, "commit_pending", replaying_commit_pending)
 
 
+def lost_after_send_taken_as_lost() -> contextlib.AbstractContextManager:
+    """I8 broken: a label the server forgot right after a commit whose answer was lost is taken as never
+    committed (LOST on its first send proves that only when the server answered that send)."""
+    commit_pending = Recovery.commit_pending
+
+    class _AfterSendIsLost(_LostIsAborted):
+        def commit(self, committable):
+            outcome = self._target.commit(committable)
+            return CommitOutcome.LOST if outcome is CommitOutcome.LOST_AFTER_SEND else outcome
+
+    def trusting_commit_pending(self, record, on_commit=None):
+        target = self.target
+        self.target = _AfterSendIsLost(target)
+        try:
+            return commit_pending(self, record, on_commit)
+        finally:
+            self.target = target
+
+    return _patched(Recovery, "commit_pending", trusting_commit_pending)
+
+
 def prepared_batch_rolled_back() -> contextlib.AbstractContextManager:
     """I2 broken: a restart that finds a PREPARED record aborts its uncommitted transactions first (their
     commits then answer ABORTED and they are loaded again: the rows arrive, so only the I2 check sees it)."""

@@ -77,10 +77,13 @@ class FakeOlapServer:
         txn_timeout: float = 600.0,  # running and prepared transactions abort after this
         label_keep_seconds: float = 3 * 86400.0,  # finished labels are forgotten after this
         label_keep_count: int | None = None,  # and beyond this many finished labels (Doris label_num_threshold)
+        # StarRocks label_keep_max_num: running transactions count against label_keep_count too
+        keep_count_includes_running: bool = False,
     ) -> None:
         self.tables = list(tables)
         self.clock = clock
         self.txn_timeout, self.label_keep_seconds, self.label_keep_count = txn_timeout, label_keep_seconds, label_keep_count
+        self.keep_count_includes_running = keep_count_includes_running
         self.txns: dict[str, Txn] = {}
         self.forgotten: dict[str, Txn] = {}  # what the server no longer knows, kept for the checker only
         self.visible: dict[str, list[tuple[int, str]]] = {t: [] for t in tables}  # (row id, label)
@@ -103,9 +106,12 @@ class FakeOlapServer:
                 txn.state, txn.finished_at, txn.why = TxnState.ABORTED, started + self.txn_timeout, "expired"
         finished = sorted((t for t in self.txns.values() if t.finished_at is not None), key=lambda t: t.finished_at)
         drop = [t for t in finished if now - t.finished_at > self.label_keep_seconds]
-        if self.label_keep_count is not None and len(finished) - len(drop) > self.label_keep_count:
+        if self.label_keep_count is not None:
             kept = [t for t in finished if t not in drop]
-            drop += kept[: len(kept) - self.label_keep_count]
+            room = self.label_keep_count
+            if self.keep_count_includes_running:
+                room -= sum(1 for t in self.txns.values() if t.state in OPEN)
+            drop += kept[: max(len(kept) - max(room, 0), 0)]
         for txn in drop:
             self.forgotten[txn.label] = self.txns.pop(txn.label)
 
@@ -246,8 +252,8 @@ class FakeTarget(Target):
                     return CommitOutcome.COMMITTED
                 if state == TxnState.ABORTED.value:
                     return CommitOutcome.ABORTED
-                if state == "UNKNOWN":
-                    return CommitOutcome.LOST
+                if state == "UNKNOWN":  # the lost commit may have landed, and the label been forgotten since
+                    return CommitOutcome.LOST_AFTER_SEND
                 # still PREPARED: the commit did not get through; send it again
         raise TargetError(f"commit of {label} kept timing out")
 

@@ -255,6 +255,9 @@ class Config:
     # lost (never with a store loss: the two together are beyond what the job can detect). None: drawn.
     checkpoint_faults: bool | None = None
     renumber: bool = True  # a re-run may number the batch's partitions differently
+    # The server's label memory by count, running transactions included (StarRocks label_keep_max_num); None: drawn.
+    label_memory: int | None = None
+    fault_kinds: tuple[str, ...] = FAULT_KINDS  # the kinds the planned faults are drawn from
 
 
 @dataclass
@@ -283,7 +286,11 @@ class Simulation:
         rng = self.rng
         self.clock = SimClock()
         keep_count = rng.choice([None, None, 4, 12]) if config.downtime else None
-        self.server = FakeOlapServer(TABLES, self.clock, TXN_TIMEOUT, LABEL_KEEP, keep_count)
+        # drawn apart from the schedule's own stream (below), so a seed's schedule does not depend on it
+        counts_running = random.Random(f"keep-running-{seed}").random() < 0.5
+        if config.label_memory is not None:
+            keep_count, counts_running = config.label_memory, True
+        self.server = FakeOlapServer(TABLES, self.clock, TXN_TIMEOUT, LABEL_KEEP, keep_count, counts_running)
         per_flush = rng.random() < 0.5 if config.per_flush is None else config.per_flush
         # drawn apart from the schedule's own stream, so a seed's schedule does not depend on it
         lists = random.Random(f"lists-{seed}").random() < 0.5 if config.lists_leftovers is None else config.lists_leftovers
@@ -295,7 +302,7 @@ class Simulation:
         self.checkpoint = checkpoint
         self.sched = Scheduler(rng, max_steps=20000)
         nfaults = rng.randint(0, 4) if config.faults is None else config.faults
-        self.faults = Faults({rng.randint(1, 400): rng.choice(FAULT_KINDS) for _ in range(nfaults)})
+        self.faults = Faults({rng.randint(1, 400): rng.choice(config.fault_kinds) for _ in range(nfaults)})
         self.flush_bytes = rng.choice([1, 64, 1 << 20])  # 1: one flush per Arrow batch
         self.trace: list[str] = []
         self.violations: list[str] = []

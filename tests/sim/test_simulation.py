@@ -104,6 +104,27 @@ def test_a_label_lost_on_its_first_send_is_replayed_after_a_cut_short_replay(see
     assert not outcome.violations and outcome.stopped is None, outcome.describe()
 
 
+def test_a_commit_that_landed_unheard_and_was_evicted_by_count_stops_rather_than_replays() -> None:
+    """Issue 23: StarRocks counts running transactions against its label memory (label_keep_max_num), so a batch
+    larger than it forgets its own labels while it commits. Here a commit lands, its answer is lost, and the label
+    is gone when the target asks: the job stops (ReplayAmbiguousError) instead of replaying it. Before
+    LOST_AFTER_SEND the target called it LOST, the first-send rule took that as proof of no commit, and the
+    batch's row arrived twice."""
+    outcome = run_schedule(647)
+    assert any("timeout-after at server.commit" in line for line in outcome.trace), "no lost commit answer: pick another seed"
+    assert not outcome.violations and outcome.stopped == "ReplayAmbiguousError", outcome.describe()
+
+
+def test_a_label_lost_on_its_first_send_is_kept_when_the_commit_phase_fails_after_it() -> None:
+    """Issue 23: outcomes are recorded as they arrive. Here a commit answers LOST on its first send (proof that it
+    never committed), then the phase fails on a store timeout before its end; the next driver must not stop on that
+    label. Before, the proof was written only at the phase's end, so it was lost, and the job stopped needlessly
+    (ReplayAmbiguousError)."""
+    outcome = run_schedule(32, Config(label_memory=2, fault_kinds=("timeout-after",), faults=4))
+    assert outcome.proved, "the schedule no longer answers LOST on a first send: pick another seed"
+    assert not outcome.violations and outcome.stopped is None, outcome.describe()
+
+
 def test_a_replanned_batch_stops_and_ends_exact_after_restore_offsets() -> None:
     """Review F2: the checkpoint is restored from a snapshot after a crash and Spark plans batch 2, PREPARED in the
     journal, with another range; the job stops (SourceReplannedError, nothing sent), the operator runs

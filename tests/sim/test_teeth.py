@@ -39,10 +39,16 @@ RACED_COMMITS = Config(commit_parallelism=4, operators=2, operator_actions=("rec
 RACED_ABORTS = Config(operators=3, operator_actions=("abort",))
 
 
+# A commit answer lost after it landed, the label forgotten at once: a label memory (running transactions
+# counted, as StarRocks does) smaller than a batch, and lost answers as the only faults.
+LABEL_MEMORY = Config(label_memory=2, fault_kinds=("timeout-after",), faults=4)
+
+
 @pytest.mark.parametrize("variant, expected, config", [
     (broken.commit_before_prepared_record, "I1", None),
     (broken.abort_without_epoch_check, "I5", None),
     (broken.replay_lost_after_commit_sent, "duplicate rows", None),
+    (broken.lost_after_send_taken_as_lost, "duplicate rows", LABEL_MEMORY),
     (broken.prepared_batch_rolled_back, "I2", None),
     (broken.labels_without_attempt, "I4", None),
     (broken.no_recheck_after_begin, "I3", UNLISTED),
