@@ -158,6 +158,7 @@ def test_load_side_faults_and_a_be_restart_are_survived_exactly(tmp_path, kafka_
     pipeline.verify_all()
 
 
+@pytest.mark.extended  # CI: the same faults on every request in test_fault_sweep.py, without Spark
 def test_commit_side_faults_and_an_emulator_restart_are_survived_exactly(tmp_path, kafka_broker, target, emulator):
     faults = emulator.faults
     faults.write_lock_timeout.arm(times=3)

@@ -49,7 +49,9 @@ def target(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[CrashTarg
 
 #: Runs whose proof CI already has from a sibling (the same target with another store or seed, the same store with
 #: another target): in the extended suite (`scripts/test.sh --extended`), to keep CI within its time.
-EXTENDED = {"clickhouse-redis", "clickhouse-23", "clickhouse-http-23", "starrocks-29"}
+# The Doris and ClickHouse-over-HTTP chains: CI keeps the StarRocks emulator's chain with Redis, the embedded ClickHouse
+# chain, the Doris random kills and the HTTP target's own crash tests (test_exactly_once_clickhouse_http.py).
+EXTENDED = {"clickhouse-redis", "clickhouse-23", "clickhouse-http-23", "starrocks-29", "doris-redis", "clickhouse-http-redis"}
 
 
 def _cases(pairs: list[tuple], ids: list[str]) -> list:

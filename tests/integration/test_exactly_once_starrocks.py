@@ -22,7 +22,7 @@ import pytest
 from devstack.pipeline import DB, TABLES
 from streaming_sink.committable import BatchState
 from tests.emulators.starrocks import StarRocksEmulator
-from tests.integration.starrocks_harness import DIE_AFTER_PREPARE, TWIN, StarRocksCrashTarget
+from tests.integration.starrocks_harness import DIE_AFTER_PREPARE, PASSWORD, TWIN, StarRocksCrashTarget
 
 pytestmark = pytest.mark.slow
 
@@ -37,6 +37,7 @@ def emulator(target: StarRocksCrashTarget) -> StarRocksEmulator:
     return target.emulator
 
 
+@pytest.mark.extended  # CI: the same faults on every request in test_fault_sweep.py, without Spark
 def test_commit_faults_resolve_through_the_label_state(tmp_path, kafka_broker, redis_server, target, emulator):
     """publish timeout (FAILED, yet committed), write-lock timeout (stays PREPARED), an answer lost
     after the commit applied, a 5xx: each commit ends COMMITTED exactly once."""
@@ -52,6 +53,7 @@ def test_commit_faults_resolve_through_the_label_state(tmp_path, kafka_broker, r
         assert getattr(faults, knob).fired >= 1, f"knob {knob} never fired"
 
 
+@pytest.mark.extended  # CI: the same faults on every request in test_fault_sweep.py, without Spark
 def test_data_phase_faults_are_retried_or_fail_the_task(tmp_path, kafka_broker, redis_server, target, emulator):
     """Busy labels, FE routing misses, connections cut before the server acts, 5xx, a slow prepare
     whose answer comes after the client gave up, a BE restart that loses every open transaction:
@@ -166,3 +168,27 @@ def test_a_state_store_wiped_mid_commit_stops_the_job_loudly_and_loads_nothing_t
     assert "StateStoreLostError" in log and "the checkpoint says batch 2" in log and "was PREPARED" in log, log[-3000:]
     for table, rows in visible.items():
         assert scenario.adapter.rows(DB, table) == rows, f"{table} changed after the store was wiped"
+
+
+class _SmallLabelMemory(StarRocksCrashTarget):
+    """label_keep_max_num 4 (running and finished counted, as StarRocks does): each batch (2 tables x 3 writers = 6
+    transactions) is larger than the server's label memory, so it forgets its own first labels while it commits."""
+
+    @classmethod
+    def new_emulator(cls, root):
+        return StarRocksEmulator(root / "starrocks", password=PASSWORD, label_keep_max_num=4)
+
+
+@pytest.mark.extended  # CI: the simulation's schedules with a label memory smaller than a batch (tests/sim)
+def test_a_kill_in_the_commit_phase_of_a_batch_larger_than_the_label_memory_ends_exact(tmp_path, kafka_broker, redis_server):
+    """The driver dies after the first commit of batch 2 is recorded done; by the restart the server has forgotten
+    that label (4 transactions kept, 6 in the batch). The restart commits the rest (still PREPARED, so remembered)
+    and skips the one recorded done: exact, not a duplicate and not a stop."""
+    with _SmallLabelMemory.started(tmp_path) as target:
+        scenario = target.pipeline(tmp_path, kafka_broker, redis_server.url, options={"commit_parallelism": 1})
+        assert scenario.run_driver(crash_at=f"after-first-commit@{CRASH_BATCH}", run=0) == -signal.SIGKILL
+        record, _, _ = scenario.batch_state(CRASH_BATCH)
+        forgotten = {t["label"] for t in target.emulator.transactions(DB) if t["evicted"]}
+        assert forgotten & {c.label for c in record.committables}, "no label of the batch was forgotten: nothing proved"
+        scenario.run_to_completion(first_run=1)
+        scenario.verify()
