@@ -16,6 +16,7 @@ Doris:
   (txn_operation commit/abort by txn_id or label); answers `{"Status": "Success", ...}` / `{"status": ...}`.
   A load whose Arrow body cannot be read answers `{"Status": "Fail", ...}`.
 Both:
+  A request with `Expect: 100-continue` gets `100 Continue` before its body is read, as a BE answers it.
   GET /api/{db}/get_load_state?label=L answers in both shapes at once (StarRocks reads `status`/`state`,
   Doris `code`/`data`).
   GET /api/{db}/{table}/_schema answers, in Doris' envelope (which streaming_sink/targets/table_schema.py
@@ -157,6 +158,9 @@ class _Handler(socketserver.StreamRequestHandler):
                 name, _, value = header.decode("latin-1").partition(":")
                 headers[name.strip().lower()] = value.strip()
             request = _Request(method, target, headers)
+            if request.header("expect").lower() == "100-continue":  # as the BEs' HTTP server (libevent) does
+                self.wfile.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+                self.wfile.flush()
             delimiter = _row_delimiter(request)
             size, rows = self._read_body(request, delimiter)
             status, body = self.server.protocol.answer(request, size, rows)

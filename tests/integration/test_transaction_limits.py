@@ -73,7 +73,6 @@ def refused_then_fits(emu: BaseEmulator, target: Target, too_many: int, fits: in
                       monkeypatch: pytest.MonkeyPatch) -> None:
     pauses: list[object] = []
     monkeypatch.setattr("streaming_sink.retry.sleep", pauses.append)
-    monkeypatch.setattr("time.sleep", pauses.append)
     store = MemoryStateStore()
     sink = ExactlyOnceSink(target, store, JOB, table_column="__table", runner=InMemoryRunner())
     with pytest.raises(TransactionLimitError) as refused:
