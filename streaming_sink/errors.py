@@ -2,7 +2,9 @@
 
     StreamingSinkError
     ├── ConfigurationError (ValueError)      a mistake found before any data moved (KafkaUnreachableError)
-    ├── TargetError (RuntimeError)           the target refused in a way retrying will not fix (targets/base.py)
+    ├── TargetError (RuntimeError)           the target refused in a way retrying will not fix (targets/base.py);
+    │                                        TransactionLimitError: a batch holds more open transactions than the
+    │                                        server allows
     ├── HttpError (RuntimeError)             an HTTP exchange failed (http.py)
     ├── StateStoreError (RuntimeError)       the journal could not be read or written; FencedError: another
     │                                        driver holds the job; StateStoreLostError (state/base.py);

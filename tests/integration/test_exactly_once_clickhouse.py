@@ -19,6 +19,7 @@ pytestmark = pytest.mark.slow
 CRASH_BATCH = 2
 
 
+@pytest.mark.extended  # CI: the same loss over HTTP, replayed by the tasks (test_exactly_once_clickhouse_http.py)
 def test_lost_staging_is_replayed_from_the_rerun_batch(tmp_path, kafka_broker):
     """A prepared part that can no longer be committed is loaded again from the re-run batch, exactly."""
     scenario = ClickHouseCrashTarget().pipeline(tmp_path, kafka_broker, f"file://{tmp_path / 'state'}")

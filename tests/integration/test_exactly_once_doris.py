@@ -52,6 +52,7 @@ def redis_url(request) -> str:
 
 # -- precommit expiry and replays -----------------------------------------------------
 
+@pytest.mark.extended  # CI: StarRocks' prepared expiry during an outage (test_exactly_once_starrocks.py), Doris' at target level
 def test_precommit_expiry_during_a_long_outage_is_replayed_exactly(tmp_path, kafka_broker, target, emulator):
     """Driver dies after the commit point; Doris aborts the PRECOMMITTED txns an hour later and the cluster
     restarts; the restarted job finds them "already aborted", reloads them from the re-run batch under fresh

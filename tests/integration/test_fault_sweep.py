@@ -227,12 +227,12 @@ def abort_one(emu: BaseEmulator, target: Any, fault_knob: str, op: str, lose_con
         outcome = f"error: {type(error).__name__}"
     finally:
         emu.faults.release()
-    states = {t["state"] for t in emu.transactions("db") if t["label"] == "abort_me"}
-    if states != {"ABORTED"} or emu.visible_rows("db", TABLES[0]):
-        return f"WRONG: label {states}", knob.fired
     if outcome != "exact":  # an abort that failed is repeated by the next start: it must then succeed
         target.abort(ref)
         outcome = "exact: repeated"
+    states = {t["state"] for t in emu.transactions("db") if t["label"] == "abort_me"}
+    if states != {"ABORTED"} or emu.visible_rows("db", TABLES[0]):
+        return f"WRONG: label {states}", knob.fired
     return outcome, knob.fired
 
 
