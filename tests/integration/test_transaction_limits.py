@@ -18,27 +18,13 @@ from streaming_sink.state import MemoryStateStore
 from streaming_sink.targets.base import Target, TransactionLimitError
 from streaming_sink.targets.doris import DorisTarget
 from streaming_sink.targets.starrocks import StarRocksTarget
-from streaming_sink.writer import PartitionResult, PartitionWriter, WriteContext
 from tests.emulators.base_emulator import BaseEmulator
 from tests.emulators.doris import DorisEmulator
 from tests.emulators.starrocks import StarRocksEmulator
+from tests.integration.test_protocol_findings import InMemoryRunner
 
 DB, JOB, QUERY = "db", "job", "query-1"
 TABLES = [f"t{n}" for n in range(10)]
-
-
-class InMemoryRunner:
-    """One real PartitionWriter per partition, one after the other."""
-
-    def __init__(self) -> None:
-        self.attempt = 0
-
-    def run(self, data: Any, target: Any, router: Any, context: WriteContext, store: Any) -> list[PartitionResult]:
-        results = []
-        for partition, batches in enumerate(data):
-            self.attempt += 1
-            results.append(PartitionWriter(context, target, router, store, partition, self.attempt).add_all(batches))
-        return results
 
 
 def batch(writers: int) -> list[list[pa.RecordBatch]]:
