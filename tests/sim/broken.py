@@ -55,54 +55,44 @@ def abort_without_epoch_check() -> contextlib.AbstractContextManager:
     return _patched(Recovery, "abort_intents", abort_intents)
 
 
-class _LostIsAborted:
-    """A view of the target that reports a forgotten label as a known rollback."""
+class _RewrittenOutcomes:
+    """A view of the target whose commit answers are rewritten (`rewrite`: outcome -> what the sink is told)."""
 
-    def __init__(self, target) -> None:
-        self._target = target
+    def __init__(self, target, rewrite) -> None:
+        self._target, self._rewrite = target, rewrite
 
     def __getattr__(self, name):
         return getattr(self._target, name)
 
     def commit(self, committable):
         outcome = self._target.commit(committable)
-        return CommitOutcome.ABORTED if outcome is CommitOutcome.LOST else outcome
+        return self._rewrite.get(outcome, outcome)
 
 
-def replay_lost_after_commit_sent() -> contextlib.AbstractContextManager:
-    """I8 broken: a label the server forgot is replayed even though its commit was sent."""
+def _commit_phase_told(rewrite) -> contextlib.AbstractContextManager:
+    """`Recovery.commit_pending` sees the target's commit outcomes rewritten."""
     commit_pending = Recovery.commit_pending
 
-    def replaying_commit_pending(self, record, on_commit=None):
+    def misinformed_commit_pending(self, record, on_commit=None):
         target = self.target
-        self.target = _LostIsAborted(target)
+        self.target = _RewrittenOutcomes(target, rewrite)
         try:
             return commit_pending(self, record, on_commit)
         finally:
             self.target = target
 
-    return _patched(Recovery, "commit_pending", replaying_commit_pending)
+    return _patched(Recovery, "commit_pending", misinformed_commit_pending)
+
+
+def replay_lost_after_commit_sent() -> contextlib.AbstractContextManager:
+    """I8 broken: a label the server forgot is replayed even though its commit was sent (told: a known rollback)."""
+    return _commit_phase_told({CommitOutcome.LOST: CommitOutcome.ABORTED})
 
 
 def lost_after_send_taken_as_lost() -> contextlib.AbstractContextManager:
     """I8 broken: a label the server forgot right after a commit whose answer was lost is taken as never
     committed (LOST on its first send proves that only when the server answered that send)."""
-    commit_pending = Recovery.commit_pending
-
-    class _AfterSendIsLost(_LostIsAborted):
-        def commit(self, committable):
-            outcome = self._target.commit(committable)
-            return CommitOutcome.LOST if outcome is CommitOutcome.LOST_AFTER_SEND else outcome
-
-    def trusting_commit_pending(self, record, on_commit=None):
-        target = self.target
-        self.target = _AfterSendIsLost(target)
-        try:
-            return commit_pending(self, record, on_commit)
-        finally:
-            self.target = target
-
-    return _patched(Recovery, "commit_pending", trusting_commit_pending)
+    return _commit_phase_told({CommitOutcome.LOST_AFTER_SEND: CommitOutcome.LOST})
 
 
 def prepared_batch_rolled_back() -> contextlib.AbstractContextManager:
