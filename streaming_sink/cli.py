@@ -33,7 +33,7 @@ from .liveness import SILENT_SECONDS, process_owner, running_driver
 from .recovery import (OperatorActionRefused, Recovery, abort_batch, accept_loss, apply_recovery,
                        check_journal_target, plan_recovery, settle_label, settle_record)
 from .status import job_status, render_status, unknown_job
-from .targets import ConfigurationError, Target, target_from_url
+from .targets import ConfigurationError, Target, target_from_url, url_forms
 
 
 class ExitCode(IntEnum):
@@ -108,8 +108,7 @@ def _add_job_arguments(parser: argparse.ArgumentParser, target: str) -> None:
                                         "redis+sentinel://s1,s2/MASTER or redis+cluster://n1,n2 (docs/state-store.md; "
                                         f"or from --config; a Redis password belongs in {_STATE_ENV})")
     if target == "required":
-        parser.add_argument("--target", help="target URL: chdb:///path, clickhouse://h:8123, starrocks://fe:8030, "
-                                             "doris://fe:8030 (or from --config)")
+        parser.add_argument("--target", help=f"target URL: {url_forms()} (or from --config)")
         parser.add_argument("--database", help="target database (or from --config)")
     elif target == "optional":
         parser.add_argument("--target", help="also list the job's transactions on this target that the journal "

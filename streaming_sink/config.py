@@ -28,7 +28,7 @@ from .config_schema import JobConfig, State, Table
 from .intervals import parse_interval
 from .job_spec import JobSpec
 from .kafka_source import check_options, check_starting_offsets
-from .targets import REGISTRY, ConfigurationError, target_from_url, target_kind, target_option_names
+from .targets import DESCRIPTORS, REGISTRY, ConfigurationError, descriptor_for, embedded_target_url, is_path_url, target_from_url
 
 _SIZE = re.compile(r"^\s*(\d+)\s*(B|KiB|MiB|GiB|KB|MB|GB|k|m|g)?\s*$", re.IGNORECASE)
 _SIZE_UNITS = {"b": 1, "kib": 1024, "mib": 1024 ** 2, "gib": 1024 ** 3, "kb": 1000, "mb": 1000 ** 2, "gb": 1000 ** 3,
@@ -77,7 +77,7 @@ def resolve_config(data: dict[str, Any], base_dir: Path) -> JobSpec:
 
     target = config.target
     embedded = target.url is None
-    target_url = target.url or f"chdb://{data_dir / 'clickhouse'}"
+    target_url = target.url or embedded_target_url(str(data_dir))
     _check_url(target_url, tuple(REGISTRY), "target.url")
     state_url = config.state.url or f"file://{data_dir / 'state'}"
     _check_url(state_url, STORE_SCHEMES, "state.url")
@@ -85,13 +85,14 @@ def resolve_config(data: dict[str, Any], base_dir: Path) -> JobSpec:
     interval = config.trigger.interval
     interval_s = None if interval == "available-now" else parse_interval(interval, "trigger.interval")
     options = dict(target.options)
-    kind = target_kind(target_url)
+    descriptor = descriptor_for(target_url)
     _check_target(target_url, target.database, options)
-    _check_timeouts(kind.trigger_timeouts, options, interval_s)
+    _check_timeouts(descriptor.trigger_timeouts, options, interval_s)
     create_tables = embedded if target.create_tables is None else target.create_tables
-    if create_tables and not kind.creates_tables:
-        raise ConfigurationError(f"target.create_tables: the sink creates tables only in ClickHouse; create them "
-                                 f"in {kind.product} first and remove the key")
+    if create_tables and not descriptor.creates_tables:
+        creators = " and ".join(d.display_name for d in DESCRIPTORS if d.creates_tables)
+        raise ConfigurationError(f"target.create_tables: the sink creates tables only in {creators}; create them "
+                                 f"in {descriptor.product} first and remove the key")
 
     sink = config.sink
     spec = JobSpec(
@@ -225,12 +226,13 @@ def _check_routing(routing: Any, topics: list[str] | None, tables: dict[str, str
 
 def _check_target(url: str, database: str, options: dict[str, Any]) -> None:
     """The target's own options, checked by building it (it connects only when the job starts)."""
-    known = target_option_names(url)
+    descriptor = descriptor_for(url)
+    known = descriptor.option_names
     for key in options:
         if key not in known:
             hint = difflib.get_close_matches(key, sorted(known), n=1)
             raise ConfigurationError(
-                f"unknown key 'target.options.{key}' for {target_kind(url).product}"
+                f"unknown key 'target.options.{key}' for {descriptor.product}"
                 + (f" (did you mean {hint[0]!r}?)" if hint else f"; known: {sorted(known)}"))
     try:
         target_from_url(url, database, options)
@@ -325,19 +327,21 @@ def _check_url(url: str, schemes: tuple[str, ...], key: str) -> None:
 
     parsed = urlparse(url)
     if parsed.scheme not in schemes:
-        hint = " (StarRocks and Doris take the FE's HTTP port, e.g. starrocks://fe-host:8030)" if parsed.scheme == "mysql" else ""
+        hints = [f"{d.display_name} takes {d.scheme_hints[parsed.scheme]}" for d in DESCRIPTORS if parsed.scheme in d.scheme_hints]
+        hint = f" ({'; '.join(hints)})" if hints and key == "target.url" else ""
         raise ConfigurationError(f"{key}: {url!r} must start with one of {', '.join(s + '://' for s in schemes)}{hint}")
     if parsed.username or parsed.password:
         raise ConfigurationError(
             f"{key}: do not write credentials in the file; set STREAMING_SINK_TARGET_USER and STREAMING_SINK_TARGET_PASSWORD"
             if key == "target.url" else f"{key}: do not write credentials in the file; put the whole URL in {STATE_URL_ENV}"
         )
-    if parsed.scheme in ("chdb", "file"):
+    if parsed.scheme == "file" or (key == "target.url" and is_path_url(parsed.scheme)):
         if parsed.netloc not in ("", "localhost") or not parsed.path.startswith("/"):
             raise ConfigurationError(f"{key}: {url!r} needs an absolute path ({parsed.scheme}:///absolute/path)")
-        if parsed.scheme == "chdb" and importlib.util.find_spec("chdb") is None:
+        needed = REGISTRY[parsed.scheme].module_needed(parsed.scheme) if key == "target.url" else None
+        if needed is not None and importlib.util.find_spec(needed.module) is None:
             raise ConfigurationError(
-                f"{key}: {url!r} is ClickHouse embedded in the driver, which needs chdb: "
-                "pip install 'streaming-sink[embedded]' (or give a server's URL)")
+                f"{key}: {url!r} is {needed.what}, which needs {needed.module}: "
+                f"pip install 'streaming-sink[{needed.extra}]' (or give a server's URL)")
     elif not parsed.hostname:
         raise ConfigurationError(f"{key}: {url!r} names no host; write e.g. {parsed.scheme}://host:port")

@@ -76,7 +76,7 @@ class Sink(_Section):
     metrics_host: str = "127.0.0.1"
     accept_empty_state: bool = False
     driver_fetch: Annotated[Literal["stream", "partitions"], msgspec.Meta(
-        description='embedded ClickHouse: "stream" computes every partition at once (faster, the driver JVM may hold '
+        description='an engine embedded in the driver: "stream" computes every partition at once (faster, the driver JVM may hold '
                     'the whole batch); "partitions" one at a time (two held)')] = "stream"
 
 

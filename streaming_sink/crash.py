@@ -19,11 +19,15 @@ POINTS = (
     "after-committed-record",  # COMMITTED record written, Spark's commit log not: re-run changes nothing
 )
 
-# Points inside one target's commit. A target does not know the batch, so these take no @<batch>: the first
-# commit that reaches the point kills the driver.
-TARGET_POINTS = (
-    "clickhouse-after-insert",  # ClickHouse commit_mode insert: INSERTs done, ledger not marked committed: the re-run inserts nothing twice
-)
+# Points inside one target's commit, declared by the target's module (`target_point`). A target does not know
+# the batch, so these take no @<batch>: the first commit that reaches the point kills the driver.
+TARGET_POINTS: set[str] = set()
+
+
+def target_point(name: str) -> str:
+    """Declare a crash point inside a target's own protocol; returns the name for the target to pass to `crash_point`."""
+    TARGET_POINTS.add(name)
+    return name
 
 
 def crash_point(name: str, batch_id: int) -> None:
@@ -32,8 +36,9 @@ def crash_point(name: str, batch_id: int) -> None:
     if not wanted:
         return
     point, _, batch = wanted.partition("@")
-    if point not in POINTS + TARGET_POINTS:
-        raise ValueError(f"{ENV}={wanted!r}: unknown point; known: {', '.join(POINTS + TARGET_POINTS)}")
+    known = (*POINTS, *sorted(TARGET_POINTS))
+    if point not in known:
+        raise ValueError(f"{ENV}={wanted!r}: unknown point; known: {', '.join(known)}")
     if point == name and (not batch or int(batch) == batch_id):
         jvm = _local_spark_jvm_pid()
         if jvm is not None:

@@ -15,9 +15,8 @@ from .state import open_store
 from .frame import check_columns, resolve_tables, table_schemas
 from .job_spec import JobSpec
 from .kafka_source import probe
-from .targets import target_from_url
+from .targets import descriptor_for, target_from_url
 from .targets.base import ExpiryLimit
-from .targets.stream_load import StreamLoadTarget
 
 
 @dataclass
@@ -61,7 +60,7 @@ def diagnose(spec: JobSpec, outage_tolerance_s: float, spark: Any) -> list[Check
         if "tables" not in known:
             raise RuntimeError("skipped: the target check failed")
         resolved = resolve_tables(spec, known["tables"])
-        check_columns(target, table_schemas(spec, resolved))
+        check_columns(target, descriptor_for(spec.target_url).columns, table_schemas(spec, resolved))
         if known["tables"] is None:
             return f"tables {sorted(resolved)}: this target cannot list tables over its load protocol; not checked"
         return f"tables {sorted(resolved)} exist with every column the job writes"
@@ -79,9 +78,9 @@ def _largest_batch(store: Any, job_id: str) -> list[int]:
 
 def _transport(target: Any) -> list[Check]:
     """A WARN when an https FE's loads go on to a BE over plain http (`allow_plain_http_redirect`); without that
-    consent a StarRocks FE over https fails the target check itself (`routable_tables`)."""
-    hop = target.plain_http_hop() if isinstance(target, StreamLoadTarget) else None
-    return [Check("target transport", "WARN", hop)] if hop else []
+    consent an https FE that redirects to plain http fails the target check itself (`routable_tables`)."""
+    warning = target.transport_warning()
+    return [Check("target transport", "WARN", warning)] if warning else []
 
 
 def _durability(state_url: str) -> Check:

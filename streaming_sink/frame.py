@@ -9,13 +9,17 @@ rows (the replay checksum depends on it).
 """
 from __future__ import annotations
 
-from typing import Callable
+from typing import Callable, Mapping
+
+import pyarrow as pa
 
 from .job_spec import JobSpec
 from .metrics import OBSERVED_NAME
 from .routing import struct_column_for
-from .targets import ConfigurationError, target_kind
-from .value_checks import column_limits, raw_value_room, value_problems
+from .targets import ConfigurationError, descriptor_for
+from .targets.base import Target
+from .targets.columns import ColumnRules, column_key
+from .value_checks import value_problems
 
 ROUTE_COLUMN = "__table"
 _BAD_COLUMN = "__streaming_sink_bad"  # only between build_frame's select and its observe
@@ -61,7 +65,7 @@ def build_frame(raw, spec: JobSpec, tables: dict[str, str], column_types: dict[s
     from pyspark.sql import functions as F
     from pyspark.sql.types import StructField, StringType, StructType
 
-    product = target_kind(spec.target_url).product
+    rules = descriptor_for(spec.target_url).columns
     column_types = column_types or {}
     value = F.col("value").cast("string")
     if spec.table:
@@ -97,13 +101,11 @@ def build_frame(raw, spec: JobSpec, tables: dict[str, str], column_types: dict[s
         for f in schema.fields:
             if not f.nullable:
                 reason = reason.when(mine & parsed[f.name].isNull(), F.lit(f"required field {f.name!r} of {table} is missing or null"))
-        types = column_types.get(table) or {}
-        if product != "clickhouse":  # StarRocks and Doris ignore the case of column names
-            types = {name.lower(): kind for name, kind in types.items()}
+        types = {column_key(rules, name): kind for name, kind in (column_types.get(table) or {}).items()}
         for f in parse_schema.fields:
             if f.name != "__corrupt":
-                spelling = types.get(f.name if product == "clickhouse" else f.name.lower())
-                for problem, text in value_problems(table, f, parsed[f.name], column_limits(product, spelling)):
+                spelling = types.get(column_key(rules, f.name))
+                for problem, text in value_problems(table, f, parsed[f.name], rules.limits(spelling)):
                     reason = reason.when(mine & problem, F.lit(text))
         fields = [parsed[f.name].alias(f.name) for f in parse_schema.fields if f.name != "__corrupt"]
         fields += [F.col(source).cast("string").alias(name) if source == "key" else F.col(source).alias(name)
@@ -113,7 +115,7 @@ def build_frame(raw, spec: JobSpec, tables: dict[str, str], column_types: dict[s
     bad = reason.isNotNull()
     if spec.dead_letter_table:
         raw_value = F.when(utf8, value).otherwise(F.base64(F.col("value")))
-        room = raw_value_room(product, (column_types.get(spec.dead_letter_table) or {}).get("raw_value"))
+        room = rules.raw_value_room((column_types.get(spec.dead_letter_table) or {}).get("raw_value"))
         if room is not None:  # a message longer than raw_value holds: kept in Kafka, named by its coordinates
             too_long = F.octet_length(raw_value) > F.lit(room)
             reason = F.when(too_long, F.concat(reason, F.lit(
@@ -181,17 +183,17 @@ def arrow_schema(ddl: str):
     return to_arrow_schema(spark_schema(ddl), **zone)
 
 
-def check_columns(target, schemas) -> dict[str, dict[str, str] | None]:
+def check_columns(target: Target, rules: ColumnRules, schemas: Mapping[str, pa.Schema]) -> dict[str, dict[str, str] | None]:
     """Every column the job writes must exist in its table, where the target can tell; returns the
     tables' column types (None where the target cannot tell) for the value checks."""
-    found = {}
+    found: dict[str, dict[str, str] | None] = {}
     for table, schema in schemas.items():
         target.check_schema(table, schema)
         existing = found[table] = target.table_columns(table)
         if existing is None:
             continue
-        known = set(existing) if target.kind == "clickhouse" else {name.lower() for name in existing}
-        missing = [name for name in schema.names if (name if target.kind == "clickhouse" else name.lower()) not in known]
+        known = {column_key(rules, name) for name in existing}
+        missing = [name for name in schema.names if column_key(rules, name) not in known]
         if missing:
             raise ConfigurationError(
                 f"table {table!r} has no column(s) {missing} that the job writes (it has {list(existing)}); "

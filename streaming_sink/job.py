@@ -24,7 +24,8 @@ from .job_spec import JobSpec
 from .kafka_source import KafkaSource, probe
 from .metrics import BatchMetrics, progress_listener
 from .sink import ExactlyOnceSink
-from .targets import ConfigurationError, target_from_url
+from .targets import ConfigurationError, descriptor_for, target_from_url
+from .targets.base import SupportsCreateTable
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -89,13 +90,13 @@ def run(spec: JobSpec) -> None:
 
 def _stream(spark: SparkSession, spec: JobSpec, source: KafkaSource, sink: ExactlyOnceSink) -> None:
     """Check the tables, then run the query to its end."""
-    if spec.create_tables and spec.tables is not None:
+    if spec.create_tables and spec.tables is not None and isinstance(sink.target, SupportsCreateTable):
         for table, schema in table_schemas(spec, spec.tables).items():
             sink.target.create_table(table, schema)
     # configuration, connectivity, tables, columns and fencing all fail here, before Spark reads anything
     sink.start()
     tables = resolve_tables(spec, sink.known_tables, sink.target.refusal)
-    columns = check_columns(sink.target, table_schemas(spec, tables))
+    columns = check_columns(sink.target, descriptor_for(spec.target_url).columns, table_schemas(spec, tables))
     reader = spark.readStream.format("kafka").options(**source.reader_options())
     frame = build_frame(reader.load(), spec, tables, columns)
     writer = frame.writeStream.foreachBatch(sink).option("checkpointLocation", spec.checkpoint)

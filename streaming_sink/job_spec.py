@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .kafka_source import KafkaSource, check_options, check_starting_offsets
-from .targets import ConfigurationError, target_kind
+from .targets import ConfigurationError, descriptor_for
 
 #: Kafka record field -> (the column it becomes in every data table, its Spark type).
 METADATA_COLUMNS = {
@@ -72,8 +72,9 @@ class JobSpec:
         unknown = sorted(set(self.metadata_columns) - set(METADATA_COLUMNS))
         if unknown:
             raise ConfigurationError(f"metadata_columns: {unknown} are not Kafka record fields; choose from {list(METADATA_COLUMNS)}")
-        if self.create_tables and not target_kind(self.target_url).creates_tables:
-            raise ConfigurationError(f"create_tables: {target_kind(self.target_url).product} tables are never created by the sink")
+        descriptor = descriptor_for(self.target_url)
+        if self.create_tables and not descriptor.creates_tables:
+            raise ConfigurationError(f"create_tables: {descriptor.product} tables are never created by the sink")
         self.kafka_options = check_options(self.kafka_options, "kafka_options")
         check_starting_offsets(self.starting_offsets, "starting_offsets")
 

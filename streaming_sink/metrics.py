@@ -26,6 +26,7 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from .committable import BatchState
+from .targets.base import ExpiryKind
 
 if TYPE_CHECKING:
     from wsgiref.simple_server import WSGIServer
@@ -188,10 +189,7 @@ class BatchMetrics:
 
 def prepared_timeout(limits: Iterable["ExpiryLimit"]) -> float | None:
     """The server's timeout for a prepared (pre-committed) transaction; None where it never expires."""
-    seconds = [
-        limit.seconds for limit in limits
-        if limit.seconds is not None and ("prepared" in limit.what.lower() or "pre-committed" in limit.what.lower())
-    ]
+    seconds = [limit.seconds for limit in limits if limit.seconds is not None and limit.kind == ExpiryKind.PREPARED]
     return min(seconds) if seconds else None
 
 

@@ -190,8 +190,8 @@ def _stopped(stop: dict[str, Any]) -> str:
 def _left_unfinished(unfinished: list[dict[str, Any]]) -> str:
     shown = ", ".join(f"{u['batch_id']} ({u['state']})" for u in unfinished[:5]) + (" ..." if len(unfinished) > 5 else "")
     return (f"no driver is running and {len(unfinished)} batch(es) are unfinished: {shown}; restart the job, or run "
-            "`recover` (dry run, then --apply); prepared data (ClickHouse staging tables, open transactions) waits "
-            "until then")
+            "`recover` (dry run, then --apply); prepared data (the target's staging tables or open "
+            "transactions) waits until then")
 
 
 def _problems(

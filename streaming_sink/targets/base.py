@@ -11,7 +11,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Mapping, Protocol, runtime_checkable
 
 import pyarrow as pa
 
@@ -34,6 +34,15 @@ class CommitOutcome(str, Enum):
     LOST_AFTER_SEND = "LOST_AFTER_SEND"
 
 
+class ExpiryKind(str, Enum):
+    """What an expiry limit is about, so metrics and doctor can pick one out without reading its text."""
+
+    PREPARED = "prepared"  # a prepared transaction the server rolls back
+    LABELS = "label_history"  # the transaction states the server remembers (a commit's answer can be asked again)
+    LEDGER = "ledger"  # the sink's own record of commits kept in the target
+    DEDUP = "dedup"  # the window in which a repeated write is recognised
+
+
 @dataclass(frozen=True)
 class ExpiryLimit:
     """Something recovery depends on that the server forgets, as `doctor` reports it.
@@ -47,6 +56,7 @@ class ExpiryLimit:
     seconds: float | None
     count: int | None = None
     note: str = ""  # what is lost past the limit and which server setting raises it
+    kind: ExpiryKind = field(kw_only=True)
 
 
 class TargetError(StreamingSinkError, RuntimeError):
@@ -133,6 +143,10 @@ class Target(ABC):
         """What the server forgets that recovery depends on, and when. For `doctor`."""
         return []
 
+    def transport_warning(self) -> str | None:
+        """For `doctor`: a way the configured transport exposes data or credentials that the user allowed (None: none)."""
+        return None
+
     def leftover_transactions(self, label_prefix: str) -> list[str] | None:
         """Labels of open server-side transactions starting with `label_prefix` (None: the server cannot list them)."""
         return None
@@ -151,6 +165,14 @@ class Target(ABC):
 
     def close(self) -> None:
         """Release connections."""
+
+
+@runtime_checkable
+class SupportsCreateTable(Protocol):
+    """A target the job may ask to create a missing table (its descriptor says `creates_tables`)."""
+
+    def create_table(self, table: str, schema: pa.Schema) -> None:
+        """Create `table` for rows of `schema` unless it exists."""
 
 
 class TransactionLimitError(TargetError):

@@ -56,12 +56,14 @@ import pyarrow as pa
 
 from .encoding import EncodingError
 from ..committable import Committable, TxnRef
-from ..crash import crash_point
+from ..crash import crash_point, target_point
 from ..retry import RetryPolicy
 from .base import (
-    CommitAmbiguousError, CommitOutcome, CommittedNotChosenError, ConfigurationError, ExpiryLimit, NewRef, PreparedPart, RecordIntent,
-    TableTransaction, Target, TargetError,
+    CommitAmbiguousError, CommitOutcome, CommittedNotChosenError, ConfigurationError, ExpiryKind, ExpiryLimit, NewRef, PreparedPart,
+    RecordIntent, TableTransaction, Target, TargetError,
 )
+from .clickhouse_types import CLICKHOUSE_COLUMNS
+from .descriptor import NeededModule, TargetDescriptor, keyword_options
 from .clickhouse_engines import DATABASE_FACTS_QUERY, FACTS_QUERY, TableFacts, engine_refusal
 
 log = logging.getLogger(__name__)
@@ -74,7 +76,8 @@ MOVING, INSERTING, COMMITTED = "moving", "inserting", "committed"
 INSERTED = "inserted"
 MOVE, INSERT = "move", "insert"  # commit modes (the `commit_mode` option)
 COMMIT_MODES = (MOVE, INSERT)
-INSERT_CRASH_POINT = "clickhouse-after-insert"  # streaming_sink.crash: the INSERTs ran, the ledger does not say so yet
+#: commit_mode insert: the INSERTs ran, the ledger does not say so yet; the re-run must insert nothing twice
+INSERT_CRASH_POINT = target_point("clickhouse-after-insert")
 # Rows written before the ledger had `state` were written after the moves: they read as committed.
 _STATE_COLUMN = f"state String DEFAULT '{COMMITTED}'"
 # The staging partition an `inserted` row is about; '' in every other row (and in rows of older ledgers).
@@ -102,12 +105,6 @@ def literal(value: str) -> str:
 
 class ClickHouseTarget(Target):
     kind = "clickhouse"
-
-    @classmethod
-    def option_names(cls) -> set[str]:
-        """The keyword options the constructor takes besides the address and credentials."""
-        return {"settings", "verify", "ca_bundle", "commit_mode", "connect_timeout_s", "read_timeout_s", "retries", "backoff_s",
-                "backoff_max_s", "commit_parallelism"}
 
     def __init__(
         self,
@@ -277,7 +274,8 @@ class ClickHouseTarget(Target):
     def expiry_limits(self) -> list[ExpiryLimit]:
         """Nothing expires, unless the ledger was made by an older version (as found by `routable_tables`);
         in insert mode, also the tables' deduplication logs, which a retried INSERT relies on."""
-        limits = [ExpiryLimit("prepared staging tables", None), ExpiryLimit("commit ledger", self._ledger_ttl_s)]
+        limits = [ExpiryLimit("prepared staging tables", None, kind=ExpiryKind.PREPARED),
+                  ExpiryLimit("commit ledger", self._ledger_ttl_s, kind=ExpiryKind.LEDGER)]
         return limits + ([self._dedup_limit] if self._dedup_limit is not None else [])
 
     def check_schema(self, table: str, schema: pa.Schema) -> None:
@@ -792,6 +790,7 @@ class ClickHouseTarget(Target):
             "insert deduplication log (commit_mode insert)", float(min(seconds)) if seconds else None, min(counts),
             note="an INSERT commit retried after the table took more newer blocks than its deduplication window (or, "
                  "Replicated, newer inserts over replicated_deduplication_window_seconds) is inserted twice; raise the window",
+            kind=ExpiryKind.DEDUP,
         )
 
     def _entry(self, database: str, name: str) -> _Entry | None:
@@ -996,3 +995,19 @@ class _StagingTransaction(TableTransaction):
     def abort(self) -> None:
         if self._ref is not None:
             self._target.abort(self._ref)
+
+
+DESCRIPTOR = TargetDescriptor(
+    product=ClickHouseTarget.kind,
+    display_name="ClickHouse",
+    schemes={"chdb": "chdb", "clickhouse": "http", "clickhouses": "https", "http": "http", "https": "https"},
+    url_forms=("chdb:///path", "clickhouse://host:8123", "clickhouses://host:8443"),
+    factory=lambda url, database, user, password, options: ClickHouseTarget(
+        url, database=database, user=user, password=password, **options),
+    option_names=keyword_options(ClickHouseTarget, "url", "database", "user", "password"),
+    columns=CLICKHOUSE_COLUMNS,
+    creates_tables=True,
+    needs_module={"chdb": NeededModule("chdb", "embedded", "ClickHouse embedded in the driver")},
+    path_transports=frozenset({"chdb"}),
+    embedded_url=lambda data_dir: f"chdb://{data_dir}/clickhouse",
+)

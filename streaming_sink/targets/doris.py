@@ -37,8 +37,10 @@ from .encoding import (
 from ..http import AuthenticationError, HttpConnectionError, HttpError, HttpResponse, HttpStatusError, api_path, excerpt
 from ..retry import RetryPolicy, wait
 from .stream_load import FORGOTTEN_LABELS, SharedOptions, StreamLoadTarget, option_values
+from .descriptor import TargetDescriptor
+from .olap_types import DORIS_COLUMNS
 from .base import (
-    CommitOutcome, CommittedNotChosenError, ConfigurationError, ExpiryLimit, NewRef, PreparedPart, RecordIntent,
+    CommitOutcome, CommittedNotChosenError, ConfigurationError, ExpiryKind, ExpiryLimit, NewRef, PreparedPart, RecordIntent,
     TableTransaction, TargetError, TransactionLimitError,
 )
 
@@ -213,13 +215,13 @@ class DorisTarget(StreamLoadTarget):
         DatabaseTransactionMgr.removeUselessTxns)."""
         return [
             ExpiryLimit(
-                "pre-committed transactions (FE default)", 3600.0,
+                "pre-committed transactions (FE default)", 3600.0, kind=ExpiryKind.PREPARED,
                 note="pre-committed data of a job that is down longer is rolled back by the server and loaded "
                      "again from Kafka (retention permitting); raise stream_load_default_precommit_timeout_second "
                      "on the FE",
             ),
             ExpiryLimit(
-                "label history (FE default)", 43200.0, 2000,
+                "label history (FE default)", 43200.0, 2000, kind=ExpiryKind.LABELS,
                 note=FORGOTTEN_LABELS + "a busy shared database finishes 2000 stream loads within minutes. Raise "
                      "streaming_label_keep_max_second and label_num_threshold (-1 disables the count) on the FE, "
                      "or keep outages short",
@@ -583,3 +585,18 @@ def _arrow_type(spelling: str) -> pa.DataType | None:
         precision, scale = int(decimal.group(1)), int(decimal.group(2))
         return pa.decimal128(precision, scale) if precision <= 38 else pa.decimal256(precision, scale)
     return _ARROW_TYPES.get(base)
+
+
+DESCRIPTOR = TargetDescriptor(
+    product=DorisTarget.kind,
+    display_name="Doris",
+    schemes={"doris": "http", "doriss": "https"},
+    url_forms=("doris://fe:8030", "doriss://fe:8443"),
+    factory=lambda url, database, user, password, options: DorisTarget(
+        fe_url=url, database=database, user=user, password=password or "", **options),
+    option_names=frozenset(DorisTarget.option_names()),
+    columns=DORIS_COLUMNS,
+    needs_user=True,
+    trigger_timeouts=(("load_timeout_s", 1),),
+    scheme_hints={"mysql": "the FE's HTTP port, e.g. doris://fe-host:8030"},
+)

@@ -33,8 +33,10 @@ from .encoding import (
 from ..http import AuthenticationError, HttpConnectionError, HttpError, HttpResponse, api_path
 from ..retry import RetryPolicy, wait
 from .stream_load import FORGOTTEN_LABELS, SharedOptions, StreamLoadTarget, option_values
+from .descriptor import TargetDescriptor
+from .olap_types import STARROCKS_COLUMNS
 from .base import (
-    CommitOutcome, CommittedNotChosenError, ConfigurationError, ExpiryLimit, NewRef, PreparedPart, RecordIntent,
+    CommitOutcome, CommittedNotChosenError, ConfigurationError, ExpiryKind, ExpiryLimit, NewRef, PreparedPart, RecordIntent,
     TableTransaction, TargetError, TransactionLimitError,
 )
 
@@ -165,13 +167,13 @@ class StarRocksTarget(StreamLoadTarget):
         prepared = self.options.prepared_timeout or DEFAULT_PREPARED_TIMEOUT_S
         return [
             ExpiryLimit(
-                "prepared transactions", float(prepared),
+                "prepared transactions", float(prepared), kind=ExpiryKind.PREPARED,
                 note="prepared data of a job that is down longer is rolled back by the server and loaded again "
                      "from Kafka (retention permitting); raise the prepared_timeout option (StarRocks 3.5.4+) or "
                      "prepared_transaction_default_timeout_second on the FE",
             ),
             ExpiryLimit(
-                "label history (FE default)", DEFAULT_LABEL_KEEP_S, DEFAULT_LABEL_KEEP_NUM,
+                "label history (FE default)", DEFAULT_LABEL_KEEP_S, DEFAULT_LABEL_KEEP_NUM, kind=ExpiryKind.LABELS,
                 note=FORGOTTEN_LABELS + "raise label_keep_max_second on the FE, or keep outages short. The FE also forgets the "
                      "oldest labels once running + finished transactions in the database exceed label_keep_max_num "
                      "(1000 by default): raise it too",
@@ -553,3 +555,18 @@ class _StarRocksTransaction(TableTransaction):
         if "timeout" in text or answer.status in ("TXN_NOT_EXISTS", "ABORTED"):
             return "; if this repeats, raise the `timeout` option (seconds a transaction may stay open)"
         return ""
+
+
+DESCRIPTOR = TargetDescriptor(
+    product=StarRocksTarget.kind,
+    display_name="StarRocks",
+    schemes={"starrocks": "http", "starrockss": "https"},
+    url_forms=("starrocks://fe:8030", "starrockss://fe:8443"),
+    factory=lambda url, database, user, password, options: StarRocksTarget(
+        fe_url=url, database=database, user=user, password=password or "", **options),
+    option_names=frozenset(StarRocksTarget.option_names()),
+    columns=STARROCKS_COLUMNS,
+    needs_user=True,
+    trigger_timeouts=(("load_timeout_s", 1), ("timeout", 1), ("prepared_timeout_s", 2), ("prepared_timeout", 2)),
+    scheme_hints={"mysql": "the FE's HTTP port, e.g. starrocks://fe-host:8030"},
+)

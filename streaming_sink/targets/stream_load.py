@@ -96,8 +96,8 @@ class StreamLoadTarget(Target):
                 "or give fe_url as http"
             )
 
-    def plain_http_hop(self) -> str | None:
-        """For the doctor: what `allow_plain_http_redirect` lets through with an https fe_url, else None."""
+    def transport_warning(self) -> str | None:
+        """What `allow_plain_http_redirect` lets through with an https fe_url, else None."""
         if not (self.http.uses_https and self.options.allow_plain_http_redirect):
             return None
         return ("fe_url is https and allow_plain_http_redirect is on: a load the FE redirects to a BE over plain http "

@@ -1,9 +1,20 @@
-"""Target type spellings -> what their columns hold (streaming_sink/value_checks.py), without Spark."""
+"""Target type spellings -> what their columns hold (each target descriptor's column rules), without Spark."""
 from __future__ import annotations
 
 import pytest
 
-from streaming_sink.value_checks import ColumnLimits, column_limits, raw_value_room
+from streaming_sink.targets import DESCRIPTORS
+from streaming_sink.targets.columns import ColumnLimits
+
+RULES = {descriptor.product: descriptor.columns for descriptor in DESCRIPTORS}
+
+
+def column_limits(product: str, spelling: str | None) -> ColumnLimits:
+    return RULES[product].limits(spelling)
+
+
+def raw_value_room(product: str, spelling: str | None) -> int | None:
+    return RULES[product].raw_value_room(spelling)
 
 
 @pytest.mark.parametrize("product, spelling, expected", [
