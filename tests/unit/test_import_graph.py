@@ -3,6 +3,7 @@ imports it back, counting imports inside functions too (a lazy import is still a
 from __future__ import annotations
 
 import ast
+import fnmatch
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -102,3 +103,42 @@ def test_nothing_imports_the_journal_stores_by_their_folder_name() -> None:
                 [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level else [])
             offenders += [f"{path.relative_to(ROOT)}: {name}" for name in names if name.split(".")[0] == "state"]
     assert offenders == []
+
+
+def layer_map() -> list[tuple[int, str, list[str]]]:
+    """(level, layer, module patterns) from the `layers` block of docs/design.md."""
+    text = (ROOT / "docs" / "design.md").read_text()
+    block = text.split("```layers\n", 1)[1].split("```", 1)[0]
+    return [(int(level), layer, patterns) for level, layer, *patterns in (line.split() for line in block.splitlines() if line.strip())]
+
+
+def layer_of(module: str, layers: list[tuple[int, str, list[str]]]) -> tuple[int, str]:
+    short = module.removeprefix("streaming_sink.") if module != "streaming_sink" else module
+    found = [(level, layer) for level, layer, patterns in layers if any(fnmatch.fnmatchcase(short, p) for p in patterns)]
+    assert len(found) == 1, f"{module}: give it exactly one layer in docs/design.md (found {found})"
+    return found[0]
+
+
+def upward_imports(graph: dict[str, set[str]], layers: list[tuple[int, str, list[str]]]) -> list[str]:
+    """Imports that point up the layer map, or across between two rooms of one level."""
+    wrong = []
+    for name, imported in graph.items():
+        level, layer = layer_of(name, layers)
+        for other in imported:
+            other_level, other_layer = layer_of(other, layers)
+            if other_level > level or (other_level == level and other_layer != layer):
+                wrong.append(f"{name} ({layer}) imports {other} ({other_layer})")
+    return sorted(wrong)
+
+
+def test_imports_point_down_the_layer_map_of_the_design() -> None:
+    known = modules()
+    graph = {name: imports(name, path, known) for name, path in known.items()}
+    graph = {name: {t for t in targets if not t.startswith(name + ".")} for name, targets in graph.items()}
+    assert upward_imports(graph, layer_map()) == []
+
+
+def test_the_direction_check_sees_an_import_up_or_across() -> None:
+    layers = [(1, "low", ["a"]), (2, "left", ["b"]), (2, "right", ["c"]), (3, "top", ["d"])]
+    assert upward_imports({"a": {"d"}, "b": {"c", "a"}, "c": set(), "d": {"b"}}, layers) == [
+        "a (low) imports d (top)", "b (left) imports c (right)"]

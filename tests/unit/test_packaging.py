@@ -26,8 +26,10 @@ def test_the_wheel_holds_the_sink_and_not_the_test_support(tmp_path: Path) -> No
     subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--disable-pip-version-check",
                     "-w", str(tmp_path), str(ROOT)], check=True, capture_output=True, timeout=300)
     (wheel,) = tmp_path.glob("*.whl")
-    folders = {name.rpartition("/")[0] for name in zipfile.ZipFile(wheel).namelist()}
+    names = zipfile.ZipFile(wheel).namelist()
+    folders = {name.rpartition("/")[0] for name in names}
     assert {"streaming_sink", "streaming_sink/targets", "streaming_sink/state"} <= folders
+    assert "streaming_sink/py.typed" in names  # type checkers read the package's hints (PEP 561)
     top_level = {folder.split("/")[0] for folder in folders}
     assert {name for name in top_level if not name.endswith(".dist-info")} == {"streaming_sink"}
 
