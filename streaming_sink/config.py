@@ -17,7 +17,7 @@ import tomllib
 import types
 import typing
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 from urllib.parse import urlsplit
 
 import msgspec
@@ -284,7 +284,7 @@ def _size(value: int | str, key: str) -> int:
     return value
 
 
-def _metadata_columns(value: bool | list[str]) -> list[str]:
+def _metadata_columns(value: bool | Sequence[str]) -> list[str]:
     """`true` keeps the first default (partition and offset), `false` none, or the listed record fields."""
     if isinstance(value, bool):
         return ["partition", "offset"] if value else []

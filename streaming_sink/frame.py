@@ -9,7 +9,7 @@ rows (the replay checksum depends on it).
 """
 from __future__ import annotations
 
-from typing import Callable, Mapping
+from typing import TYPE_CHECKING, Any, Callable, Mapping, cast
 
 import pyarrow as pa
 
@@ -23,6 +23,10 @@ from .value_checks import value_problems
 
 ROUTE_COLUMN = "__table"
 _BAD_COLUMN = "__streaming_sink_bad"  # only between build_frame's select and its observe
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame
+    from pyspark.sql.types import StructType
+
 DEAD_LETTER_COLUMNS = "raw_value STRING, topic STRING, partition INT, offset BIGINT, kafka_timestamp TIMESTAMP, reason STRING"
 
 
@@ -37,6 +41,7 @@ def resolve_tables(
         if target_tables is None:
             raise ConfigurationError("this target cannot list its tables: give `tables` with a schema per table")
         names = {spec.table} if spec.table else set(spec.topic_tables.values()) if spec.topic_tables else target_tables
+        assert spec.schema is not None  # JobSpec: without `tables`, one schema for every table
         tables = {name: spec.schema for name in names}
     if spec.dead_letter_table:
         tables.pop(spec.dead_letter_table, None)
@@ -56,7 +61,8 @@ def resolve_tables(
     return tables
 
 
-def build_frame(raw, spec: JobSpec, tables: dict[str, str], column_types: dict[str, dict[str, str] | None] | None = None):
+def build_frame(raw: DataFrame, spec: JobSpec, tables: dict[str, str],
+                column_types: dict[str, dict[str, str] | None] | None = None) -> DataFrame:
     """Kafka records -> one route column plus one struct column per table (only the routed one set).
 
     `column_types` are the target's, per table (`Target.table_columns`): a value its column
@@ -75,6 +81,7 @@ def build_frame(raw, spec: JobSpec, tables: dict[str, str], column_types: dict[s
         # message with a NaN is routed and its reason names the column rather than the routing field
         route = F.from_json(value, StructType([StructField(spec.table_field, StringType(), True)]))[spec.table_field]
     else:
+        assert spec.topic_tables is not None  # JobSpec: exactly one way to route
         mapping = F.create_map(*[F.lit(x) for pair in spec.topic_tables.items() for x in pair])
         route = mapping[F.col("topic")]
 
@@ -146,10 +153,8 @@ def build_frame(raw, spec: JobSpec, tables: dict[str, str], column_types: dict[s
     ).drop(_BAD_COLUMN)
 
 
-def table_schemas(spec: JobSpec, tables: dict[str, str]):
+def table_schemas(spec: JobSpec, tables: dict[str, str]) -> dict[str, pa.Schema]:
     """The Arrow schema of every table the job writes, as the sink will hand it to the target."""
-    import pyarrow as pa
-
     schemas = {}
     for table, ddl in tables.items():
         metadata = ", ".join(f"{name} {kind}" for _, name, kind in spec.metadata())
@@ -161,25 +166,25 @@ def table_schemas(spec: JobSpec, tables: dict[str, str]):
     return schemas
 
 
-def spark_schema(ddl: str, key: str = "schema"):
+def spark_schema(ddl: str, key: str = "schema") -> StructType:
     """Spark DDL as a StructType; a parse error names the configuration key and Spark's own reason."""
     from pyspark.sql.types import StructType
 
     try:
-        return StructType.fromDDL(ddl)
+        return cast("StructType", StructType.fromDDL(ddl))  # a field list parses to a struct
     except Exception as error:  # Spark's ParseException, raised through py4j or Spark Connect
         reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
         raise ConfigurationError(f"{key}: {ddl!r} is not Spark DDL: {reason}") from None
 
 
-def arrow_schema(ddl: str):
+def arrow_schema(ddl: str) -> pa.Schema:
     """Spark DDL as the Arrow schema Spark hands to Python (timestamps as UTC instants)."""
     import inspect
 
     from pyspark.sql.pandas.types import to_arrow_schema
 
     # pyspark 4.0 converts timestamps to UTC by default; 4.2 wants the zone named
-    zone = {"timezone": "UTC"} if "timezone" in inspect.signature(to_arrow_schema).parameters else {}
+    zone: dict[str, Any] = {"timezone": "UTC"} if "timezone" in inspect.signature(to_arrow_schema).parameters else {}
     return to_arrow_schema(spark_schema(ddl), **zone)
 
 

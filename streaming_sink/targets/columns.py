@@ -50,8 +50,10 @@ class ColumnLimits:
 class ColumnRules(Protocol):
     """A target's column facts: its type grammar and its identifier rule."""
 
-    #: whether `Id` and `id` name two columns (ClickHouse) or one (StarRocks, Doris)
-    case_sensitive_names: bool
+    @property
+    def case_sensitive_names(self) -> bool:
+        """Whether `Id` and `id` name two columns (ClickHouse) or one (StarRocks, Doris)."""
+        ...
 
     def limits(self, spelling: str | None) -> ColumnLimits:
         """The limits of a column typed `spelling` (None: the target cannot say; only what the product as a
