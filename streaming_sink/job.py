@@ -37,7 +37,7 @@ def build_sink(spec: JobSpec) -> ExactlyOnceSink:
     state = open_store(spec.state_url)
     listeners: list[Any] = []
     if spec.metrics_port is not None:
-        metrics = BatchMetrics(spec.job_id, store=state, expiry_limits=target.expiry_limits(),
+        metrics = BatchMetrics(spec.job_id, store=state, expiry_limits=target.expiry_limits,
                                trigger_interval_s=trigger_interval_s(spec.trigger))
         server = metrics.serve(spec.metrics_port, spec.metrics_host)
         logging.getLogger("streaming_sink").info("metrics at http://%s:%d/metrics", *server.server_address[:2])

@@ -51,7 +51,8 @@ OBSERVED_NAME = "streaming_sink"
 class BatchMetrics:
     """The job's metrics. Call it (or `record`) with each BatchReport; `render()` is the exposition text.
 
-    `store` and `expiry_limits` add the prepared-transaction gauges (read at scrape time);
+    `store` and `expiry_limits` (the target's, asked at each scrape: some are learned only when the driver
+    starts) add the prepared-transaction and expiry gauges;
     `trigger_interval_s` is exported so alerts can count triggers; `clock` is for tests.
     """
 
@@ -59,7 +60,7 @@ class BatchMetrics:
         self,
         job_id: str,
         store: "StateStore | None" = None,
-        expiry_limits: Sequence["ExpiryLimit"] = (),
+        expiry_limits: Callable[[], Sequence["ExpiryLimit"]] = lambda: (),
         trigger_interval_s: float | None = None,
         clock: Callable[[], float] = time.time,
     ) -> None:
@@ -110,15 +111,7 @@ class BatchMetrics:
             unlabelled.labels(job_id)  # present from the first scrape, so rate() sees the first increase
         if trigger_interval_s is not None:
             gauge("trigger_interval_seconds", "The processing-time trigger interval.").labels(job_id).set(trigger_interval_s)
-        timeout = prepared_timeout(expiry_limits)
-        if timeout is not None:
-            gauge("prepared_timeout_seconds",
-                  "How long the server keeps a prepared transaction before it rolls it back.").labels(job_id).set(timeout)
-        limits = gauge("server_expiry_limit_seconds",
-                       "Everything the server forgets that recovery depends on, by what (as `doctor` lists them).", ["what"])
-        for limit in expiry_limits:
-            if limit.seconds is not None:
-                limits.labels(job_id, limit.what).set(limit.seconds)
+        self.registry.register(ExpiryCollector(expiry_limits, job_id))
         if store is not None:
             self.registry.register(PendingPreparedCollector(store, job_id, clock))
 
@@ -191,6 +184,35 @@ def prepared_timeout(limits: Iterable["ExpiryLimit"]) -> float | None:
     """The server's timeout for a prepared (pre-committed) transaction; None where it never expires."""
     seconds = [limit.seconds for limit in limits if limit.seconds is not None and limit.kind == ExpiryKind.PREPARED]
     return min(seconds) if seconds else None
+
+
+class ExpiryCollector(Collector):
+    """What the server forgets, from the target at each scrape (its limits can change when the driver starts)."""
+
+    def __init__(self, expiry_limits: Callable[[], Sequence["ExpiryLimit"]], job_id: str) -> None:
+        self._limits, self._job = expiry_limits, job_id
+
+    def describe(self) -> list[GaugeMetricFamily]:
+        return list(self._families())
+
+    def _families(self) -> tuple[GaugeMetricFamily, GaugeMetricFamily]:
+        return (GaugeMetricFamily(PREFIX + "prepared_timeout_seconds",
+                                  "How long the server keeps a prepared transaction before it rolls it back.", labels=["job_id"]),
+                GaugeMetricFamily(PREFIX + "server_expiry_limit_seconds",
+                                  "Everything the server forgets that recovery depends on, by what (as `doctor` lists them).",
+                                  labels=["job_id", "what"]))
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        timeout, limits = self._families()
+        known = self._limits()
+        prepared = prepared_timeout(known)
+        if prepared is not None:
+            timeout.add_metric([self._job], prepared)
+            yield timeout
+        for limit in known:
+            if limit.seconds is not None:
+                limits.add_metric([self._job, limit.what], limit.seconds)
+        yield limits
 
 
 class PendingPreparedCollector(Collector):

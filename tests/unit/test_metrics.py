@@ -67,7 +67,7 @@ def kafka_progress(batch_id: int, query_id: str | None = None, observed: dict | 
 
 
 def test_every_metric_has_help_and_type_lines():
-    metrics = BatchMetrics(JOB, store=MemoryStateStore(), expiry_limits=StarRocksTarget().expiry_limits(), trigger_interval_s=5)
+    metrics = BatchMetrics(JOB, store=MemoryStateStore(), expiry_limits=StarRocksTarget().expiry_limits, trigger_interval_s=5)
     metrics(report())
     metrics.record_progress(kafka_progress(0))
     text = metrics.render()
@@ -134,7 +134,7 @@ def test_pending_prepared_transactions_and_their_age_come_from_the_journal():
     prepared(store, epoch, 6, ["old-0"], T0, state=BatchState.COMMITTED)
     prepared(store, epoch, 7, ["b7-0", "b7-1", "b7-2"], T0 + 400)
     store.mark_done(JOB, epoch, "q", 7, "b7-1")  # committed, its record not yet COMMITTED
-    metrics = BatchMetrics(JOB, store=store, expiry_limits=StarRocksTarget(prepared_timeout=900).expiry_limits(), clock=clock)
+    metrics = BatchMetrics(JOB, store=store, expiry_limits=StarRocksTarget(prepared_timeout=900).expiry_limits, clock=clock)
     assert value(metrics, "streaming_sink_pending_prepared_transactions") == 2
     assert value(metrics, "streaming_sink_oldest_prepared_age_seconds") == 600
     assert value(metrics, "streaming_sink_prepared_timeout_seconds") == 900
@@ -147,11 +147,11 @@ def test_pending_prepared_transactions_and_their_age_come_from_the_journal():
 
 
 def test_the_prepared_timeout_is_the_targets_own():
-    assert value(BatchMetrics(JOB, expiry_limits=DorisTarget().expiry_limits()), "streaming_sink_prepared_timeout_seconds") == 3600
-    assert value(BatchMetrics(JOB, expiry_limits=StarRocksTarget().expiry_limits()), "streaming_sink_prepared_timeout_seconds") == 86400
+    assert value(BatchMetrics(JOB, expiry_limits=DorisTarget().expiry_limits), "streaming_sink_prepared_timeout_seconds") == 3600
+    assert value(BatchMetrics(JOB, expiry_limits=StarRocksTarget().expiry_limits), "streaming_sink_prepared_timeout_seconds") == 86400
     from streaming_sink.targets.clickhouse import ClickHouseTarget
 
-    never = BatchMetrics(JOB, expiry_limits=ClickHouseTarget("chdb:///nowhere", database="d").expiry_limits())
+    never = BatchMetrics(JOB, expiry_limits=ClickHouseTarget("chdb:///nowhere", database="d").expiry_limits)
     assert value(never, "streaming_sink_prepared_timeout_seconds") is None  # staging tables never expire
 
 
@@ -222,3 +222,17 @@ def test_a_metrics_error_never_fails_the_committed_batch(caplog):
         metrics(report(5, rows_by_table={"orders": -1}))  # a counter refuses to go down
     failure = next(r for r in caplog.records if "could not record batch 5" in r.getMessage())
     assert failure.levelno == logging.WARNING and failure.exc_info is not None
+
+
+def test_expiry_gauges_show_what_the_target_learns_when_the_driver_starts():
+    """ClickHouse finds its ledger's TTL and its tables' deduplication windows only when the driver starts
+    (`routable_tables`), after the job built its metrics: the gauges read the target's limits at each scrape."""
+    from streaming_sink.targets.base import ExpiryKind, ExpiryLimit
+
+    learned: list[ExpiryLimit] = []
+    metrics = BatchMetrics(JOB, expiry_limits=lambda: learned)
+    assert value(metrics, "streaming_sink_server_expiry_limit_seconds", what="commit ledger") is None
+    learned += [ExpiryLimit("commit ledger", 7200.0, kind=ExpiryKind.LEDGER),
+                ExpiryLimit("prepared transactions", 600.0, kind=ExpiryKind.PREPARED)]
+    assert value(metrics, "streaming_sink_server_expiry_limit_seconds", what="commit ledger") == 7200
+    assert value(metrics, "streaming_sink_prepared_timeout_seconds") == 600

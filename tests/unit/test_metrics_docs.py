@@ -28,7 +28,7 @@ def exposition() -> str:
     """What the exporter serves once a batch, a progress and an idle trigger were recorded."""
     from pyspark.sql.streaming.listener import StreamingQueryProgress
 
-    metrics = BatchMetrics("job", store=MemoryStateStore(), expiry_limits=StarRocksTarget().expiry_limits(),
+    metrics = BatchMetrics("job", store=MemoryStateStore(), expiry_limits=StarRocksTarget().expiry_limits,
                            trigger_interval_s=10)
     metrics(BatchReport(0, "written", records_in=3, rows=3, rows_by_table={"orders": 2, "dead_letters": 1},
                         dead_letters=1, bytes=100, transactions=2, replayed=0,

@@ -73,3 +73,8 @@ def test_a_registered_descriptor_takes_its_schemes(monkeypatch: pytest.MonkeyPat
     register(replace(DESCRIPTORS[0], product="memory", schemes={"mem": "mem"}, factory=factory))
     assert isinstance(target_from_url("mem://a,b", "db"), MemoryTarget) and built == ["mem://a,mem://b"]
     assert descriptor_for("mem://x").product == "memory" and "mem" not in REGISTRY
+
+
+def test_the_configuration_guide_names_every_target_scheme() -> None:
+    row = next(line for line in (ROOT / "docs" / "configuration.md").read_text().splitlines() if line.startswith("| `target.url`"))
+    assert [scheme for scheme in REGISTRY if f"`{scheme}://" not in row and scheme not in ("http", "https")] == []
