@@ -23,9 +23,13 @@ __all__ = [
     "StateStore",
     "StateStoreError",
     "StateStoreLostError",
+    "STATE_URL_ENV",
     "STORE_SCHEMES",
     "open_store",
 ]
+
+#: The environment variable that overrides state.url (and --state's default), for a Redis URL with a password.
+STATE_URL_ENV = "STREAMING_SINK_STATE_URL"
 
 #: The URL schemes `open_store` takes (the one list config and CLI check against).
 STORE_SCHEMES = ("file", *REDIS_SCHEMES)

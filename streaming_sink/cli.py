@@ -22,12 +22,13 @@ from pathlib import Path
 from typing import Any, Callable, NoReturn
 from urllib.parse import unquote, urlsplit
 
-from .state import STORE_SCHEMES, BatchRecord, StateStore, StateStoreError, open_store
+from .state import STATE_URL_ENV, STORE_SCHEMES, BatchRecord, StateStore, StateStoreError, open_store
 from .state.base import FencedError
 from .state.redis import redact_url
 
 from .committable import JournalFormatError
 from .errors import StopForOperator, StreamingSinkError
+from .job_id import JOB_ID, JOB_ID_RULE
 from .kafka_source import KafkaUnreachableError  # PySpark is imported only when a probe runs
 from .liveness import SILENT_SECONDS, process_owner, running_driver
 from .recovery import (OperatorActionRefused, Recovery, abort_batch, accept_loss, apply_recovery,
@@ -56,9 +57,6 @@ EXIT_CODES_HELP = """exit codes:
   4  refused for safety: the action could lose or duplicate rows, or a driver holds the job
   5  unexpected error (a bug): rerun with --debug for the traceback"""
 
-# The rule ExactlyOnceSink enforces for job ids (and the file store for its folder names).
-_JOB_ID = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
-_STATE_ENV = "STREAMING_SINK_STATE_URL"
 
 
 class CliError(StreamingSinkError):
@@ -106,7 +104,7 @@ def _add_job_arguments(parser: argparse.ArgumentParser, target: str) -> None:
     parser.add_argument("--job", help="the job_id (or from --config)")
     parser.add_argument("--state", help=f"state store URL: file:///path, redis://host:port/db, rediss://, "
                                         "redis+sentinel://s1,s2/MASTER or redis+cluster://n1,n2 (docs/state-store.md; "
-                                        f"or from --config; a Redis password belongs in {_STATE_ENV})")
+                                        f"or from --config; a Redis password belongs in {STATE_URL_ENV})")
     if target == "required":
         parser.add_argument("--target", help="target URL: chdb:///path, clickhouse://h:8123, starrocks://fe:8030, "
                                              "doris://fe:8030 (or from --config)")
@@ -222,8 +220,8 @@ def _resolve(args: argparse.Namespace, target: str) -> None:
     if missing:
         raise CliError(ExitCode.USAGE, f"missing {' and '.join(missing)}: give {'them' if len(missing) > 1 else 'it'}, "
                                        "or --config job.toml")
-    if not _JOB_ID.match(args.job):
-        raise CliError(ExitCode.USAGE, f"job id {args.job!r} is not valid: use 1-64 letters, digits, '.', '_' or '-'; "
+    if not JOB_ID.match(args.job):
+        raise CliError(ExitCode.USAGE, f"job id {args.job!r} is not valid: use {JOB_ID_RULE}; "
                                        "check --job (or job_id in the config)")
 
 
@@ -490,10 +488,10 @@ def describe_error(error: BaseException) -> tuple[ExitCode, str]:
         return ExitCode.USAGE, f"configuration error: {error}"
     if isinstance(error, redis_errors.AuthenticationError):
         return ExitCode.USAGE, (f"the state store refused the credentials ({error}); check the password in the "
-                                f"state URL (--state or {_STATE_ENV})")
+                                f"state URL (--state or {STATE_URL_ENV})")
     if isinstance(error, (redis_errors.ConnectionError, redis_errors.TimeoutError)):
         return ExitCode.SERVICE, (f"cannot reach the state store: {str(error).rstrip('.')}; check that Redis runs there and that "
-                                  f"--state (or state.url / {_STATE_ENV}) names it")
+                                  f"--state (or state.url / {STATE_URL_ENV}) names it")
     if isinstance(error, (redis_errors.RedisError, StateStoreError)):
         return ExitCode.SERVICE, f"the state store failed: {error}"
     if isinstance(error, HttpAuthenticationError):
@@ -514,7 +512,7 @@ def describe_error(error: BaseException) -> tuple[ExitCode, str]:
 def _secrets(argv: list[str]) -> list[str]:
     """Passwords that must never reach the output: those of any URL on the command line or in the environment."""
     found = []
-    for text in [*argv, os.environ.get(_STATE_ENV, "")]:
+    for text in [*argv, os.environ.get(STATE_URL_ENV, "")]:
         if "://" in text:
             parts = urlsplit(text)
             found += [p for p in (parts.password, unquote(parts.password or "")) if p]
