@@ -3,13 +3,12 @@ from __future__ import annotations
 
 from urllib.parse import urlparse
 
-from .base import (
-    BatchRecord, BatchSealedError, Durability, FencedError, StateStore, StateStoreError, StateStoreLostError,
-)
-from .file import FileStateStore
-from .memory import MemoryStateStore
-from .redis import RedisStateStore
-from .redis_location import SCHEMES as REDIS_SCHEMES, redact_url
+from streaming_sink.errors import BatchSealedError, FencedError, StateStoreError, StateStoreLostError
+from streaming_sink.state.base import BatchRecord, Durability, StateStore
+from streaming_sink.state.file import FileStateStore
+from streaming_sink.state.memory import MemoryStateStore
+from streaming_sink.state.redis import RedisStateStore
+from streaming_sink.state.redis_location import SCHEMES as REDIS_SCHEMES, redact_url
 
 __all__ = [
     "BatchRecord",

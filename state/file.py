@@ -20,8 +20,9 @@ from typing import Any, Callable, ClassVar, Iterator
 from streaming_sink.committable import TxnRef
 from streaming_sink.job_id import JOB_ID, JOB_ID_RULE
 
-from .base import (
-    BatchRecord, BatchSealedError, StateStore, decode_owner, fencing_error, gate_admits, intent_gate, owner_record,
+from streaming_sink.errors import BatchSealedError
+from streaming_sink.state.base import (
+    BatchRecord, StateStore, decode_owner, fencing_error, gate_admits, intent_gate, owner_record,
 )
 
 @dataclass(frozen=True)

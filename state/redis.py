@@ -12,22 +12,24 @@ relied on (docs/state-store.md). Where the store lives and its options: `redis_l
 """
 from __future__ import annotations
 
+import functools
 import json
 import re
 import time
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import Any, Callable, TypeVar, cast
 
 import redis
 from redis.cluster import RedisCluster
 
-from ..committable import TxnRef
+from streaming_sink.committable import TxnRef
+from streaming_sink.errors import ReplicationError  # moved to streaming_sink/errors.py
 
-from .base import (
-    BatchRecord, BatchSealedError, Durability, StateStore, StateStoreError, decode_owner, fencing_error, intent_gate,
-    owner_record,
+from streaming_sink.errors import BatchSealedError, StateStoreError
+from streaming_sink.state.base import (
+    BatchRecord, Durability, StateStore, decode_owner, fencing_error, intent_gate, owner_record,
 )
-from .redis_location import RedisLocation, connect, parse_redis_url, redact_url
+from streaming_sink.state.redis_location import RedisLocation, connect, parse_redis_url, redact_url, translated_errors
 
 __all__ = ["RedisKeys", "RedisStateStore", "ReplicationError", "redact_url"]
 
@@ -84,10 +86,6 @@ if ARGV[4] ~= '' then
 end
 return epoch
 """
-
-
-class ReplicationError(StateStoreError):
-    """A journal write did not reach the replicas it must before the caller may act on it."""
 
 
 @dataclass(frozen=True)
@@ -169,6 +167,27 @@ class RedisKeys:
         return job if job and not set(job) & set(":{}") else None
 
 
+_Method = TypeVar("_Method", bound=Callable[..., Any])
+_Class = TypeVar("_Class", bound=type)
+
+
+def _translated(method: _Method) -> _Method:
+    @functools.wraps(method)
+    def call(*args: Any, **kwargs: Any) -> Any:
+        with translated_errors():
+            return method(*args, **kwargs)
+
+    return cast(_Method, call)
+
+
+def _translating_errors(cls: _Class) -> _Class:
+    """Every public method of `cls` raises redis-py's errors as the sink's own (`translated_errors`)."""
+    for name, member in list(vars(cls).items()):
+        if callable(member) and not name.startswith("_"):
+            setattr(cls, name, _translated(member))
+    return cls
+
+
 @dataclass(frozen=True)
 class _Server:
     """One Redis server to talk to: the store's client, or a Cluster primary's own client."""
@@ -177,6 +196,7 @@ class _Server:
     name: str
 
 
+@_translating_errors
 class RedisStateStore(StateStore):
     """The production state store: one Redis server, a Sentinel-watched master, or a Redis Cluster.
 

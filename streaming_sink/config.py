@@ -28,7 +28,8 @@ from .config_schema import JobConfig, State, Table
 from .intervals import parse_interval
 from .job_spec import JobSpec
 from .kafka_source import check_options, check_starting_offsets
-from .targets import REGISTRY, ConfigurationError, target_from_url, target_kind, target_option_names
+from .errors import ConfigurationError
+from .targets import REGISTRY, target_from_url, target_kind, target_option_names
 
 _SIZE = re.compile(r"^\s*(\d+)\s*(B|KiB|MiB|GiB|KB|MB|GB|k|m|g)?\s*$", re.IGNORECASE)
 _SIZE_UNITS = {"b": 1, "kib": 1024, "mib": 1024 ** 2, "gib": 1024 ** 3, "kb": 1000, "mb": 1000 ** 2, "gb": 1000 ** 3,

@@ -14,7 +14,8 @@ from typing import Callable
 from .job_spec import JobSpec
 from .metrics import OBSERVED_NAME
 from .routing import struct_column_for
-from .targets import ConfigurationError, target_kind
+from .errors import ConfigurationError
+from .targets import target_kind
 from .value_checks import column_limits, raw_value_room, value_problems
 
 ROUTE_COLUMN = "__table"

@@ -24,7 +24,8 @@ from .job_spec import JobSpec
 from .kafka_source import KafkaSource, probe
 from .metrics import BatchMetrics, progress_listener
 from .sink import ExactlyOnceSink
-from .targets import ConfigurationError, target_from_url
+from .errors import ConfigurationError
+from .targets import target_from_url
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
