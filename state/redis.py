@@ -141,7 +141,8 @@ class RedisKeys:
 
     def tagged(self, legacy_key: str) -> str:
         """Where a key of the legacy layout moves to under the tag."""
-        return RedisKeys(self.prefix, self.job_id).job + legacy_key[len(self.job):]
+        old, new = RedisKeys(self.prefix, self.job_id, legacy=True), RedisKeys(self.prefix, self.job_id)
+        return new.job + legacy_key[len(old.job):]
 
     @staticmethod
     def member(query_id: str, batch_id: int) -> str:

@@ -24,7 +24,7 @@ import os
 import re
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, Iterator, Literal
+from typing import Any, Iterator, Literal, cast
 from urllib.parse import parse_qsl, unquote, urlencode, urlsplit, urlunsplit
 
 import redis
@@ -156,7 +156,7 @@ def _client(location: RedisLocation, socket_timeout: float) -> "redis.Redis | Re
     sentinel_options = {"socket_timeout": options["socket_timeout"],
                         "socket_connect_timeout": options["socket_connect_timeout"]}
     sentinels = Sentinel(list(location.nodes), sentinel_kwargs=sentinel_options, **options)
-    return sentinels.master_for(location.master, db=location.db)
+    return cast("redis.Redis", sentinels.master_for(location.master, db=location.db))
 
 
 def _without_store_options(url: str) -> str:

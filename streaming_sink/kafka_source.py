@@ -129,7 +129,7 @@ def _from_environment(variable: Any, where: str) -> str:
 def check_starting_offsets(value: Any, key: str = "kafka.starting_offsets") -> str:
     """`earliest`, `latest`, or JSON `{"topic": {"partition": offset}}` with -2 (earliest) / -1 (latest)."""
     if value in ("earliest", "latest"):
-        return value
+        return str(value)
     hint = ('write "earliest", "latest", or JSON such as \'{"events": {"0": 1234, "1": -2}}\' '
             "(-2 is earliest, -1 latest)")
     try:
@@ -143,7 +143,7 @@ def check_starting_offsets(value: Any, key: str = "kafka.starting_offsets") -> s
         for partitions in parsed.values()
     ):
         raise ConfigurationError(f"{key}: {value!r} is not a starting position; {hint}")
-    return value
+    return str(value)
 
 
 def _check_assign(value: str, key: str) -> None:
