@@ -3,13 +3,12 @@ from __future__ import annotations
 
 from urllib.parse import urlparse
 
-from .base import (
-    BatchRecord, BatchSealedError, Durability, FencedError, StateStore, StateStoreError, StateStoreLostError,
-)
-from .file import FileStateStore
-from .memory import MemoryStateStore
-from .redis import RedisStateStore
-from .redis_location import SCHEMES as REDIS_SCHEMES, redact_url
+from streaming_sink.errors import BatchSealedError, FencedError, StateStoreError, StateStoreLostError
+from streaming_sink.state.base import BatchRecord, Durability, StateStore
+from streaming_sink.state.file import FileStateStore
+from streaming_sink.state.memory import MemoryStateStore
+from streaming_sink.state.redis import RedisStateStore
+from streaming_sink.state.redis_location import SCHEMES as REDIS_SCHEMES, redact_url
 
 __all__ = [
     "BatchRecord",
@@ -23,9 +22,13 @@ __all__ = [
     "StateStore",
     "StateStoreError",
     "StateStoreLostError",
+    "STATE_URL_ENV",
     "STORE_SCHEMES",
     "open_store",
 ]
+
+#: The environment variable that overrides state.url (and --state's default), for a Redis URL with a password.
+STATE_URL_ENV = "STREAMING_SINK_STATE_URL"
 
 #: The URL schemes `open_store` takes (the one list config and CLI check against).
 STORE_SCHEMES = ("file", *REDIS_SCHEMES)

@@ -14,49 +14,10 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
-from ..errors import StreamingSinkError
-from ..committable import JOURNAL_FORMAT, BatchState, Committable, JournalFormatError, TxnRef, check_format
-
-
-class StateStoreError(StreamingSinkError, RuntimeError):
-    """The state store refused or failed an operation."""
-
-
-class FencedError(StateStoreError):
-    """A newer driver of the same job took over; this one must stop writing."""
-
-    # what an error rebuilt from a Spark task's text (execution.sink_error_of) reads: unknown
-    job_id: str = ""
-    held: int = 0
-    current: int | None = None
-
-    def __init__(self, job_id: str, held: int, current: int | None) -> None:
-        super().__init__(
-            f"job {job_id!r}: this driver holds fencing epoch {held}, but epoch {current} was taken "
-            f"by a newer driver of the same job_id; this driver may no longer write state or commit. "
-            f"Stop it (two drivers must never run one job), or give it its own job_id."
-        )
-        self.job_id, self.held, self.current = job_id, held, current
-
-
-class StateStoreLostError(FencedError):
-    """The store forgot what this job wrote (wiped, rolled back, restored, or not the store the driver uses).
-
-    A subclass of FencedError: the driver or task that sees it must stop acting, exactly as when fenced.
-    """
-
-    def __init__(self, job_id: str, held: int, current: int | None, what: str | None = None) -> None:
-        what = what or (
-            f"this process holds fencing epoch {held}, but the state store's newest epoch is {current or 0}"
-        )
-        StateStoreError.__init__(
-            self,
-            f"job {job_id!r}: {what}: the store has lost state (restarted without persistence, failed over to a "
-            "replica that missed writes, restored from a backup), or it is not the store the driver uses (a file:// "
-            "store is local to one machine). Nothing more was written. See docs/runbook.md, section "
-            "'State store lost or rolled back'."
-        )
-        self.job_id, self.held, self.current = job_id, held, current
+from streaming_sink.committable import JOURNAL_FORMAT, BatchState, Committable, JournalFormatError, TxnRef, check_format
+from streaming_sink.errors import (  # noqa: F401  moved to streaming_sink/errors.py
+    BatchSealedError, FencedError, StateStoreError, StateStoreLostError,
+)
 
 
 def fencing_error(job_id: str, held: int, current: int | None) -> FencedError:
@@ -64,10 +25,6 @@ def fencing_error(job_id: str, held: int, current: int | None) -> FencedError:
     if current is None or current < held:
         return StateStoreLostError(job_id, held, current)
     return FencedError(job_id, held, current)
-
-
-class BatchSealedError(StateStoreError):
-    """An intent arrived for a batch closed to its writer attempt: a zombie or late task must not begin anything."""
 
 
 def attempt_epoch(attempt: str) -> int | None:

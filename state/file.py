@@ -10,45 +10,79 @@ from __future__ import annotations
 import fcntl
 import json
 import os
-import re
 import tempfile
 import time
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, ClassVar, Iterator
 
-from ..committable import TxnRef
+from streaming_sink.committable import TxnRef
+from streaming_sink.job_id import JOB_ID, JOB_ID_RULE
 
-from .base import (
-    BatchRecord, BatchSealedError, StateStore, decode_owner, fencing_error, gate_admits, intent_gate, owner_record,
+from streaming_sink.errors import BatchSealedError
+from streaming_sink.state.base import (
+    BatchRecord, StateStore, decode_owner, fencing_error, gate_admits, intent_gate, owner_record,
 )
 
-_SAFE_NAME = re.compile(r"^[A-Za-z0-9._-]+$")
+@dataclass(frozen=True)
+class FileLayout:
+    """Every path of the journal under `root`; the layout is frozen by tests/integration/test_journal_layout.py.
+
+    `<job_id>/epoch.json` (owner, epoch and heartbeat), `<job_id>/.lock` (the writers' flock),
+    `<job_id>/batches/<query_id>/<n>.<kind>.json` with kind `record`, `done` (labels) or `intents` (label -> TxnRef).
+    """
+
+    root: Path
+
+    KINDS: ClassVar[tuple[str, ...]] = ("record", "done", "intents")
+
+    def job(self, job_id: str) -> Path:
+        if not JOB_ID.match(job_id):
+            raise ValueError(f"job_id {job_id!r}: use {JOB_ID_RULE}")
+        return self.root / job_id
+
+    def epoch(self, job_id: str) -> Path:
+        return self.job(job_id) / "epoch.json"
+
+    def lock(self, job_id: str) -> Path:
+        return self.job(job_id) / ".lock"
+
+    def batches(self, job_id: str) -> Path:
+        return self.job(job_id) / "batches"
+
+    def batch_file(self, job_id: str, query_id: str, batch_id: int, kind: str) -> Path:
+        return self.batches(job_id) / query_id / f"{batch_id}.{kind}.json"
+
+    def batch_files(self, job_id: str) -> Iterator[tuple[Path, str, int, str]]:
+        """Every batch file of the job: (path, query_id, batch_id, kind)."""
+        for path in self.batches(job_id).glob("*/*.json"):
+            batch, kind = path.name.split(".")[:2]
+            yield path, path.parent.name, int(batch), kind
+
+    def is_job(self, folder: Path) -> bool:
+        """Whether a folder under the root holds a job's journal (not a stray folder)."""
+        return bool(JOB_ID.match(folder.name)) and (
+            (folder / "epoch.json").is_file() or (folder / "batches").is_dir())
 
 
 class FileStateStore(StateStore):
-    """Journal under `root/<job_id>/`: `epoch.json`, and `batches/<query_id>/<n>.{record,done,intents}.json`."""
+    """Journal under `root`, laid out as `FileLayout` says."""
 
     def __init__(self, root: str | os.PathLike[str]) -> None:
         self.root = Path(root)
+        self.layout = FileLayout(self.root)
         self.url = f"file://{self.root.resolve()}"
         # Nothing is created here or on any read: `status` and the dry runs must leave no trace, and a
         # mistyped root or job id must read as unknown, not as an empty job. The first write creates the folders.
 
-    def _job_dir(self, job_id: str, create: bool = False) -> Path:
-        if not _SAFE_NAME.match(job_id):
-            raise ValueError(f"job_id {job_id!r} may only contain letters, digits, '.', '_' and '-'")
-        path = self.root / job_id
-        if create:
-            path.mkdir(parents=True, exist_ok=True)
-        return path
-
     def _batch_file(self, job_id: str, query_id: str, batch_id: int, kind: str) -> Path:
-        return self._job_dir(job_id) / "batches" / query_id / f"{batch_id}.{kind}.json"
+        return self.layout.batch_file(job_id, query_id, batch_id, kind)
 
     @contextmanager
     def _locked(self, job_id: str, epoch: int | None) -> Iterator[None]:
-        lock_path = self._job_dir(job_id, create=True) / ".lock"
+        self.layout.job(job_id).mkdir(parents=True, exist_ok=True)
+        lock_path = self.layout.lock(job_id)
         with open(lock_path, "a+") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)
             try:
@@ -61,24 +95,24 @@ class FileStateStore(StateStore):
                 fcntl.flock(lock, fcntl.LOCK_UN)
 
     def _read_epoch(self, job_id: str) -> int:
-        data = _read_json(self._job_dir(job_id) / "epoch.json")
+        data = _read_json(self.layout.epoch(job_id))
         return decode_owner(data)["epoch"] if data else 0
 
     def take_epoch(self, job_id: str, owner: str, at_least: int = 0) -> int:
         with self._locked(job_id, None):
             epoch = max(self._read_epoch(job_id) + 1, at_least)
-            write_json_atomic(self._job_dir(job_id) / "epoch.json", owner_record(owner, time.time(), epoch))
+            write_json_atomic(self.layout.epoch(job_id), owner_record(owner, time.time(), epoch))
             return epoch
 
     def current_epoch(self, job_id: str) -> int:
         return self._read_epoch(job_id)
 
     def epoch_owner(self, job_id: str) -> dict[str, Any] | None:
-        data = _read_json(self._job_dir(job_id) / "epoch.json")
+        data = _read_json(self.layout.epoch(job_id))
         return decode_owner(data) if data else None
 
     def beat(self, job_id: str, epoch: int, at: float) -> None:
-        path = self._job_dir(job_id) / "epoch.json"
+        path = self.layout.epoch(job_id)
         with self._locked(job_id, epoch):
             write_json_atomic(path, {**(_read_json(path) or {}), "seen": {"epoch": epoch, "at": at}})
 
@@ -137,22 +171,18 @@ class FileStateStore(StateStore):
             entries = list(self.root.iterdir())
         except FileNotFoundError:
             return []
-        return sorted(
-            p.name for p in entries
-            if _SAFE_NAME.match(p.name) and ((p / "epoch.json").is_file() or (p / "batches").is_dir())
-        )
+        return sorted(p.name for p in entries if self.layout.is_job(p))
 
     def batch_keys(self, job_id: str) -> list[tuple[str, int]]:
         keys: set[tuple[str, int]] = set()
-        for path in (self._job_dir(job_id) / "batches").glob("*/*.json"):
-            batch, kind = path.name.split(".")[:2]
+        for path, query_id, batch_id, kind in self.layout.batch_files(job_id):
             if kind == "record" or (kind == "intents" and _read_json(path)):
-                keys.add((path.parent.name, int(batch)))
+                keys.add((query_id, batch_id))
         return sorted(keys, key=lambda k: (k[1], k[0]))
 
     def delete_batch(self, job_id: str, epoch: int, query_id: str, batch_id: int) -> None:
         with self._locked(job_id, epoch):
-            for kind in ("record", "done", "intents"):
+            for kind in FileLayout.KINDS:
                 self._batch_file(job_id, query_id, batch_id, kind).unlink(missing_ok=True)
 
     @staticmethod

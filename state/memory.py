@@ -11,9 +11,10 @@ import threading
 import time
 from typing import Any, NoReturn
 
-from ..committable import TxnRef
+from streaming_sink.committable import TxnRef
+from streaming_sink.errors import BatchSealedError
 
-from .base import BatchRecord, BatchSealedError, StateStore, fencing_error, gate_admits, intent_gate
+from streaming_sink.state.base import BatchRecord, StateStore, fencing_error, gate_admits, intent_gate
 
 Key = tuple[str, str, int]  # (job_id, query_id, batch_id)
 

@@ -1,9 +1,6 @@
 """Redis state store: every mutation is one Lua script that checks the fencing epoch first.
 
-Layout: every key of a job is `<prefix>:{<job>}:<name>`. The braces are a Redis Cluster hash tag: a job's keys
-share one slot, so its scripts run on Cluster too. Names: `epoch`, `owner`, `seen` (heartbeat), `index` (set of
-"query_id|batch_id"), `batch:<q>:<n>` (record JSON), `gate:<q>:<n>` (which writer attempts may still record
-intents), `done:<q>:<n>` (set of labels), `intents:<q>:<n>` (hash label -> TxnRef JSON).
+Layout: `RedisKeys` below names every key (it is the one place to read or change it).
 
 Journals written before the tag (`<prefix>:<job>:<name>`) are read where they are, and the next `take_epoch` (a
 driver's start, an operator's acting command) moves them under the tag in one script, after fencing any driver
@@ -20,20 +17,21 @@ import json
 import re
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, cast
+from typing import Any, Callable, TypeVar, cast
 
 import redis
 from redis.cluster import RedisCluster
 
-from ..committable import TxnRef
+from streaming_sink.committable import TxnRef
+from streaming_sink.errors import ReplicationError  # moved to streaming_sink/errors.py
 
-from .base import (
-    BatchRecord, BatchSealedError, Durability, StateStore, StateStoreError, decode_owner, fencing_error, intent_gate,
-    owner_record,
+from streaming_sink.errors import BatchSealedError, StateStoreError
+from streaming_sink.state.base import (
+    BatchRecord, Durability, StateStore, decode_owner, fencing_error, intent_gate, owner_record,
 )
-from .redis_location import RedisLocation, connect, parse_redis_url, redact_url
+from streaming_sink.state.redis_location import RedisLocation, connect, parse_redis_url, redact_url, translated_errors
 
-__all__ = ["RedisStateStore", "ReplicationError", "redact_url"]
+__all__ = ["RedisKeys", "RedisStateStore", "ReplicationError", "redact_url"]
 
 # ARGV[1] expected epoch; ARGV[2] JSON list of redis commands; ARGV[3] the batch's gate key ('' for
 # none) and ARGV[4] the writer attempt it must admit (see state.base.intent_gate); ARGV[5] an intents
@@ -90,8 +88,105 @@ return epoch
 """
 
 
-class ReplicationError(StateStoreError):
-    """A journal write did not reach the replicas it must before the caller may act on it."""
+@dataclass(frozen=True)
+class RedisKeys:
+    """Every key of one job's journal; the layout is frozen by tests/integration/test_journal_layout.py.
+
+    `<prefix>:{<job>}:<name>`: the braces are a Redis Cluster hash tag, so a job's keys share one slot and its
+    scripts run on Cluster too (`legacy`: the untagged `<prefix>:<job>:<name>` of older journals). Names: `epoch`,
+    `owner`, `seen` (heartbeat), `index` (set of `member`s, "query_id|batch_id"), `batch:<q>:<n>` (record JSON),
+    `gate:<q>:<n>` (which writer attempts may still record intents), `done:<q>:<n>` (set of labels),
+    `intents:<q>:<n>` (hash label -> TxnRef JSON).
+    """
+
+    prefix: str
+    job_id: str
+    legacy: bool = False
+
+    @property
+    def job(self) -> str:
+        """The head every key of the job starts with."""
+        return f"{self.prefix}:{self.job_id}" if self.legacy else f"{self.prefix}:{{{self.job_id}}}"
+
+    def _name(self, *parts: object) -> str:
+        return ":".join([self.job, *map(str, parts)])
+
+    @property
+    def epoch(self) -> str:
+        return self._name("epoch")
+
+    @property
+    def owner(self) -> str:
+        return self._name("owner")
+
+    @property
+    def seen(self) -> str:
+        return self._name("seen")
+
+    @property
+    def index(self) -> str:
+        return self._name("index")
+
+    def batch(self, query_id: str, batch_id: int) -> str:
+        return self._name("batch", query_id, batch_id)
+
+    def gate(self, query_id: str, batch_id: int) -> str:
+        return self._name("gate", query_id, batch_id)
+
+    def done(self, query_id: str, batch_id: int) -> str:
+        return self._name("done", query_id, batch_id)
+
+    def intents(self, query_id: str, batch_id: int) -> str:
+        return self._name("intents", query_id, batch_id)
+
+    def tagged(self, legacy_key: str) -> str:
+        """Where a key of the legacy layout moves to under the tag."""
+        old, new = RedisKeys(self.prefix, self.job_id, legacy=True), RedisKeys(self.prefix, self.job_id)
+        return new.job + legacy_key[len(old.job):]
+
+    @staticmethod
+    def member(query_id: str, batch_id: int) -> str:
+        """A batch as the `index` set holds it."""
+        return f"{query_id}|{batch_id}"
+
+    @staticmethod
+    def parse_member(member: str) -> tuple[str, int]:
+        query_id, batch = member.rsplit("|", 1)
+        return query_id, int(batch)
+
+    @staticmethod
+    def job_pattern(prefix: str, name: str) -> str:
+        """A SCAN pattern for the `name` key (epoch, index) of every job, in both layouts."""
+        return f"{_glob_escape(prefix)}:*:{name}"
+
+    @staticmethod
+    def job_of(prefix: str, key: str, name: str) -> str | None:
+        """The job a key found by `job_pattern` belongs to; None for a key of no job."""
+        job = key[len(prefix) + 1:-len(name) - 1]
+        if job.startswith("{") and job.endswith("}"):
+            job = job[1:-1]
+        return job if job and not set(job) & set(":{}") else None
+
+
+_Method = TypeVar("_Method", bound=Callable[..., Any])
+_Class = TypeVar("_Class", bound=type)
+
+
+def _translated(method: _Method) -> _Method:
+    @functools.wraps(method)
+    def call(*args: Any, **kwargs: Any) -> Any:
+        with translated_errors():
+            return method(*args, **kwargs)
+
+    return cast(_Method, call)
+
+
+def _translating_errors(cls: _Class) -> _Class:
+    """Every public method of `cls` raises redis-py's errors as the sink's own (`translated_errors`)."""
+    for name, member in list(vars(cls).items()):
+        if callable(member) and not name.startswith("_"):
+            setattr(cls, name, _translated(member))
+    return cls
 
 
 @dataclass(frozen=True)
@@ -102,6 +197,7 @@ class _Server:
     name: str
 
 
+@_translating_errors
 class RedisStateStore(StateStore):
     """The production state store: one Redis server, a Sentinel-watched master, or a Redis Cluster.
 
@@ -132,31 +228,29 @@ class RedisStateStore(StateStore):
 
     # -- keys ------------------------------------------------------------------------------------------------
 
-    def _key(self, job_id: str, *parts: object) -> str:
-        return ":".join([f"{self._prefix}:{{{job_id}}}", *map(str, parts)])
+    def _keys(self, job_id: str) -> RedisKeys:
+        return RedisKeys(self._prefix, job_id)
 
-    def _legacy_key(self, job_id: str, *parts: object) -> str:
-        return ":".join([self._prefix, job_id, *map(str, parts)])
-
-    def _read_keys(self, job_id: str) -> Callable[..., str]:
+    def _read_keys(self, job_id: str) -> RedisKeys:
         """How a read names the job's keys: under the tag, or in the old layout until `take_epoch` moves it
         (decided once per read, whatever number of keys the read needs)."""
+        keys, legacy = self._keys(job_id), RedisKeys(self._prefix, job_id, legacy=True)
         if job_id not in self._tagged and self._location.kind != "cluster":
-            if self._client.exists(self._key(job_id, "epoch"), self._key(job_id, "index")):
+            if self._client.exists(keys.epoch, keys.index):
                 self._tagged.add(job_id)
-            elif self._client.exists(self._legacy_key(job_id, "epoch"), self._legacy_key(job_id, "index")):
-                return functools.partial(self._legacy_key, job_id)
-        return functools.partial(self._key, job_id)
+            elif self._client.exists(legacy.epoch, legacy.index):
+                return legacy
+        return keys
 
     def _legacy_keys(self, job_id: str) -> list[str]:
         """The job's keys in the old layout, to move, after fencing any driver that still writes them."""
-        if self._location.kind == "cluster" or self._client.exists(self._key(job_id, "epoch")):
+        legacy = RedisKeys(self._prefix, job_id, legacy=True)
+        if self._location.kind == "cluster" or self._client.exists(self._keys(job_id).epoch):
             return []
-        old_epoch = self._legacy_key(job_id, "epoch")
-        if not self._client.exists(old_epoch, self._legacy_key(job_id, "index")):
+        if not self._client.exists(legacy.epoch, legacy.index):
             return []
-        self._client.incr(old_epoch)  # an old-layout driver is fenced before its keys are listed
-        pattern = _glob_escape(self._legacy_key(job_id)) + ":*"
+        self._client.incr(legacy.epoch)  # an old-layout driver is fenced before its keys are listed
+        pattern = _glob_escape(legacy.job) + ":*"
         return sorted(cast(list[str], list(self._client.scan_iter(match=pattern, count=1000))))
 
     # -- writes ----------------------------------------------------------------------------------------------
@@ -200,7 +294,7 @@ class RedisStateStore(StateStore):
         intents_key: str = "", label: str = "",
     ) -> None:
         try:
-            self._write(_FENCED_SCRIPT, [self._key(job_id, "epoch")],
+            self._write(_FENCED_SCRIPT, [self._keys(job_id).epoch],
                         [str(epoch), json.dumps(commands), gate_key, attempt, intents_key, label])
         except redis.ResponseError as error:
             message = str(error)
@@ -212,119 +306,115 @@ class RedisStateStore(StateStore):
             raise StateStoreError(f"redis state store {self.url}: {message}") from error
 
     def take_epoch(self, job_id: str, owner: str, at_least: int = 0) -> int:
-        moves = self._legacy_keys(job_id)
-        moved_to = [self._key(job_id) + key[len(self._legacy_key(job_id)):] for key in moves]
+        keys, moves = self._keys(job_id), self._legacy_keys(job_id)
         epoch = int(self._write(
             _TAKE_EPOCH_SCRIPT,
-            [self._key(job_id, "epoch"), self._key(job_id, "owner"), *moves, *moved_to],
+            [keys.epoch, keys.owner, *moves, *map(keys.tagged, moves)],
             [str(at_least), json.dumps(owner_record(owner, time.time())), str(len(moves)),
-             self._legacy_key(job_id, "epoch") if moves else ""],
+             RedisKeys(self._prefix, job_id, legacy=True).epoch if moves else ""],
         ))
         self._tagged.add(job_id)
         return epoch
 
     def beat(self, job_id: str, epoch: int, at: float) -> None:
-        self._fenced(job_id, epoch, [["SET", self._key(job_id, "seen"), json.dumps({"epoch": epoch, "at": at})]])
+        self._fenced(job_id, epoch, [["SET", self._keys(job_id).seen, json.dumps({"epoch": epoch, "at": at})]])
 
     def add_intent(self, job_id: str, epoch: int, query_id: str, batch_id: int, ref: TxnRef) -> None:
+        keys = self._keys(job_id)
         self._fenced(
             job_id,
             epoch,
             [
-                ["HSET", self._key(job_id, "intents", query_id, batch_id), ref.label, ref.to_json()],
-                ["SADD", self._key(job_id, "index"), f"{query_id}|{batch_id}"],
+                ["HSET", keys.intents(query_id, batch_id), ref.label, ref.to_json()],
+                ["SADD", keys.index, keys.member(query_id, batch_id)],
             ],
-            gate_key=self._key(job_id, "gate", query_id, batch_id),
+            gate_key=keys.gate(query_id, batch_id),
             attempt=ref.attempt,
         )
 
     def confirm_intent(self, job_id: str, epoch: int, query_id: str, batch_id: int, ref: TxnRef) -> None:
+        keys = self._keys(job_id)
         self._fenced(
             job_id,
             epoch,
             [],
-            gate_key=self._key(job_id, "gate", query_id, batch_id),
+            gate_key=keys.gate(query_id, batch_id),
             attempt=ref.attempt,
-            intents_key=self._key(job_id, "intents", query_id, batch_id),
+            intents_key=keys.intents(query_id, batch_id),
             label=ref.label,
         )
 
     def remove_intents(self, job_id: str, epoch: int, query_id: str, batch_id: int, labels: list[str]) -> None:
         if labels:
-            self._fenced(job_id, epoch, [["HDEL", self._key(job_id, "intents", query_id, batch_id), *labels]])
+            self._fenced(job_id, epoch, [["HDEL", self._keys(job_id).intents(query_id, batch_id), *labels]])
 
     def put_batch(self, job_id: str, epoch: int, record: BatchRecord) -> None:
-        key = self._key(job_id, "batch", record.query_id, record.batch_id)
+        keys, query_id, batch_id = self._keys(job_id), record.query_id, record.batch_id
         self._fenced(
             job_id,
             epoch,
             [
-                ["SET", key, record.to_json()],
-                ["SET", self._key(job_id, "gate", record.query_id, record.batch_id), intent_gate(record)],
-                ["SADD", self._key(job_id, "index"), f"{record.query_id}|{record.batch_id}"],
+                ["SET", keys.batch(query_id, batch_id), record.to_json()],
+                ["SET", keys.gate(query_id, batch_id), intent_gate(record)],
+                ["SADD", keys.index, keys.member(query_id, batch_id)],
             ],
         )
 
     def mark_done(self, job_id: str, epoch: int, query_id: str, batch_id: int, label: str) -> None:
-        self._fenced(job_id, epoch, [["SADD", self._key(job_id, "done", query_id, batch_id), label]])
+        self._fenced(job_id, epoch, [["SADD", self._keys(job_id).done(query_id, batch_id), label]])
 
     def mark_done_many(self, job_id: str, epoch: int, query_id: str, batch_id: int, labels: list[str]) -> None:
         if labels:
-            self._fenced(job_id, epoch, [["SADD", self._key(job_id, "done", query_id, batch_id), *labels]])
+            self._fenced(job_id, epoch, [["SADD", self._keys(job_id).done(query_id, batch_id), *labels]])
 
     def delete_batch(self, job_id: str, epoch: int, query_id: str, batch_id: int) -> None:
+        keys = self._keys(job_id)
         self._fenced(
             job_id,
             epoch,
             [
-                ["DEL", self._key(job_id, "batch", query_id, batch_id)],
-                ["DEL", self._key(job_id, "done", query_id, batch_id)],
-                ["DEL", self._key(job_id, "intents", query_id, batch_id)],
-                ["DEL", self._key(job_id, "gate", query_id, batch_id)],
-                ["SREM", self._key(job_id, "index"), f"{query_id}|{batch_id}"],
+                ["DEL", keys.batch(query_id, batch_id)],
+                ["DEL", keys.done(query_id, batch_id)],
+                ["DEL", keys.intents(query_id, batch_id)],
+                ["DEL", keys.gate(query_id, batch_id)],
+                ["SREM", keys.index, keys.member(query_id, batch_id)],
             ],
         )
 
     # -- reads -----------------------------------------------------------------------------------------------
 
     def current_epoch(self, job_id: str) -> int:
-        value = self._client.get(self._read_keys(job_id)("epoch"))
+        value = self._client.get(self._read_keys(job_id).epoch)
         return int(value) if value else 0
 
     def epoch_owner(self, job_id: str) -> dict[str, Any] | None:
-        key = self._read_keys(job_id)
-        value, seen = self._client.mget([key("owner"), key("seen")])
+        keys = self._read_keys(job_id)
+        value, seen = self._client.mget([keys.owner, keys.seen])
         return decode_owner(json.loads(value), json.loads(seen) if seen else None) if value else None
 
     def intents(self, job_id: str, query_id: str, batch_id: int) -> list[TxnRef]:
-        values = cast(list[str], self._client.hvals(self._read_keys(job_id)("intents", query_id, batch_id)))
+        values = cast(list[str], self._client.hvals(self._read_keys(job_id).intents(query_id, batch_id)))
         return sorted((TxnRef.from_json(v) for v in values), key=lambda r: r.label)
 
     def get_batch(self, job_id: str, query_id: str, batch_id: int) -> BatchRecord | None:
-        value = cast("str | None", self._client.get(self._read_keys(job_id)("batch", query_id, batch_id)))
+        value = cast("str | None", self._client.get(self._read_keys(job_id).batch(query_id, batch_id)))
         return BatchRecord.from_json(value) if value else None
 
     def done_labels(self, job_id: str, query_id: str, batch_id: int) -> set[str]:
-        return set(cast(set[str], self._client.smembers(self._read_keys(job_id)("done", query_id, batch_id))))
+        return set(cast(set[str], self._client.smembers(self._read_keys(job_id).done(query_id, batch_id))))
 
     def job_ids(self) -> list[str]:
         jobs: set[str] = set()
-        for kind in ("epoch", "index"):
-            head, tail = f"{self._prefix}:", f":{kind}"
-            for key in self._client.scan_iter(match=f"{_glob_escape(self._prefix)}:*{tail}", count=1000):
-                job = key[len(head):-len(tail)]
-                if job.startswith("{") and job.endswith("}"):
-                    job = job[1:-1]
-                if job and not set(job) & set(":{}"):
+        for name in ("epoch", "index"):
+            for key in self._client.scan_iter(match=RedisKeys.job_pattern(self._prefix, name), count=1000):
+                job = RedisKeys.job_of(self._prefix, key, name)
+                if job:
                     jobs.add(job)
         return sorted(jobs)
 
     def batch_keys(self, job_id: str) -> list[tuple[str, int]]:
-        keys: list[tuple[str, int]] = []
-        for member in cast(set[str], self._client.smembers(self._read_keys(job_id)("index"))):
-            query_id, batch = member.rsplit("|", 1)
-            keys.append((query_id, int(batch)))
-        return sorted(keys, key=lambda k: (k[1], k[0]))
+        members = cast(set[str], self._client.smembers(self._read_keys(job_id).index))
+        return sorted(map(RedisKeys.parse_member, members), key=lambda k: (k[1], k[0]))
 
     # -- operations ------------------------------------------------------------------------------------------
 

@@ -22,13 +22,16 @@ from __future__ import annotations
 
 import os
 import re
+from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Iterator, Literal, cast
 from urllib.parse import parse_qsl, unquote, urlencode, urlsplit, urlunsplit
 
 import redis
 from redis.cluster import ClusterNode, RedisCluster
 from redis.sentinel import Sentinel
+
+from streaming_sink.errors import StateStoreAuthError, StateStoreError, StateStoreUnreachableError
 
 #: The URL schemes of Redis stores.
 SCHEMES = ("redis", "rediss", "unix", "redis+sentinel", "redis+cluster")
@@ -121,8 +124,26 @@ def with_options(url: str, options: dict[str, str]) -> str:
     return urlunsplit(parts._replace(query=urlencode([*query, *options.items()])))
 
 
+@contextmanager
+def translated_errors() -> Iterator[None]:
+    """redis-py's errors raised as the sink's own (errors.py), at the store's edge: callers and the CLI see one tree."""
+    try:
+        yield
+    except redis.AuthenticationError as error:
+        raise StateStoreAuthError(str(error)) from error
+    except (redis.ConnectionError, redis.TimeoutError) as error:
+        raise StateStoreUnreachableError(str(error).rstrip(".")) from error
+    except redis.RedisError as error:
+        raise StateStoreError(str(error)) from error
+
+
 def connect(location: RedisLocation, socket_timeout: float) -> "redis.Redis | RedisCluster":
-    """A client that decodes replies to str; nothing is sent until the first command."""
+    """A client that decodes replies to str; nothing is sent until the first command (but for a Cluster's map)."""
+    with translated_errors():
+        return _client(location, socket_timeout)
+
+
+def _client(location: RedisLocation, socket_timeout: float) -> "redis.Redis | RedisCluster":
     options: dict[str, Any] = {"socket_timeout": socket_timeout, "socket_connect_timeout": socket_timeout,
                                "decode_responses": True}
     if location.kind == "server":
@@ -135,7 +156,7 @@ def connect(location: RedisLocation, socket_timeout: float) -> "redis.Redis | Re
     sentinel_options = {"socket_timeout": options["socket_timeout"],
                         "socket_connect_timeout": options["socket_connect_timeout"]}
     sentinels = Sentinel(list(location.nodes), sentinel_kwargs=sentinel_options, **options)
-    return sentinels.master_for(location.master, db=location.db)
+    return cast("redis.Redis", sentinels.master_for(location.master, db=location.db))
 
 
 def _without_store_options(url: str) -> str:

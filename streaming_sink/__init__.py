@@ -11,14 +11,18 @@ from typing import Any
 _EXPORTS = {
     "ExactlyOnceSink": "streaming_sink.sink",
     "ClickHouseTarget": "streaming_sink.targets.clickhouse",
-    "ConfigurationError": "streaming_sink.targets.base",
+    "ConfigurationError": "streaming_sink.errors",
+    "StreamingSinkError": "streaming_sink.errors",
     "BatchState": "streaming_sink.committable",
     "Committable": "streaming_sink.committable",
     "TxnRef": "streaming_sink.committable",
     "make_label": "streaming_sink.committable",
 }
 
-__all__ = sorted(_EXPORTS)
+__all__ = [
+    "BatchState", "ClickHouseTarget", "Committable", "ConfigurationError", "ExactlyOnceSink", "StreamingSinkError",
+    "TxnRef", "make_label",
+]
 
 
 def __getattr__(name: str) -> Any:

@@ -17,34 +17,20 @@ import os
 import re
 import sys
 import traceback
-from enum import IntEnum
 from pathlib import Path
 from typing import Any, Callable, NoReturn
 from urllib.parse import unquote, urlsplit
 
-from .state import STORE_SCHEMES, BatchRecord, StateStore, StateStoreError, open_store
-from .state.base import FencedError
+from .state import STATE_URL_ENV, STORE_SCHEMES, BatchRecord, StateStore, open_store
 from .state.redis import redact_url
 
-from .committable import JournalFormatError
-from .errors import StopForOperator, StreamingSinkError
-from .kafka_source import KafkaUnreachableError  # PySpark is imported only when a probe runs
+from .errors import UNEXPECTED, CliError, ExitCode, StreamingSinkError
+from .job_id import JOB_ID, JOB_ID_RULE
 from .liveness import SILENT_SECONDS, process_owner, running_driver
 from .recovery import (OperatorActionRefused, Recovery, abort_batch, accept_loss, apply_recovery,
                        check_journal_target, plan_recovery, settle_label, settle_record)
 from .status import job_status, render_status, unknown_job
-from .targets import ConfigurationError, Target, target_from_url, url_forms
-
-
-class ExitCode(IntEnum):
-    """The one place the exit codes are defined (also in --help and docs/runbook.md, 'Exit codes')."""
-
-    OK = 0
-    PROBLEM = 1  # the check found a problem: status/doctor verdict, recover kept a transaction for replay
-    USAGE = 2  # usage or configuration error: arguments, --config, URLs, job id, unknown job or batch
-    SERVICE = 3  # a service (state store, target, Kafka) unreachable or failing
-    REFUSED = 4  # an operator action refused for safety (it could lose or duplicate rows, or a driver holds the job)
-    INTERNAL = 5  # an unexpected error, a bug: rerun with --debug and report the traceback
+from .targets import Target, target_from_url, url_forms
 
 
 EXIT_CODES_HELP = """exit codes:
@@ -56,17 +42,6 @@ EXIT_CODES_HELP = """exit codes:
   4  refused for safety: the action could lose or duplicate rows, or a driver holds the job
   5  unexpected error (a bug): rerun with --debug for the traceback"""
 
-# The rule ExactlyOnceSink enforces for job ids (and the file store for its folder names).
-_JOB_ID = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
-_STATE_ENV = "STREAMING_SINK_STATE_URL"
-
-
-class CliError(StreamingSinkError):
-    """A failure the command has already put into words; `code` is what the process exits with."""
-
-    def __init__(self, code: ExitCode, message: str) -> None:
-        super().__init__(message)
-        self.code = code
 
 
 class _Parser(argparse.ArgumentParser):
@@ -106,7 +81,7 @@ def _add_job_arguments(parser: argparse.ArgumentParser, target: str) -> None:
     parser.add_argument("--job", help="the job_id (or from --config)")
     parser.add_argument("--state", help=f"state store URL: file:///path, redis://host:port/db, rediss://, "
                                         "redis+sentinel://s1,s2/MASTER or redis+cluster://n1,n2 (docs/state-store.md; "
-                                        f"or from --config; a Redis password belongs in {_STATE_ENV})")
+                                        f"or from --config; a Redis password belongs in {STATE_URL_ENV})")
     if target == "required":
         parser.add_argument("--target", help=f"target URL: {url_forms()} (or from --config)")
         parser.add_argument("--database", help="target database (or from --config)")
@@ -127,7 +102,7 @@ def _add_acting_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    common = {"epilog": EXIT_CODES_HELP, "formatter_class": argparse.RawDescriptionHelpFormatter}
+    common: dict[str, Any] = {"epilog": EXIT_CODES_HELP, "formatter_class": argparse.RawDescriptionHelpFormatter}
     parser = _Parser(prog="streaming-sink", description="Exactly-once Kafka ingestion into OLAP databases", **common)
     parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
     commands = parser.add_subparsers(dest="command", required=True)
@@ -221,8 +196,8 @@ def _resolve(args: argparse.Namespace, target: str) -> None:
     if missing:
         raise CliError(ExitCode.USAGE, f"missing {' and '.join(missing)}: give {'them' if len(missing) > 1 else 'it'}, "
                                        "or --config job.toml")
-    if not _JOB_ID.match(args.job):
-        raise CliError(ExitCode.USAGE, f"job id {args.job!r} is not valid: use 1-64 letters, digits, '.', '_' or '-'; "
+    if not JOB_ID.match(args.job):
+        raise CliError(ExitCode.USAGE, f"job id {args.job!r} is not valid: use {JOB_ID_RULE}; "
                                        "check --job (or job_id in the config)")
 
 
@@ -466,54 +441,23 @@ def cmd_doctor(args: argparse.Namespace) -> int:
 
 
 def describe_error(error: BaseException) -> tuple[ExitCode, str]:
-    """What failed, why and what to do, and the exit code, for any error an operator command can meet."""
-    from redis import exceptions as redis_errors
-
-    from .http import AuthenticationError as HttpAuthenticationError
-    from .http import HttpError
-    from .targets.base import TargetError
-
-    if isinstance(error, CliError):
-        return error.code, str(error)
-    if isinstance(error, OperatorActionRefused):
-        return ExitCode.REFUSED, f"refusing: {error}"
-    if isinstance(error, FencedError):  # a driver (or another operator) took the job's epoch meanwhile
-        return ExitCode.REFUSED, f"refusing: {error}"
-    if isinstance(error, StopForOperator):  # the job stopped rather than lose or duplicate; the runbook says what to do
-        return ExitCode.REFUSED, f"stopped for an operator ({type(error).__name__}): {error}"
-    if isinstance(error, JournalFormatError):  # acting on a misread record could commit or abort the wrong transactions
-        return ExitCode.REFUSED, f"refusing: {error}; use the streaming-sink release that wrote the journal"
-    if isinstance(error, KafkaUnreachableError):
-        return ExitCode.SERVICE, f"Kafka: {error}"
-    if isinstance(error, ConfigurationError):
-        return ExitCode.USAGE, f"configuration error: {error}"
-    if isinstance(error, redis_errors.AuthenticationError):
-        return ExitCode.USAGE, (f"the state store refused the credentials ({error}); check the password in the "
-                                f"state URL (--state or {_STATE_ENV})")
-    if isinstance(error, (redis_errors.ConnectionError, redis_errors.TimeoutError)):
-        return ExitCode.SERVICE, (f"cannot reach the state store: {str(error).rstrip('.')}; check that Redis runs there and that "
-                                  f"--state (or state.url / {_STATE_ENV}) names it")
-    if isinstance(error, (redis_errors.RedisError, StateStoreError)):
-        return ExitCode.SERVICE, f"the state store failed: {error}"
-    if isinstance(error, HttpAuthenticationError):
-        return ExitCode.USAGE, (f"the target refused the credentials: {error}; check STREAMING_SINK_TARGET_USER "
-                                "and STREAMING_SINK_TARGET_PASSWORD")
-    if isinstance(error, (HttpError, TargetError)):
-        return ExitCode.SERVICE, f"the target failed: {error}"
-    if type(error).__module__.startswith("clickhouse_connect"):
-        return ExitCode.SERVICE, f"ClickHouse failed: {error}; check that it runs and that --target names it"
+    """What failed, why and what to do, and the exit code, for any error an operator command can meet: the sink's
+    own errors carry both (errors.py; stores and targets translate their libraries' errors into them), an OSError
+    names its path, anything else is a bug."""
+    if isinstance(error, StreamingSinkError):
+        return error.exit_code, error.one_line()
     if isinstance(error, OSError):
         if error.filename:
             return ExitCode.SERVICE, (f"cannot use {error.filename}: {error.strerror or error}; check the path in "
                                       "--state or --target and its permissions")
         return ExitCode.SERVICE, f"{error}; check that the service named by --state or --target runs"
-    return ExitCode.INTERNAL, f"unexpected {type(error).__name__}: {error}; rerun with --debug and report the traceback"
+    return ExitCode.INTERNAL, UNEXPECTED.format(kind=type(error).__name__, error=error)
 
 
 def _secrets(argv: list[str]) -> list[str]:
     """Passwords that must never reach the output: those of any URL on the command line or in the environment."""
     found = []
-    for text in [*argv, os.environ.get(_STATE_ENV, "")]:
+    for text in [*argv, os.environ.get(STATE_URL_ENV, "")]:
         if "://" in text:
             parts = urlsplit(text)
             found += [p for p in (parts.password, unquote(parts.password or "")) if p]

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field, replace
 from enum import Enum
 from typing import Any, Mapping
 
-from .errors import StreamingSinkError
+from .errors import ExitCode, StreamingSinkError
 
 LABEL_MAX_LENGTH = 128
 _LABEL_UNSAFE = re.compile(r"[^A-Za-z0-9_]")
@@ -42,6 +42,9 @@ class JournalFormatError(StreamingSinkError, RuntimeError):
 
     Acting on a misread record could commit or abort the wrong transactions, so nothing is done.
     """
+
+    exit_code = ExitCode.REFUSED
+    headline = "refusing: {error}; use the streaming-sink release that wrote the journal"
 
 
 def check_format(data: Mapping[str, Any], what: str) -> int:

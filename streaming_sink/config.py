@@ -21,19 +21,19 @@ from typing import Any, Sequence
 from urllib.parse import urlsplit
 
 import msgspec
-from .state import REDIS_SCHEMES, STORE_SCHEMES
+from .state import REDIS_SCHEMES, STATE_URL_ENV, STORE_SCHEMES  # STATE_URL_ENV moved to state/__init__.py
 from .state.redis_location import parse_redis_url, with_options
 
 from .config_schema import JobConfig, State, Table
 from .intervals import parse_interval
 from .job_spec import JobSpec
 from .kafka_source import check_options, check_starting_offsets
-from .targets import DESCRIPTORS, REGISTRY, ConfigurationError, descriptor_for, embedded_target_url, is_path_url, target_from_url
+from .errors import ConfigurationError
+from .targets import DESCRIPTORS, REGISTRY, descriptor_for, embedded_target_url, is_path_url, target_from_url
 
 _SIZE = re.compile(r"^\s*(\d+)\s*(B|KiB|MiB|GiB|KB|MB|GB|k|m|g)?\s*$", re.IGNORECASE)
 _SIZE_UNITS = {"b": 1, "kib": 1024, "mib": 1024 ** 2, "gib": 1024 ** 3, "kb": 1000, "mb": 1000 ** 2, "gb": 1000 ** 3,
                "k": 1024, "m": 1024 ** 2, "g": 1024 ** 3}
-STATE_URL_ENV = "STREAMING_SINK_STATE_URL"  # overrides state.url, for a Redis URL that carries a password
 
 
 def load_config(path: str | Path) -> JobSpec:

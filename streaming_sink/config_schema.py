@@ -14,6 +14,8 @@ from typing import Annotated, Any, Literal, Union
 
 import msgspec
 
+from .job_id import JOB_ID_PATTERN
+
 SCHEMA_PATH = Path(__file__).resolve().parents[1] / "docs" / "job.schema.json"
 
 Port = Annotated[int, msgspec.Meta(ge=0, le=65535, description="a TCP port; 0 picks a free one")]
@@ -87,7 +89,7 @@ class Spark(_Section):
 class JobConfig(_Section):
     """One packaged job: Kafka topics to target tables, exactly once."""
 
-    job_id: Annotated[str, msgspec.Meta(pattern=r"^[A-Za-z0-9._-]{1,64}$")]
+    job_id: Annotated[str, msgspec.Meta(pattern=JOB_ID_PATTERN)]
     tables: dict[str, Table]
     kafka: Kafka
     routing: Routing

@@ -16,7 +16,8 @@ import pyarrow as pa
 from .job_spec import JobSpec
 from .metrics import OBSERVED_NAME
 from .routing import struct_column_for
-from .targets import ConfigurationError, descriptor_for
+from .errors import ConfigurationError
+from .targets import descriptor_for
 from .targets.base import Target
 from .targets.columns import ColumnRules, column_key
 from .value_checks import value_problems

@@ -36,7 +36,7 @@ from urllib.parse import quote, urlencode, urljoin, urlsplit
 import requests
 from requests.structures import CaseInsensitiveDict
 
-from .errors import StreamingSinkError
+from .errors import ExitCode, StreamingSinkError
 from .retry import RetryPolicy, wait
 
 log = logging.getLogger(__name__)
@@ -53,6 +53,9 @@ _MAX_LINE = 65536  # longest status or header line read from an early answer
 
 class HttpError(StreamingSinkError, RuntimeError):
     """Base of the errors this client raises; the message says what happened and what to do."""
+
+    exit_code = ExitCode.SERVICE
+    headline = "the target failed: {error}"
 
 
 class HttpConnectionError(HttpError):
@@ -77,6 +80,10 @@ class HttpStatusError(HttpError):
 
 class AuthenticationError(HttpStatusError):
     """401/403: wrong user or password, or missing privilege. Retrying will not help."""
+
+    exit_code = ExitCode.USAGE
+    headline = ("the target refused the credentials: {error}; check STREAMING_SINK_TARGET_USER and "
+                "STREAMING_SINK_TARGET_PASSWORD")
 
 
 class HttpProtocolError(HttpError):

@@ -24,7 +24,8 @@ from .job_spec import JobSpec
 from .kafka_source import KafkaSource, probe
 from .metrics import BatchMetrics, progress_listener
 from .sink import ExactlyOnceSink
-from .targets import ConfigurationError, descriptor_for, target_from_url
+from .errors import ConfigurationError
+from .targets import descriptor_for, target_from_url
 from .targets.base import SupportsCreateTable
 
 if TYPE_CHECKING:

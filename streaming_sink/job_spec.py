@@ -8,7 +8,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .kafka_source import KafkaSource, check_options, check_starting_offsets
-from .targets import ConfigurationError, descriptor_for
+from .errors import ConfigurationError
+from .targets import descriptor_for
 
 #: Kafka record field -> (the column it becomes in every data table, its Spark type).
 METADATA_COLUMNS = {

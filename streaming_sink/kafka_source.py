@@ -15,7 +15,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
-from .targets import ConfigurationError
+from .errors import ConfigurationError, KafkaUnreachableError  # KafkaUnreachableError moved to errors.py
 
 #: Spark's Kafka source options for streaming reads (names are case-insensitive in Spark), other
 #: than the `kafka.`-prefixed consumer settings, which all pass through.
@@ -198,10 +198,6 @@ def probe(spark: Any, source: KafkaSource, timeout_s: float = 30.0) -> str:
     pattern = source.option("subscribePattern") or ""
     matched = sorted(n for n in names if re.fullmatch(pattern, n))
     return f"{source.describe()}: reachable, pattern matches {len(matched)} topic(s) now {matched[:5]}"
-
-
-class KafkaUnreachableError(ConfigurationError):
-    """The brokers refused the job's settings or lack its topics; nothing was read."""
 
 
 def root_cause(error: BaseException) -> str:

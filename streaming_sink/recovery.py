@@ -29,7 +29,7 @@ from .state.base import attempt_epoch, fencing_error
 
 from .committable import BatchState, Committable, TxnRef, label_prefix
 from .crash import crash_point
-from .errors import StopForOperator, StreamingSinkError
+from .errors import ExitCode, StopForOperator, StreamingSinkError
 from .targets.base import CommitOutcome, Target
 
 log = logging.getLogger(__name__)
@@ -360,6 +360,9 @@ class RecoveryAction:
 class OperatorActionRefused(StreamingSinkError, RuntimeError):
     """An operator's action that would lose or duplicate rows (aborting a batch with a record, settling a
     label the record does not hold): refused, with the reason."""
+
+    exit_code = ExitCode.REFUSED
+    headline = "refusing: {error}"
 
 
 class TargetMismatchError(OperatorActionRefused):

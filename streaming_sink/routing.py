@@ -7,12 +7,7 @@ from typing import Iterator
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from .targets.base import ConfigurationError
-from .errors import StreamingSinkError
-
-
-class UnknownTableError(StreamingSinkError, ValueError):
-    """A row names a table the target does not have; raised before the writer begins anything for it."""
+from .errors import ConfigurationError, UnknownTableError  # UnknownTableError moved to errors.py
 
 
 @dataclass(frozen=True)

@@ -24,6 +24,7 @@ from .state import BatchRecord, FileStateStore, StateStore, StateStoreLostError
 from .committable import BatchState, Committable, TxnRef
 from .crash import crash_point
 from .errors import BatchDoesNotAddUpError, ReplayLostAgainError, SourceReplannedError, StopForOperator
+from .job_id import JOB_ID as _JOB_ID
 from .checkpoint import planned_offsets, same_source, source_ranges
 from .checkpoint_marker import CheckpointMarker
 from .liveness import HEARTBEAT_SECONDS, Heartbeat, process_owner
@@ -38,7 +39,6 @@ if TYPE_CHECKING:
 log = logging.getLogger("streaming_sink")
 
 QUERY_ID_PROPERTY = "sql.streaming.queryId"
-_JOB_ID = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
 
 
 class ReplayMismatchError(StopForOperator):

@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from .targets import ConfigurationError
+from .errors import ConfigurationError
 
 KAFKA_SOURCE_ARTIFACT = "spark-sql-kafka-0-10"
 #: Kafka source versions whose micro-batch stream throws a NullPointerException from

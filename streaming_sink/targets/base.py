@@ -16,7 +16,10 @@ from typing import Any, Callable, Mapping, Protocol, runtime_checkable
 import pyarrow as pa
 
 from ..committable import Committable, TxnRef
-from ..errors import ConfigurationError, StreamingSinkError  # noqa: F401  (ConfigurationError: re-exported)
+from ..errors import ConfigurationError  # noqa: F401  (re-exported)
+from ..errors import (  # noqa: F401  moved to streaming_sink/errors.py
+    CommitAmbiguousError, CommittedNotChosenError, TargetError, TransactionLimitError,
+)
 
 NewRef = Callable[[int], TxnRef]  # chunk number -> the reference (with its label) of a new server transaction
 RecordIntent = Callable[[TxnRef], None]  # durably records the intent; raises to forbid the begin
@@ -57,10 +60,6 @@ class ExpiryLimit:
     count: int | None = None
     note: str = ""  # what is lost past the limit and which server setting raises it
     kind: ExpiryKind = field(kw_only=True)
-
-
-class TargetError(StreamingSinkError, RuntimeError):
-    """The target refused an operation in a way retrying will not fix."""
 
 
 @dataclass
@@ -173,29 +172,6 @@ class SupportsCreateTable(Protocol):
 
     def create_table(self, table: str, schema: pa.Schema) -> None:
         """Create `table` for rows of `schema` unless it exists."""
-
-
-class TransactionLimitError(TargetError):
-    """The server refused one more open transaction: its database holds as many running ones as it allows
-    (max_running_txn_num_per_db; prepared and pre-committed transactions count until committed). Retrying
-    inside the batch cannot help while the batch's own transactions hold the slots, so it fails at once."""
-
-    RUNBOOK = "See docs/runbook.md, section 'Too many open transactions for the server'."
-
-
-class CommitAmbiguousError(TargetError):
-    """A commit was interrupted where the target cannot tell whether it took effect: an operator must settle it."""
-
-
-class CommittedNotChosenError(TargetError):
-    """An abort found the transaction committed: the journal that asked for the abort does not name it.
-
-    Either a second job writes with the same job_id and checkpoint, or the state store was rolled back
-    to an older copy of a batch's record. Its rows may be duplicated: an operator must look (runbook:
-    'A transaction the journal did not choose is committed').
-    """
-
-    RUNBOOK = "See docs/runbook.md, section 'A transaction the journal did not choose is committed'."
 
 
 def own_names(options: Mapping[str, Any], common_names: Mapping[str, str], target: str) -> dict[str, Any]:

@@ -92,6 +92,12 @@ _MOVE_SYNC = {"alter_sync": 2}
 _QUORUM = {"insert_quorum": "auto"}  # a majority of a Replicated table's replicas hold the rows before the INSERT returns
 _CANNOT_ORDER_BY = 44  # ILLEGAL_COLUMN: a column type ORDER BY cannot compare (AggregateFunction, ...)
 _CHDB_CLIENTS: dict[str, Any] = {}  # one embedded engine per path per process
+
+
+class ClickHouseError(TargetError):
+    """clickhouse-connect's error (unreachable, refused, failing) as the sink's own, past the target's edge."""
+
+    headline = "ClickHouse failed: {error}; check that it runs and that --target names it"
 _CHDB_LOCK = threading.Lock()
 
 
@@ -189,7 +195,14 @@ class ClickHouseTarget(Target):
     def client(self) -> Any:
         """A client for this thread (HTTP) or the process's one engine for the path (chdb)."""
         import clickhouse_connect
+        from clickhouse_connect.driver.exceptions import Error
 
+        try:
+            return self._client(clickhouse_connect)
+        except Error as error:
+            raise ClickHouseError(str(error)) from error
+
+    def _client(self, clickhouse_connect: Any) -> Any:
         if self.embedded:
             with _CHDB_LOCK:
                 if self.url not in _CHDB_CLIENTS:
@@ -320,13 +333,16 @@ class ClickHouseTarget(Target):
         from clickhouse_connect.driver.exceptions import DatabaseError
 
         def repeatable(error: BaseException) -> bool:
-            if not isinstance(error, DatabaseError):
+            if not isinstance(error, (DatabaseError, ClickHouseError)):
                 return False
             self.close()
             return True
 
-        return RetryPolicy(0 if self.embedded else self.retries, self.backoff_s, self.backoff_max_s).run(
-            f"ClickHouse {what}", step, repeatable)
+        try:
+            return RetryPolicy(0 if self.embedded else self.retries, self.backoff_s, self.backoff_max_s).run(
+                f"ClickHouse {what}", step, repeatable)
+        except DatabaseError as error:  # the last one, as the sink's own
+            raise ClickHouseError(str(error)) from error
 
     def _commit_once(self, committable: Committable) -> CommitOutcome:
         self._ensure_ledger()

@@ -39,7 +39,7 @@ from typing import Callable, Iterator, Union
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from ..errors import StreamingSinkError
+from ..errors import EncodingError  # noqa: F401  moved to streaming_sink/errors.py
 
 Tabular = Union[pa.Table, pa.RecordBatch]
 
@@ -54,10 +54,6 @@ _PER_SECOND = {"s": 1, "ms": 1_000, "us": 1_000_000, "ns": 1_000_000_000}
 # Characters the encoder writes outside enclosure: numbers, booleans, dates, times (a separator made
 # of one of them would split those values).
 _UNENCLOSED_CHARS = frozenset("0123456789.-+: eE") | frozenset("truefals")
-
-
-class EncodingError(StreamingSinkError, ValueError):
-    """Data that cannot be written in the chosen wire format; says which column and what to change."""
 
 
 @dataclass(frozen=True)

@@ -259,6 +259,8 @@ def test_over_https_a_ca_bundle_trusts_the_server_the_system_cas_do_not_and_veri
     checking against the system's CAs is refused by its client; `verify = false` connects without checking."""
     from clickhouse_connect.driver.exceptions import OperationalError
 
+    from streaming_sink.targets.clickhouse import ClickHouseError
+
     ca, cert, key = issue_certificates(tmp_path)
     with ClickHouseFront(tmp_path / "ch", tls=(cert, key)) as front:
         target = target_from_url(front.target_url, DB, {"ca_bundle": ca})
@@ -271,8 +273,9 @@ def test_over_https_a_ca_bundle_trusts_the_server_the_system_cas_do_not_and_veri
         writer.close()
         assert target.commit(committable) is CommitOutcome.COMMITTED and visible(target) == list(range(ROWS))
         untrusted = ClickHouseTarget(front.url, database=DB, connect_timeout_s=5)
-        with pytest.raises(OperationalError, match="CERTIFICATE_VERIFY_FAILED"):
+        with pytest.raises(ClickHouseError, match="CERTIFICATE_VERIFY_FAILED") as refused:
             untrusted.routable_tables()
+        assert isinstance(refused.value.__cause__, OperationalError)
         unchecked = ClickHouseTarget(front.url, database=DB, verify=False)
         assert visible(unchecked) == list(range(ROWS))
         for each in (target, untrusted, unchecked):

@@ -18,6 +18,7 @@ import pytest
 
 from devstack.redis import RedisServer
 from streaming_sink.state import BatchRecord, RedisStateStore
+from streaming_sink.state.redis import RedisKeys
 from streaming_sink.committable import BatchState, Committable
 
 SECRET = "s3cr3t-pw-Hx7"
@@ -81,8 +82,9 @@ url = "redis://127.0.0.1:{server.port}/0"
     assert "not-the-password" not in shown(refused)
 
     # a read that fails on the server (WRONGTYPE), with the traceback asked for
-    server.client().set(f"streaming-sink:{JOB}-2:index", "not a set")
-    server.client().set(f"streaming-sink:{JOB}-2:epoch", "1")
+    legacy = RedisKeys("streaming-sink", f"{JOB}-2", legacy=True)  # the layout before the Cluster hash tag
+    server.client().set(legacy.index, "not a set")
+    server.client().set(legacy.epoch, "1")
     broken = cli("status", "--job", f"{JOB}-2", "--state", server.url, "--debug")
     assert broken.returncode == 3 and "WRONGTYPE" in broken.stderr
 

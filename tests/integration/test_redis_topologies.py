@@ -13,6 +13,7 @@ from devstack.redis import HOST, RedisSentinelGroup, RedisServer
 from streaming_sink.committable import BatchState, Committable, TxnRef
 from streaming_sink.state import BatchRecord, FencedError, RedisStateStore, open_store
 from streaming_sink.state.redis import _FENCED_SCRIPT, ReplicationError
+from streaming_sink.errors import StateStoreUnreachableError
 
 JOB, Q = "orders", "query-a"
 
@@ -142,7 +143,7 @@ def test_a_jobs_keys_share_one_cluster_slot(redis_cluster):
 def test_tls_needs_the_client_certificate(redis_tls_server):
     url = redis_tls_server.url
     without_certificate = url.split("&ssl_certfile=")[0]
-    with pytest.raises(redis.ConnectionError):
+    with pytest.raises(StateStoreUnreachableError):  # redis-py's ConnectionError, translated by the store
         open_store(without_certificate).current_epoch(JOB)
     assert open_store(url).current_epoch(JOB) >= 0
 

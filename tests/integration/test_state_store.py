@@ -16,6 +16,7 @@ from streaming_sink.state import (
     open_store,
 )
 from streaming_sink.committable import BatchState, Committable, TxnRef
+from streaming_sink.state.redis import RedisKeys
 
 JOB = "job-1"
 Q = "query-a"
@@ -306,7 +307,7 @@ def test_redis_url_is_redacted_but_still_connects(tmp_path):
         again = pickle.loads(pickle.dumps(s))  # how a Spark task gets the store (execution.py)
         assert again.current_epoch(JOB) == epoch and again.url == s.url
         again.close()
-        server.client(password=secret).set(f"streaming-sink:{{{JOB}}}:intents:{Q}:1", "not a hash")
+        server.client(password=secret).set(RedisKeys("streaming-sink", JOB).intents(Q, 1), "not a hash")
         with pytest.raises(StateStoreError) as caught:
             s.add_intent(JOB, epoch, Q, 1, ref("a"))
         assert "WRONGTYPE" in str(caught.value) and "***@" in str(caught.value)
@@ -315,7 +316,7 @@ def test_redis_url_is_redacted_but_still_connects(tmp_path):
 
 
 def _record_path(store: FileStateStore, batch: int) -> "os.PathLike[str]":
-    return store.root / JOB / "batches" / Q / f"{batch}.record.json"
+    return store.layout.batch_file(JOB, Q, batch, "record")
 
 
 def _raw_record(store, batch: int) -> str:
@@ -324,7 +325,7 @@ def _raw_record(store, batch: int) -> str:
         return store._records[(JOB, Q, batch)]
     if isinstance(store, FileStateStore):
         return open(_record_path(store, batch)).read()
-    return store._client.get(store._key(JOB, "batch", Q, batch))
+    return store._client.get(store._keys(JOB).batch(Q, batch))
 
 
 def _put_raw_record(store, batch: int, text: str) -> None:
@@ -335,7 +336,7 @@ def _put_raw_record(store, batch: int, text: str) -> None:
         with open(_record_path(store, batch), "w") as handle:
             handle.write(text)
     else:
-        store._client.set(store._key(JOB, "batch", Q, batch), text)
+        store._client.set(store._keys(JOB).batch(Q, batch), text)
 
 
 def test_records_carry_their_format_version_and_a_newer_one_is_refused(store):

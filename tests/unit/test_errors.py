@@ -33,3 +33,24 @@ def test_builtin_bases_stay_for_existing_callers():
 
     assert reexported is ConfigurationError and issubclass(ConfigurationError, ValueError)
     assert issubclass(InvariantBreach, RuntimeError)
+
+
+def test_the_tree_in_the_errors_module_is_the_tree_of_the_classes():
+    """errors.py's docstring shows every error class; regenerate it with `error_tree()` when a class moves or joins."""
+    from streaming_sink import errors
+
+    defined_errors()  # every module loaded
+    tree = "\n".join("    " + line for line in errors.error_tree().splitlines())
+    assert tree in errors.__doc__, f"paste into streaming_sink/errors.py's docstring:\n{tree}"
+
+
+def test_every_error_says_its_exit_code_and_one_line():
+    from streaming_sink.errors import CliError, ExitCode, StateStoreLostError
+
+    assert StateStoreLostError("j", 2, 1).exit_code is ExitCode.REFUSED
+    assert StateStoreLostError("j", 2, 1).runbook_section == "State store lost or rolled back"
+    assert str(StateStoreLostError("j", 2, 1)).endswith("See docs/runbook.md, section 'State store lost or rolled back'.")
+    assert CliError(ExitCode.USAGE, "no such batch").one_line() == "no such batch"
+    for error in defined_errors():
+        if issubclass(error, StreamingSinkError):
+            assert isinstance(error.exit_code, ExitCode) and "{error}" in error.headline, error

@@ -8,6 +8,13 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 
 
+def runbook_sections_of_errors() -> dict[str, str]:
+    """The sections error classes carry as data (`runbook`), for the messages errors.see_runbook renders."""
+    from tests.unit.test_errors import defined_errors
+
+    return {e.__qualname__: e.runbook for e in defined_errors() if getattr(e, "runbook", None)}
+
+
 def test_every_runbook_section_named_exists() -> None:
     headings = set(re.findall(r"^## (.+)$", (ROOT / "docs" / "runbook.md").read_text(), re.M))
     files = subprocess.run(["git", "ls-files", "*.py", "*.md"], cwd=ROOT, capture_output=True, text=True, check=True).stdout.split()
@@ -22,5 +29,7 @@ def test_every_runbook_section_named_exists() -> None:
             named += 1
             if title not in headings:
                 unknown.append(f"{name}: {title!r}")
+    named += len(runbook_sections_of_errors())
+    unknown += [f"{kind}.runbook: {title!r}" for kind, title in runbook_sections_of_errors().items() if title not in headings]
     assert named > 10 and unknown == []
     assert not [h for h in headings if re.match(r"\d+\.", h)], "runbook sections are named, not numbered"
