@@ -321,7 +321,8 @@ def _json_texts(name: str, path: str, array: pa.Array) -> list[str | None]:
             raise EncodingError(f"{_where(name, path)} has type {kind}, which has no JSON rendering here") from None
     if pa.types.is_struct(kind):
         return _json_struct(name, path, array)
-    return _json_leaf(name, path, array).to_pylist()
+    rendered: list[str | None] = _json_leaf(name, path, array).to_pylist()
+    return rendered
 
 
 def _json_leaf(name: str, path: str, array: pa.Array) -> pa.Array:
@@ -439,7 +440,8 @@ def encode_arrow(data: Tabular, fmt: ArrowFormat = ArrowFormat()) -> bytes:
     sink = pa.BufferOutputStream()
     with pa.ipc.new_stream(sink, batch.schema) as writer:
         writer.write_batch(batch)
-    return sink.getvalue().to_pybytes()
+    stream: bytes = sink.getvalue().to_pybytes()
+    return stream
 
 
 def _for_doris(name: str, path: str, array: pa.Array) -> pa.Array:
@@ -528,7 +530,7 @@ def _is_string_like(kind: pa.DataType) -> bool:
 
 
 def _is_nested(kind: pa.DataType) -> bool:
-    return pa.types.is_nested(kind)
+    return bool(pa.types.is_nested(kind))
 
 
 def _where(name: str, path: str) -> str:
@@ -566,8 +568,11 @@ def _check_finite(name: str, column: pa.Array, path: str | None = None) -> None:
 
 def _check_range(name: str, path: str, values: pa.Array, low: int, high: int, what: str) -> None:
     """Refuse `values` (int64 counts of a unit) outside [low, high)."""
-    bounds = pc.min_max(values).as_py() if len(values) else {"min": None, "max": None}
-    if bounds["min"] is not None and (bounds["min"] < low or bounds["max"] >= high):
+    if not len(values):
+        return
+    bounds: dict[str, int | None] = pc.min_max(values).as_py()
+    smallest, largest = bounds["min"], bounds["max"]
+    if smallest is not None and largest is not None and (smallest < low or largest >= high):
         raise EncodingError(
             f"{_where(name, path)} has {what} outside 0000-01-01 .. 9999-12-31 (e.g. a negative year), which "
             "DATE/DATETIME cannot hold; filter or fix them before the sink"
@@ -646,7 +651,8 @@ def _join_rows(columns: list[pa.Array], separator: str, delimiter: str) -> bytes
         raise AssertionError("a row rendered to NULL: a column escaped the NULL fill")
     offsets = pa.Array.from_buffers(pa.int32(), len(rows) + 1, [None, rows.buffers()[1]], offset=rows.offset)
     start, end = offsets[0].as_py(), offsets[-1].as_py()
-    return rows.buffers()[2].slice(start, end - start).to_pybytes()
+    body: bytes = rows.buffers()[2].slice(start, end - start).to_pybytes()
+    return body
 
 
 def _header_text(separator: str) -> str:

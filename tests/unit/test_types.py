@@ -1,4 +1,4 @@
-"""The suite runs the type checker over the protocol modules ([tool.mypy] in pyproject.toml lists them),
+"""The suite runs the type checker over every module ([tool.mypy] in pyproject.toml),
 so a type error in the commit protocol fails CI like a failing test."""
 from __future__ import annotations
 
