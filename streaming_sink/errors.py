@@ -39,7 +39,7 @@ defined outside this one, e.g. a product's own error beside its target):
     │   ├── ReplayMismatchError [sink]                  exit 4
     │   └── SourceReplannedError                        exit 4  runbook 'Batch re-planned with another range'
     ├── TargetError (RuntimeError)                      exit 3
-    │   ├── ClickHouseError [targets.clickhouse]        exit 3
+    │   ├── ClickHouseError [targets.clickhouse.connection] exit 3
     │   ├── CommitAmbiguousError                        exit 3
     │   ├── CommittedNotChosenError                     exit 3  runbook 'A transaction the journal did not choose is committed'
     │   └── TransactionLimitError                       exit 3  runbook 'Too many open transactions for the server'

@@ -23,8 +23,9 @@ from clickhouse_connect.driver.exceptions import DatabaseError, OperationalError
 from streaming_sink.committable import TxnRef, make_label
 from streaming_sink.targets import target_from_url
 from streaming_sink.targets.base import CommitOutcome
-from streaming_sink.targets.clickhouse import _INSERT_SETTINGS, LEDGER_TABLE, ClickHouseTarget
-from streaming_sink.targets.clickhouse_engines import DATABASE_FACTS_QUERY, FACTS_QUERY
+from streaming_sink.targets.clickhouse import LEDGER_TABLE, ClickHouseError, ClickHouseTarget
+from streaming_sink.targets.clickhouse.insert_commit import INSERT_SETTINGS
+from streaming_sink.targets.clickhouse.engines import DATABASE_FACTS_QUERY, FACTS_QUERY
 from tests.clickhouse_front import ClickHouseFront
 from tests.clickhouse_front.twin import Twin, outcome
 
@@ -47,7 +48,7 @@ def twin(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Twin]:
     twin.close()
 
 
-# The target's statements, in the order a commit runs them (streaming_sink/targets/clickhouse.py), each as
+# The target's statements, in the order a commit runs them (streaming_sink/targets/clickhouse/), each as
 # (client method, args, kwargs). Both sides start empty and run the same list, so every answer must match.
 TABLES_Q = "SELECT name, engine FROM system.tables WHERE database = {db:String} ORDER BY name"
 TARGET_STATEMENTS: list[tuple[str, tuple[Any, ...], dict[str, Any]]] = [
@@ -64,7 +65,7 @@ TARGET_STATEMENTS: list[tuple[str, tuple[Any, ...], dict[str, Any]]] = [
     ("query", (DATABASE_FACTS_QUERY + " ORDER BY name",), {"parameters": {"db": DB}}),  # engine checks (ordered to compare)
     ("query", (FACTS_QUERY,), {"parameters": {"db": DB, "t": TABLE}}),
     ("query", ("SELECT name FROM system.settings WHERE has({names:Array(String)}, name) ORDER BY name",),  # commit_mode insert
-     {"parameters": {"names": list(_INSERT_SETTINGS)}}),
+     {"parameters": {"names": list(INSERT_SETTINGS)}}),
     ("query", ("SELECT value FROM system.merge_tree_settings WHERE name = {n:String}",),
      {"parameters": {"n": "non_replicated_deduplication_window"}}),
     ("query", ("SELECT name, type FROM system.columns WHERE database = {db:String} AND table = {t:String} ORDER BY position",),
@@ -279,10 +280,10 @@ def test_the_target_commits_through_the_front(clickhouse_front: ClickHouseFront)
 
 def test_drop_after_apply_then_a_repeated_commit_is_exactly_once(clickhouse_front: ClickHouseFront) -> None:
     target = _target(clickhouse_front)
-    target.retries = 0  # the commit would repeat itself: here the caller repeats it
+    target.connection.retries = 0  # the commit would repeat itself: here the caller repeats it
     committable = _prepared(target, 0, orders(range(0, 20)))
     clickhouse_front.faults.drop_after_apply.arm("MOVE PARTITION")
-    with pytest.raises(OperationalError):
+    with pytest.raises(ClickHouseError, match="Connection aborted"):  # the transport error, as the sink's own
         target.commit(committable)
     assert clickhouse_front.faults.drop_after_apply.fired == 1
     assert target.count_rows(TABLE) > 0  # the first partition moved, its answer was lost

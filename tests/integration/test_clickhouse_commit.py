@@ -17,7 +17,7 @@ import pytest
 from streaming_sink.committable import Committable, TxnRef, make_label
 from streaming_sink.targets.base import CommitAmbiguousError, CommitOutcome, ConfigurationError, TargetError
 from streaming_sink.targets import target_from_url
-from streaming_sink.targets import clickhouse as clickhouse_module
+from streaming_sink.targets.clickhouse import target as clickhouse_module
 from streaming_sink.targets.clickhouse import INSERT_CRASH_POINT, LEDGER_TABLE, ClickHouseTarget
 from tests.clickhouse_front import ClickHouseFront
 from tests.infra.tls import issue_certificates
@@ -98,7 +98,7 @@ def test_a_commit_moves_every_row_once_and_repeats_harmlessly(target):
 
 def test_staging_dropped_right_after_the_existence_check_is_never_committed(target, monkeypatch):
     committable = prepare(target, ref())
-    exists = target._exists
+    exists = target.connection.exists
 
     def exists_then_dropped(table: str) -> bool:
         answer = exists(table)
@@ -106,7 +106,7 @@ def test_staging_dropped_right_after_the_existence_check_is_never_committed(targ
             drop(target, table)  # a fenced driver's abort, between the check and the listing
         return answer
 
-    monkeypatch.setattr(target, "_exists", exists_then_dropped)
+    monkeypatch.setattr(target.connection, "exists", exists_then_dropped)
     assert target.commit(committable) is CommitOutcome.ABORTED  # nothing ever moved: replay is safe
     assert target.commit(committable) is CommitOutcome.ABORTED
     assert visible(target) == []
@@ -114,7 +114,7 @@ def test_staging_dropped_right_after_the_existence_check_is_never_committed(targ
 
 def test_listing_partitions_of_a_missing_staging_table_fails(target):
     with pytest.raises(TargetError, match="does not exist"):
-        target._partitions(ref().label)
+        target.connection.partition_sizes(ref().label)
 
 
 def test_staging_dropped_between_two_moves_is_ambiguous_never_lost(target, monkeypatch):
@@ -359,7 +359,7 @@ def test_insert_commit_repeated_after_a_crash_at_every_step_counts_every_row_onc
 
 def test_staging_gone_after_the_insert_began_is_ambiguous_never_lost(insert_target):
     committable = prepare(insert_target, ref())
-    insert_target._write_ledger(committable, "inserting")
+    insert_target.ledger.write(committable, "inserting")
     drop(insert_target, committable.label)
     with pytest.raises(CommitAmbiguousError, match="INSERT") as raised:
         insert_target.commit(committable)
@@ -371,7 +371,7 @@ def test_a_label_whose_insert_began_is_finished_by_insert_in_move_mode_too(click
     target = make_view_target(clickhouse_url)
     try:
         committable = prepare(target, ref())
-        target._write_ledger(committable, "inserting")
+        target.ledger.write(committable, "inserting")
         target.close()
         mover = ClickHouseTarget(clickhouse_url, database=DB)  # commit_mode "move"
         assert mover.commit(committable) is CommitOutcome.COMMITTED
@@ -544,7 +544,7 @@ def test_an_insert_commit_is_refused_when_a_views_table_has_a_window_below_its_p
     committable = prepare(insert_target, ref())  # two partitions
     least = 2 * insert_target.commit_parallelism
     insert_target.client().command(f"ALTER TABLE {DB}.orders_totals MODIFY SETTING non_replicated_deduplication_window = {least - 1}")
-    assert insert_target._refusal(TABLE) is None  # the start check, asked again now
+    assert insert_target.catalog.refusal(TABLE) is None  # the start check, asked again now
     with pytest.raises(ConfigurationError) as refused:
         insert_target.commit(committable)
     message = str(refused.value)
@@ -565,7 +565,7 @@ def test_an_insert_commit_begun_under_a_ledger_without_partition_rows_is_finishe
     target = daily_target(clickhouse_url, window=1000)
     try:
         committable = prepare_daily(target, 0, 0)
-        target._write_ledger(committable, "inserting")
+        target.ledger.write(committable, "inserting")
         assert target.commit(committable) is CommitOutcome.COMMITTED
         assert target.commit(committable) is CommitOutcome.COMMITTED
         assert daily_ids(target) == list(range(DAYS * PER_DAY)) and target.staging_tables() == []

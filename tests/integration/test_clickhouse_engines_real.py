@@ -1,4 +1,4 @@
-"""Which target engines the ClickHouse sink refuses at start (streaming_sink/targets/clickhouse_engines.py), on the
+"""Which target engines the ClickHouse sink refuses at start (streaming_sink/targets/clickhouse/engines.py), on the
 real engine: for every engine the embedded engine (chdb) can create, the verdict on the real system.tables row,
 checked against what the real engine does when the sink's move commit is tried on it (staging `AS` the table,
 rows in, partitions moved). chdb opens one data path per process, so the real tables live in a subprocess.
@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from streaming_sink.targets.clickhouse_engines import (
+from streaming_sink.targets.clickhouse.engines import (
     DATABASE_FACTS_QUERY, FACTS_QUERY, INSERT, MOVE, TableFacts, engine_refusal,
 )
 

@@ -132,7 +132,7 @@ def test_an_insert_commit_into_a_replicated_table_waits_for_a_quorum(front, monk
     target = _setup(front, commit_mode="insert")
     committable = _prepare(target)
     # chdb has no Keeper: the table is a MergeTree that the target is told is replicated (a MergeTree ignores the quorum)
-    monkeypatch.setattr(target, "engine_of", lambda table: REPLICATED)
+    monkeypatch.setattr(target.catalog, "engine_of", lambda table: REPLICATED)
     start = len(front.statements)
     assert target.commit(committable) is CommitOutcome.COMMITTED
     inserts = [text for text in front.statements[start:] if text.startswith(f"INSERT INTO `{DB}`.`{TABLE}`")]

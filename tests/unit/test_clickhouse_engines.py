@@ -1,4 +1,4 @@
-"""Which target engines the ClickHouse sink refuses at start (streaming_sink/targets/clickhouse_engines.py):
+"""Which target engines the ClickHouse sink refuses at start (streaming_sink/targets/clickhouse/engines.py):
 verdicts on system.tables rows as a server shows them (Replicated, Shared and Distributed tables cannot be made
 without ZooKeeper or a cluster). The same verdicts on the real rows of the embedded engine (chdb), checked
 against what it does when the sink's move commit is tried, are in tests/integration/test_clickhouse_engines_real.py.
@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from streaming_sink.targets.clickhouse_engines import INSERT, MOVE, TableFacts, engine_refusal, is_replicated
+from streaming_sink.targets.clickhouse.engines import INSERT, MOVE, TableFacts, engine_refusal, is_replicated
 
 MODES = (MOVE, INSERT)
 

@@ -47,7 +47,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-MOVE, INSERT = "move", "insert"  # the target's commit modes (clickhouse.py, `commit_mode`)
+MOVE, INSERT = "move", "insert"  # the target's commit modes (target.py, `commit_mode`)
+COMMIT_MODES = (MOVE, INSERT)
+#: engines whose replicas can lag (Replicated*, and Shared* on ClickHouse Cloud): reads that decide sync first
+REPLICATED_PREFIXES = ("Replicated", "Shared")
 
 # What the target asks ClickHouse for every table of a database ({db}), or for one ({db}, {t}): the facts a verdict reads.
 DATABASE_FACTS_QUERY = (
@@ -107,7 +110,7 @@ def is_merge_tree(engine: str) -> bool:
 
 
 def is_replicated(engine: str) -> bool:
-    return engine.startswith(("Replicated", "Shared")) and is_merge_tree(engine)
+    return engine.startswith(REPLICATED_PREFIXES) and is_merge_tree(engine)
 
 
 def engine_refusal(facts: TableFacts, commit_mode: str, *, own_keeper_path: bool = False) -> str | None:
@@ -116,7 +119,7 @@ def engine_refusal(facts: TableFacts, commit_mode: str, *, own_keeper_path: bool
     windows, views) are checked by the target; this decides the engine alone.
 
     `own_keeper_path`: the target gives a Replicated staging table a Keeper path of its own instead of
-    copying the target's engine arguments (not built yet: clickhouse.py makes staging `AS` the target).
+    copying the target's engine arguments (not built yet: staging.py makes staging `AS` the target).
     """
     if commit_mode not in (MOVE, INSERT):
         raise ValueError(f"commit_mode {commit_mode!r}: use {MOVE!r} or {INSERT!r}")

@@ -8,7 +8,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from .columns import DAY_US, ColumnLimits, days_from_epoch, int_range, type_arguments
+from ..columns import DAY_US, ColumnLimits, days_from_epoch, int_range, type_arguments
 
 _DATE: dict[str, Any] = dict(date_days=(0, days_from_epoch(dt.date(2149, 6, 6))), range_text="1970-01-01 .. 2149-06-06")
 _DATE32: dict[str, Any] = dict(date_days=(days_from_epoch(dt.date(1900, 1, 1)), days_from_epoch(dt.date(2299, 12, 31))),

@@ -1,0 +1,131 @@
+"""The commit ledger: a table in the target database that says how far each label's commit got, so a
+commit cut anywhere is finished, or judged, from what the server holds (the target's docstring has the
+steps; docs/clickhouse-clusters.md the replica facts)."""
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from ...committable import Committable
+from .connection import Connection, literal
+from .engines import REPLICATED_PREFIXES
+
+LEDGER_TABLE = "_streaming_sink_ledger"
+# Ledger states of a label: its partition moves began (moving) or its INSERT … SELECT began (inserting), or it finished.
+MOVING, INSERTING, COMMITTED = "moving", "inserting", "committed"
+# Insert mode: one staging partition's INSERT finished (a row per partition, naming it), so a resumed commit skips it.
+INSERTED = "inserted"
+# Rows written before the ledger had `state` were written after the moves: they read as committed.
+_STATE_COLUMN = f"state String DEFAULT '{COMMITTED}'"
+# The staging partition an `inserted` row is about; '' in every other row (and in rows of older ledgers).
+_PARTITION_COLUMN = "partition_id String DEFAULT ''"
+#: a majority of a Replicated table's replicas hold the rows before the INSERT returns
+QUORUM = {"insert_quorum": "auto"}
+
+
+def _summary(states: set[str]) -> str | None:
+    """How far a label's commit got: COMMITTED, INSERTING, MOVING, or None (never begun)."""
+    for state in (COMMITTED, INSERTING, MOVING):
+        if state in states:
+            return state
+    return None
+
+
+class Ledger:
+    """The ledger of one target database; made, or brought up to date, once per target."""
+
+    def __init__(self, connection: Connection) -> None:
+        self._connection = connection
+        self._ready = False
+        self.ttl_s: float | None = None  # a legacy ledger's TTL, found when the ledger is checked
+        self._engine = ""  # the ledger's engine, found when the ledger is checked: replicated ones are synced
+
+    @property
+    def name(self) -> str:
+        return self._connection.table(LEDGER_TABLE)
+
+    def ensure(self) -> None:
+        """Create the ledger, or give one made by an older version the `state` column (once per target)."""
+        if self._ready:
+            return
+        client = self._connection.client()
+        client.command(
+            f"CREATE TABLE IF NOT EXISTS {self.name} (label String, target_table String, "
+            f"rows UInt64, {_STATE_COLUMN}, committed_at DateTime DEFAULT now(), {_PARTITION_COLUMN}) ENGINE = MergeTree ORDER BY label"
+        )
+        client.command(f"ALTER TABLE {self.name} ADD COLUMN IF NOT EXISTS {_STATE_COLUMN}")
+        client.command(f"ALTER TABLE {self.name} ADD COLUMN IF NOT EXISTS {_PARTITION_COLUMN}")
+        self._engine = self._definition()[0]
+        self.ttl_s = self.read_ttl_s()
+        self._ready = True
+
+    def _definition(self) -> tuple[str, str]:
+        """The ledger's engine and full engine clause, as system.tables shows them."""
+        engine, engine_full = self._connection.client().query(
+            "SELECT engine, engine_full FROM system.tables WHERE database = {db:String} AND name = {t:String}",
+            parameters={"db": self._connection.database, "t": LEDGER_TABLE},
+        ).result_rows[0]
+        return str(engine), str(engine_full)
+
+    def read_ttl_s(self) -> float | None:
+        """The ledger's TTL (legacy ledgers had `TTL committed_at + INTERVAL n DAY`); None: rows are kept."""
+        engine = self._definition()[1]
+        if not re.search(r"\bTTL\b", engine):
+            return None
+        days = re.search(r"toIntervalDay\((\d+)\)", engine)
+        return float(days.group(1)) * 86400.0 if days else 0.0  # a TTL of another shape: assume the worst
+
+    def write(self, committable: Committable, state: str) -> None:
+        self._connection.client().command(
+            f"INSERT INTO {self.name} (label, target_table, rows, state) VALUES "
+            f"({literal(committable.label)}, {literal(committable.table)}, {int(committable.rows)}, {literal(state)})",
+            settings=self._write_settings(),
+        )
+
+    def write_inserted(self, committable: Committable, partition_id: str, rows: int) -> None:
+        """Journal that one staging partition's INSERT finished, so a resumed commit never sends it again."""
+        self._connection.client().command(
+            f"INSERT INTO {self.name} (label, target_table, rows, state, partition_id) VALUES "
+            f"({literal(committable.label)}, {literal(committable.table)}, {int(rows)}, {literal(INSERTED)}, "
+            f"{literal(partition_id)})",
+            settings=self._write_settings(),
+        )
+
+    def _write_settings(self) -> dict[str, str]:
+        """A Replicated ledger's row is on a majority of replicas before the next step relies on it. Not on
+        SharedMergeTree (every insert is a quorum insert there) nor on a single server (nothing to wait for)."""
+        return QUORUM if self._engine.startswith("Replicated") else {}
+
+    def inserted_partitions(self, label: str) -> set[str]:
+        """The staging partitions whose INSERT the ledger says finished (none in ledgers of older versions)."""
+        return {
+            r[0]
+            for r in self._rows(
+                f"SELECT DISTINCT partition_id FROM {self.name} WHERE label = {{label:String}} AND state = {literal(INSERTED)}",
+                label,
+            )
+        }
+
+    def state(self, label: str) -> str | None:
+        """How far the label's commit got: COMMITTED, INSERTING, MOVING, or None (never begun)."""
+        return _summary(self.states(label))
+
+    def states(self, label: str) -> set[str]:
+        """Every state the ledger holds for the label: which way its commit began, and whether it finished."""
+        return {r[0] for r in self._rows(f"SELECT DISTINCT state FROM {self.name} WHERE label = {{label:String}}", label)}
+
+    def _rows(self, sql: str, label: str) -> list[Any]:
+        """A ledger query's rows, holding every ledger row written before it was sent, whichever replica answers.
+
+        A replica behind a load balancer may not have fetched the newest ledger parts yet (ClickHouse KB "read
+        consistency"). On a Replicated*/Shared* ledger this replica first fetches every part the ledger's
+        replication log names (`SYSTEM SYNC REPLICA … LIGHTWEIGHT`, same session, so the same replica), and on
+        SharedMergeTree the read is also sequentially consistent; on a Replicated one that setting would cover
+        only inserts with a sequential quorum, which the ledger does not use. A single server is always current.
+        """
+        client, settings = self._connection.client(), {}
+        if self._engine.startswith(REPLICATED_PREFIXES):
+            client.command(f"SYSTEM SYNC REPLICA {self.name} LIGHTWEIGHT")
+            if self._engine.startswith("Shared"):
+                settings = {"select_sequential_consistency": 1}
+        return list(client.query(sql, parameters={"label": label}, settings=settings).result_rows)

@@ -1,0 +1,94 @@
+"""The data phase of the ClickHouse target: one writer's rows of one table in a staging table of its own,
+made `CREATE TABLE <staging> AS <target>`, which plays the prepared transaction stock ClickHouse lacks."""
+from __future__ import annotations
+
+from typing import Callable
+
+import pyarrow as pa
+
+from ...committable import TxnRef
+from ..base import NewRef, PreparedPart, RecordIntent, TableTransaction, TargetError
+from ..encoding import EncodingError
+from .catalog import Catalog
+from .connection import Connection, quote
+
+_NULLABLE_PREFIXES = ("Nullable(", "LowCardinality(Nullable(")
+_KEEPS_EVERY_ROW = frozenset({"MergeTree", "ReplicatedMergeTree", "SharedMergeTree"})  # merges fold no rows
+
+
+class StagingTransaction(TableTransaction):
+    def __init__(self, connection: Connection, catalog: Catalog, abort: Callable[[TxnRef], None],
+                 table: str, new_ref: NewRef, record_intent: RecordIntent) -> None:
+        """`abort` is the target's: it drops the staging table unless the ledger says its commit began."""
+        self._connection, self._catalog, self._abort, self._table = connection, catalog, abort, table
+        self._new_ref, self._record_intent = new_ref, record_intent
+        self._ref: TxnRef | None = None
+        self._rows = 0
+        self._bytes = 0
+        self._not_nullable: set[str] | None = None
+
+    def write(self, chunk: pa.Table) -> None:
+        connection = self._connection
+        self._refuse_nulls_where_defaults_would_land(chunk)
+        if self._ref is None:
+            ref = self._new_ref(0)
+            self._record_intent(ref)
+            connection.client().command(f"CREATE TABLE {connection.table(ref.label)} AS {connection.table(self._table)}")
+            self._ref = ref  # only now: a writer whose CREATE failed (the label's table exists) must not drop it
+            if self._catalog.engine_of(self._table) not in _KEEPS_EVERY_ROW:
+                # A Replacing/Summing/Collapsing... staging table would fold rows of equal keys in a background
+                # merge before prepare counts them; the target's own merges apply once the rows are moved.
+                connection.client().command(f"SYSTEM STOP MERGES {connection.table(ref.label)}")
+        connection.repeating(f"insert into {self._ref.label}", lambda: self._insert(chunk))
+        self._rows += chunk.num_rows
+        self._bytes += chunk.nbytes
+
+    def _insert(self, chunk: pa.Table) -> None:
+        """One insert into the staging table, which only this writer writes: after an error its row count
+        tells whether the insert landed (done), did not (raised again, so it is repeated), or neither."""
+        from clickhouse_connect.driver.exceptions import DatabaseError
+
+        connection, label = self._connection, self._ref.label if self._ref else ""
+        try:
+            connection.client().insert_arrow(quote(label), chunk, database=connection.database)
+        except DatabaseError:
+            connection.close()
+            landed = connection.repeating(f"row count of {label}", lambda: connection.count_rows(label))
+            if landed == self._rows + chunk.num_rows:
+                return
+            if landed != self._rows:
+                raise TargetError(
+                    f"staging table {label} holds {landed} rows after an insert whose answer was lost; "
+                    f"{self._rows} or {self._rows + chunk.num_rows} were expected"
+                ) from None
+            raise
+
+    def _refuse_nulls_where_defaults_would_land(self, chunk: pa.Table) -> None:
+        """ClickHouse stores a NULL sent to a column that is not Nullable (Array, Map and Tuple columns never
+        are) as the type's default: 0, '', [], {}. Refused instead, naming the column (docs/types.md)."""
+        if self._not_nullable is None:
+            columns = self._catalog.columns(self._table)
+            self._not_nullable = {name for name, kind in columns.items() if not kind.startswith(_NULLABLE_PREFIXES)}
+        for name in chunk.column_names:
+            if name in self._not_nullable and chunk.column(name).null_count:
+                raise EncodingError(
+                    f"column {name!r} of {self._connection.database}.{self._table} has NULLs, but its ClickHouse type is not "
+                    "Nullable: ClickHouse would store the type's default (0, '', [], {}) instead; make the column "
+                    "Nullable(...) or send no NULLs"
+                )
+
+    def prepare(self) -> list[PreparedPart]:
+        if self._ref is None:
+            return []
+        label = self._ref.label
+        counted = self._connection.repeating(f"row count of {label}", lambda: self._connection.count_rows(label))
+        if counted != self._rows:
+            raise TargetError(
+                f"staging table {self._ref.label} holds {counted} rows but {self._rows} were written; "
+                "is insert deduplication or a TTL active on the target table?"
+            )
+        return [PreparedPart(self._ref, None, self._rows, self._bytes, {"staging": self._ref.label})]
+
+    def abort(self) -> None:
+        if self._ref is not None:
+            self._abort(self._ref)

@@ -1,0 +1,393 @@
+"""ClickHouse target: stock ClickHouse has no prepared transactions, so a staging table plays one.
+
+* begin   = `CREATE TABLE <staging> AS <target>` (same columns, engine, partition key, order);
+* write   = `insert_arrow` into the staging table (data stays Arrow all the way);
+* prepare = the staging table holds exactly the rows written (counted);
+* commit  = steps that a crash anywhere leaves resumable by repeating the commit:
+  1. list the staging table's partitions (an error if the table is gone);
+  2. a ledger row (label, table, rows, state `moving`), unless the label has one;
+  3. `ALTER TABLE <staging> MOVE PARTITION ID … TO TABLE <target>` for each partition: atomic per
+     partition, and a moved partition is no longer listed, so a repeat moves only the rest;
+  4. verify that the staging table still exists and holds 0 rows;
+  5. a ledger row with state `committed`; 6. drop the staging table;
+* abort   = drop the staging table; refused once the ledger names the label (its commit began).
+
+The ledger (`_streaming_sink_ledger` in the target database) decides when the staging table is gone:
+a `committed` row means COMMITTED; a `moving` row alone means some partitions may have moved, which
+no one can tell from here, so `CommitAmbiguousError` (runbook "ClickHouse commit interrupted");
+no row means nothing ever moved, so ABORTED. Ledgers made by older versions expire rows (a TTL),
+so there "no row" is LOST. Rows are kept for good: two of ~100 bytes per transaction, and in insert
+mode one more per staging partition.
+Never `ATTACH PARTITION FROM`: it copies, so a repeated commit would duplicate rows.
+
+Replicas (Replicated*/Shared* tables, ClickHouse Cloud; conformance review 2026-11-24, C2 and C5): a
+read may land on a replica that has not fetched the newest ledger rows yet, while the staging table's
+DROP (database DDL) already reached it, and an ALTER returns before the other replicas ran it. So every
+ledger read that decides something is consistent (ledger.py: the replica syncs the ledger first), each
+MOVE waits for every replica (`alter_sync = 2`), and on a Replicated ledger or target table the ledger rows
+and the INSERT … SELECT wait for a majority (`insert_quorum = 'auto'`) before the next step relies on them.
+Facts and sources: docs/clickhouse-clusters.md, "Replicas behind a load balancer".
+
+Materialized views fire on INSERT only, never on a partition move, so a table that feeds views is
+refused in the default `commit_mode = "move"` (review R8). `commit_mode = "insert"` commits with
+`INSERT INTO <target> SELECT … FROM <staging>` instead, which the views see; the ledger journals it
+(`inserting` before the first INSERT, `inserted` with the staging partition after each), a resumed
+commit skips the partitions already inserted, and a deduplication token per label and partition makes
+a repeat of the one INSERT a crash cut a no-op, in the table and in its views. What that needs from
+the tables, and why, is in insert_commit.py and docs/clickhouse-views.md.
+
+The same code speaks HTTP (`http://host:8123`) and embedded chdb (`chdb:///path`); chdb allows
+one process per path, so with chdb the writers run in the driver. Over HTTP the writers run in Spark
+tasks (the target is pickled without its connection; one client per thread), and a commit or an abort
+that meets a transport error or an error answer repeats itself (`retries`): docs/design.md, "ClickHouse
+over HTTP".
+"""
+from __future__ import annotations
+
+import logging
+import re
+from typing import Any
+from urllib.parse import urlparse
+
+import pyarrow as pa
+
+from ...committable import Committable, TxnRef
+from ...crash import crash_point, target_point
+from ..base import (
+    CommitAmbiguousError, CommitOutcome, CommittedNotChosenError, ConfigurationError, ExpiryKind, ExpiryLimit, NewRef,
+    RecordIntent, TableTransaction, Target, TargetError,
+)
+from ..descriptor import NeededModule, TargetDescriptor, keyword_options
+from .catalog import Catalog
+from .column_types import CLICKHOUSE_COLUMNS
+from .connection import Connection, literal, quote
+from .engines import COMMIT_MODES, DATABASE_FACTS_QUERY, INSERT, MOVE, TableFacts, engine_refusal
+from .insert_commit import InsertCommit
+from .ledger import COMMITTED, INSERTING, LEDGER_TABLE, MOVING, Ledger
+from .staging import StagingTransaction
+
+log = logging.getLogger(__name__)
+# make_label's shape: "ss_", sanitised parts joined by "_", then "_" and 12 hex digits of a hash.
+_LABEL_SHAPE = re.compile(r"ss_\w*_[0-9a-f]{12}", re.ASCII)
+
+#: commit_mode insert: the INSERTs ran, the ledger does not say so yet; the re-run must insert nothing twice
+INSERT_CRASH_POINT = target_point("clickhouse-after-insert")
+# A partition move returns once every replica ran it (alter_sync 0 waits for none, 1 for this replica: the defaults on
+# Cloud and on a server; 3 for the active replicas only, kept when the target's `settings` ask for it).
+_MOVE_SYNC = {"alter_sync": 2}
+
+
+class ClickHouseTarget(Target):
+    kind = "clickhouse"
+
+    def __init__(
+        self,
+        url: str,
+        database: str = "default",
+        user: str | None = None,
+        password: str | None = None,
+        settings: dict[str, Any] | None = None,
+        verify: bool = True,
+        ca_bundle: str | None = None,
+        commit_mode: str = MOVE,
+        connect_timeout_s: float = 10.0,
+        read_timeout_s: float = 300.0,
+        retries: int = 5,
+        backoff_s: float = 0.2,
+        backoff_max_s: float = 5.0,
+        commit_parallelism: int | None = None,
+    ) -> None:
+        parsed = urlparse(url)
+        if parsed.scheme not in ("chdb", "http", "https"):
+            raise ConfigurationError(f"ClickHouseTarget url {url!r}: use chdb:///path or http(s)://host:port")
+        if parsed.scheme == "chdb" and not parsed.path:
+            raise ConfigurationError(f"ClickHouseTarget url {url!r}: chdb needs a path, e.g. chdb:///var/data/ch")
+        if parsed.scheme != "https" and (ca_bundle is not None or verify is not True):
+            raise ConfigurationError(f"ClickHouseTarget url {url!r}: verify and ca_bundle are for https (clickhouses://) only")
+        if commit_mode not in COMMIT_MODES:
+            raise ConfigurationError(
+                f"ClickHouseTarget commit_mode {commit_mode!r}: use {MOVE!r} (the default: partitions are moved, "
+                f"materialized views do not see them) or {INSERT!r} (INSERT … SELECT, which fires them); "
+                "see docs/clickhouse-views.md"
+            )
+        for name, value in (("connect_timeout_s", connect_timeout_s), ("read_timeout_s", read_timeout_s)):
+            if not isinstance(value, (int, float)) or isinstance(value, bool) or value < 1:
+                raise ConfigurationError(f"ClickHouseTarget {name} {value!r}: seconds, at least 1 (the client counts whole seconds)")
+        if not isinstance(retries, int) or isinstance(retries, bool) or retries < 0:
+            raise ConfigurationError(f"ClickHouseTarget retries {retries!r}: a whole number, 0 or more")
+        if commit_parallelism is not None and (not isinstance(commit_parallelism, int) or commit_parallelism < 1):
+            raise ConfigurationError(f"ClickHouseTarget commit_parallelism {commit_parallelism!r}: a whole number, 1 or more")
+        self.url, self.database, self.commit_mode = url, database, commit_mode
+        self.connection = Connection(url, database, user, password, dict(settings or {}), verify, ca_bundle,
+                                     float(connect_timeout_s), float(read_timeout_s), retries, float(backoff_s), float(backoff_max_s))
+        # None: 8 over HTTP, 1 embedded (one engine per process)
+        self._commit_parallelism = 1 if self.embedded else commit_parallelism or 8
+        self.ledger = Ledger(self.connection)
+        self.catalog = Catalog(self.connection, commit_mode, self._commit_parallelism)
+        self._insert = InsertCommit(self.connection, self.ledger, self.catalog)
+        # table -> why the job may not load it in this commit mode (None: it may), found by `routable_tables`
+        self._refusals: dict[str, str | None] = {}
+        self._dedup_limit: ExpiryLimit | None = None  # insert mode: what the tables' deduplication logs forget
+
+    @property
+    def embedded(self) -> bool:
+        return self.connection.embedded
+
+    @property
+    def runs_writers_in_driver(self) -> bool:
+        return self.embedded
+
+    @property
+    def commit_parallelism(self) -> int:
+        return self._commit_parallelism
+
+    def client(self) -> Any:
+        """A client for this thread (HTTP) or the process's one engine for the path (chdb)."""
+        return self.connection.client()
+
+    def routable_tables(self) -> set[str]:
+        """The tables whose engine the sink commits atomically (engines.py); the others are left
+        out, each with a warning that says why and what to load instead. Reads and DDL with IF NOT EXISTS
+        only, so a failed attempt is repeated whole."""
+        return self.connection.repeating("start-up checks", self._routable_tables)
+
+    def _routable_tables(self) -> set[str]:
+        client = self.client()
+        facts = {
+            row["name"]: TableFacts.from_row(row)
+            for row in client.query(DATABASE_FACTS_QUERY, parameters={"db": self.database}).named_results()
+            if row["name"] != LEDGER_TABLE and not _LABEL_SHAPE.fullmatch(row["name"])
+        }
+        if not facts and not client.query(
+            "SELECT count() FROM system.databases WHERE name = {db:String}", parameters={"db": self.database}
+        ).result_rows[0][0]:
+            raise ConfigurationError(f"ClickHouse database {self.database!r} does not exist at {self.url}")
+        self.ledger.ensure()
+        tables = set()
+        for name, table_facts in sorted(facts.items()):
+            why = engine_refusal(table_facts, self.commit_mode)
+            if why:
+                log.warning("ClickHouse table %s.%s cannot be loaded: %s", self.database, name, why)
+            else:
+                tables.add(name)
+                self.catalog.engines[name] = table_facts.engine
+        self._refusals = {table: self.catalog.refusal(table) for table in sorted(tables)}
+        refused = sorted(table for table, why in self._refusals.items() if why)
+        if refused:
+            log.warning("ClickHouse %s: the job refuses to load %s in commit_mode %r (materialized views or deduplication "
+                        "settings; see docs/clickhouse-views.md)", self.database, refused, self.commit_mode)
+        if self.commit_mode == INSERT:
+            self._dedup_limit = self.catalog.deduplication_limit(sorted(set(tables) - set(refused)))
+        return tables
+
+    def engine_of(self, table: str) -> str:
+        """The table's engine (from routable_tables, or asked now)."""
+        return self.catalog.engine_of(table)
+
+    def check_loadable(self, table: str) -> None:
+        """Refuse (ConfigurationError) a table this commit mode cannot load exactly once, with the views involved.
+
+        Checked per table the job writes, when it starts: `check_schema` (the job calls it for each of
+        its tables before Spark reads anything) and `begin` (before any intent), not for every table of
+        the database in `routable_tables`, so a view on a table the job never writes stops nothing.
+        """
+        why = self.refusal(table)
+        if why:
+            raise ConfigurationError(why)
+
+    def refusal(self, table: str) -> str | None:
+        if table not in self._refusals:
+            self._refusals[table] = self.connection.repeating(f"engine check of {table}", lambda: self.catalog.refusal(table))
+        return self._refusals[table]
+
+    def expiry_limits(self) -> list[ExpiryLimit]:
+        """Nothing expires, unless the ledger was made by an older version (as found by `routable_tables`);
+        in insert mode, also the tables' deduplication logs, which a retried INSERT relies on."""
+        limits = [ExpiryLimit("prepared staging tables", None, kind=ExpiryKind.PREPARED),
+                  ExpiryLimit("commit ledger", self.ledger.ttl_s, kind=ExpiryKind.LEDGER)]
+        return limits + ([self._dedup_limit] if self._dedup_limit is not None else [])
+
+    def check_schema(self, table: str, schema: pa.Schema) -> None:
+        self.check_loadable(table)
+
+    def table_columns(self, table: str) -> dict[str, str] | None:
+        return self.catalog.columns(table)
+
+    def create_table(self, table: str, schema: pa.Schema) -> None:
+        """Create a MergeTree table for an Arrow schema if it is missing (the embedded quick start)."""
+        columns = ", ".join(f"{quote(f.name)} {clickhouse_type(f.type, f.nullable)}" for f in schema)
+
+        def create() -> None:
+            client = self.client()
+            client.command(f"CREATE DATABASE IF NOT EXISTS {quote(self.database)}")
+            client.command(f"CREATE TABLE IF NOT EXISTS {self.connection.table(table)} ({columns}) ENGINE = MergeTree ORDER BY tuple()")
+
+        self.connection.repeating(f"creation of {table}", create)
+
+    def begin(self, table: str, new_ref: NewRef, record_intent: RecordIntent) -> TableTransaction:
+        self.check_loadable(table)
+        return StagingTransaction(self.connection, self.catalog, self.abort, table, new_ref, record_intent)
+
+    def commit(self, committable: Committable) -> CommitOutcome:
+        """Finish the label's commit the way its ledger rows say it began; a label not begun, the way the mode says.
+
+        Over HTTP, a transport error (connection refused or cut, answer lost, timeout) or an error answer of the
+        server repeats the whole commit, up to `retries` times: every step is safe to repeat, and a repeat resumes
+        where the statement that failed left it, applied or not. The sink's own verdicts (ambiguous, refused,
+        rows that do not add up) are never repeated.
+        """
+        return self.connection.repeating(f"commit of {committable.label}", lambda: self._commit_once(committable))
+
+    def _commit_once(self, c: Committable) -> CommitOutcome:
+        self.ledger.ensure()
+        connection, staging = self.connection, c.label
+        if not connection.exists(staging):
+            return self._outcome_without_staging(c)
+        states = self.ledger.states(c.label)
+        # every partition moved, or every INSERT finished: a partition still listed is a lagging replica's view, and
+        # the INSERTs are never sent again (the deduplication log may have forgotten them)
+        if COMMITTED in states:
+            connection.drop(staging)
+            return CommitOutcome.COMMITTED
+        by_insert = INSERTING in states or (not states and self.commit_mode == INSERT)
+        if not states and not by_insert:
+            self.catalog.refuse(c.table)  # a view created since the job started
+        try:
+            if by_insert:
+                self._insert.insert(c, states)
+            else:
+                self._move(c, first=not states)
+        except Exception:
+            if connection.exists(staging):
+                raise
+            return self._outcome_without_staging(c)  # dropped under us: the ledger decides
+        if by_insert:
+            crash_point(INSERT_CRASH_POINT, -1)  # target points take no @batch: the first insert commit
+        self.ledger.write(c, COMMITTED)
+        connection.drop(staging)
+        return CommitOutcome.COMMITTED
+
+    def _move(self, c: Committable, first: bool) -> None:
+        """Move every staging partition into the target (commit_mode move), the ledger's `moving` row first."""
+        connection, staging = self.connection, c.label
+        partitions = sorted(connection.partition_sizes(staging))
+        if first:
+            self.ledger.write(c, MOVING)
+        move_sync = {"alter_sync": 3} if str(connection.settings.get("alter_sync")) == "3" else _MOVE_SYNC  # see _MOVE_SYNC
+        for partition_id in partitions:
+            connection.client().command(
+                f"ALTER TABLE {connection.table(staging)} MOVE PARTITION ID {literal(partition_id)} "
+                f"TO TABLE {connection.table(c.table)}",
+                settings=move_sync,
+            )
+        left = connection.count_rows(staging)
+        if left:
+            raise TargetError(
+                f"staging table {staging} still holds {left} rows after its partitions were moved: "
+                "something wrote into it during the commit"
+            )
+
+    def abort(self, ref: TxnRef) -> None:
+        """Drop the staging table, unless a commit of the label began: then only committing it is right.
+
+        Repeated like `commit` after a transport error or an error answer of the server (dropping is idempotent)."""
+        self.connection.repeating(f"abort of {ref.label}", lambda: self._abort_once(ref))
+
+    def _abort_once(self, ref: TxnRef) -> None:
+        self.ledger.ensure()
+        state = self.ledger.state(ref.label)
+        if state is not None:
+            raise CommittedNotChosenError(
+                f"refusing to abort {ref.label}: the ledger {self.database}.{LEDGER_TABLE} says its commit "
+                f"{'finished (committed)' if state == COMMITTED else f'began ({state})'}; a transaction whose "
+                f"commit began can only be committed, so whoever aborts it holds a stale view of the batch. "
+                + CommittedNotChosenError.RUNBOOK
+            )
+        self.connection.drop(ref.label)
+
+    def staging_tables(self) -> list[str]:
+        """Staging tables present now (for tests and the operator's status)."""
+        rows = self.connection.repeating("staging table listing", lambda: self.client().query(
+            "SELECT name FROM system.tables WHERE database = {db:String} AND startsWith(name, 'ss_')",
+            parameters={"db": self.database},
+        ).result_rows)
+        return sorted(r[0] for r in rows if _LABEL_SHAPE.fullmatch(r[0]))
+
+    def leftover_transactions(self, label_prefix: str) -> list[str]:
+        """Staging tables whose label starts with `label_prefix` (e.g. one job's), for reconciling with the journal."""
+        return [name for name in self.staging_tables() if name.startswith(label_prefix)]
+
+    def count_rows(self, table: str) -> int:
+        return self.connection.count_rows(table)
+
+    def _outcome_without_staging(self, committable: Committable) -> CommitOutcome:
+        """The verdict on a label whose staging table was seen gone; read after that, and consistently (the ledger
+        syncs its replica first): a replica that applied the DROP but lags on the ledger would otherwise show no
+        row, and a replay duplicate it."""
+        state = self.ledger.state(committable.label)
+        if state == COMMITTED:
+            return CommitOutcome.COMMITTED
+        if state in (MOVING, INSERTING):
+            raise CommitAmbiguousError(self._ambiguity(committable, state))
+        if self.ledger.read_ttl_s() is not None:
+            return CommitOutcome.LOST  # this ledger expires rows: the label's committed row may be gone
+        return CommitOutcome.ABORTED  # every commit writes its ledger row before it moves anything
+
+    def _ambiguity(self, c: Committable, state: str = MOVING) -> str:
+        ledger, table = self.ledger.name, self.connection.table(c.table)
+        began = "its partition moves began" if state == MOVING else "its INSERT … SELECT into the table began"
+        return (
+            f"ClickHouse commit of {c.label} into {table} was interrupted and its staging table is "
+            f"gone: the ledger says {began} but not that it finished, so between 0 and "
+            f"{c.rows} rows of it are visible, and the sink cannot tell how many. It stops rather than lose or "
+            "duplicate them. See docs/runbook.md, section 'ClickHouse commit interrupted': count this transaction's rows "
+            f"in the target (writer partition {c.partition} of the batch its label names, e.g. "
+            f"SELECT count() FROM {table} WHERE kafka_partition = … AND kafka_offset >= … AND "
+            f"kafka_offset < …, with the batch's offsets from the checkpoint) and compare with {c.rows}. "
+            f"All there: INSERT INTO {ledger} (label, target_table, rows, state) VALUES ({literal(c.label)}, "
+            f"{literal(c.table)}, {int(c.rows)}, {literal(COMMITTED)}). None there (delete any that are): "
+            f"ALTER TABLE {ledger} DELETE WHERE label = {literal(c.label)}, and the batch is replayed when "
+            "Spark re-runs it. Then restart."
+        )
+
+    def close(self) -> None:
+        """Close this thread's HTTP client, or the process's chdb engine (a process opens one path at a time)."""
+        self.connection.close()
+
+
+def clickhouse_type(arrow_type: pa.DataType, nullable: bool) -> str:
+    """The ClickHouse column type that `insert_arrow` fills from an Arrow column of this type."""
+    t = pa.types
+    if t.is_boolean(arrow_type):
+        name = "Bool"
+    elif t.is_integer(arrow_type):
+        name = f"{'UInt' if t.is_unsigned_integer(arrow_type) else 'Int'}{arrow_type.bit_width}"
+    elif t.is_floating(arrow_type):
+        name = f"Float{arrow_type.bit_width}"
+    elif t.is_string(arrow_type) or t.is_large_string(arrow_type) or t.is_binary(arrow_type) or t.is_large_binary(arrow_type):
+        name = "String"
+    elif t.is_timestamp(arrow_type):
+        name = f"DateTime64(6, {literal(arrow_type.tz or 'UTC')})"
+    elif t.is_date(arrow_type):
+        name = "Date32"
+    elif t.is_decimal(arrow_type):
+        name = f"Decimal({arrow_type.precision}, {arrow_type.scale})"
+    else:
+        raise ConfigurationError(f"no ClickHouse column type for Arrow type {arrow_type}; create the table yourself")
+    return f"Nullable({name})" if nullable else name
+
+
+DESCRIPTOR = TargetDescriptor(
+    product=ClickHouseTarget.kind,
+    display_name="ClickHouse",
+    schemes={"chdb": "chdb", "clickhouse": "http", "clickhouses": "https", "http": "http", "https": "https"},
+    url_forms=("chdb:///path", "clickhouse://host:8123", "clickhouses://host:8443"),
+    factory=lambda url, database, user, password, options: ClickHouseTarget(
+        url, database=database, user=user, password=password, **options),
+    option_names=keyword_options(ClickHouseTarget, "url", "database", "user", "password"),
+    columns=CLICKHOUSE_COLUMNS,
+    creates_tables=True,
+    needs_module={"chdb": NeededModule("chdb", "embedded", "ClickHouse embedded in the driver")},
+    path_transports=frozenset({"chdb"}),
+    embedded_url=lambda data_dir: f"chdb://{data_dir}/clickhouse",
+)
