@@ -34,9 +34,9 @@ from ..committable import Committable, TxnRef
 from .encoding import (
     ArrowFormat, CsvFormat, JsonFormat, WireFormat, columns_header, encode_chunks, header_safe,
 )
-from ..http import AuthenticationError, HttpConnectionError, HttpError, HttpResponse, HttpStatusError, api_path, excerpt
+from .streamload.http import AuthenticationError, HttpConnectionError, HttpError, HttpResponse, HttpStatusError, api_path, excerpt
 from ..retry import RetryPolicy, wait
-from .stream_load import FORGOTTEN_LABELS, SharedOptions, StreamLoadTarget, option_values
+from .streamload.target import FORGOTTEN_LABELS, SharedOptions, StreamLoadTarget, option_values
 from .descriptor import TargetDescriptor
 from .olap_types import DORIS_COLUMNS
 from .base import (

@@ -13,7 +13,7 @@
   transaction (e.g. after a BE restart).
 
 Every request goes to the FE, which answers with a 307 to a BE for data-phase operations: the HTTP
-client follows it itself and re-sends credentials and body (streaming_sink/http.py). Logical
+client follows it itself and re-sends credentials and body (targets/streamload/http.py). Logical
 errors come back as HTTP 200 with a `Status` field; `OK` is the only success.
 
 Wire facts (paths, headers, answers, label states): docs/protocol.md, the "StarRocks: ..." sections.
@@ -30,9 +30,9 @@ from ..committable import Committable, TxnRef
 from .encoding import (
     DEFAULT_CHUNK_BYTES, CsvFormat, JsonFormat, WireFormat, columns_header, encode_chunks, header_safe,
 )
-from ..http import AuthenticationError, HttpConnectionError, HttpError, HttpResponse, api_path
+from .streamload.http import AuthenticationError, HttpConnectionError, HttpError, HttpResponse, api_path
 from ..retry import RetryPolicy, wait
-from .stream_load import FORGOTTEN_LABELS, SharedOptions, StreamLoadTarget, option_values
+from .streamload.target import FORGOTTEN_LABELS, SharedOptions, StreamLoadTarget, option_values
 from .descriptor import TargetDescriptor
 from .olap_types import STARROCKS_COLUMNS
 from .base import (

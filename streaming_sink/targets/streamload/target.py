@@ -10,10 +10,10 @@ from typing import Any, Mapping
 
 import pyarrow as pa
 
-from .encoding import EncodingError, check_header_names
-from ..errors import ConfigurationError
-from ..http import HttpClient
-from .base import Target, own_names
+from ..encoding import EncodingError, check_header_names
+from ...errors import ConfigurationError
+from .http import HttpClient
+from ..base import Target, own_names
 from .table_schema import fetch_table_columns
 
 
