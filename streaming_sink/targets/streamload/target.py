@@ -6,12 +6,13 @@ lives here, so a change to it is made once.
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
-from typing import Any, Mapping
+from typing import Any, ClassVar, Mapping
 
 import pyarrow as pa
 
 from ..encoding import EncodingError, check_header_names
 from ...errors import ConfigurationError
+from .fe import FeClient
 from .http import HttpClient
 from ..base import Target, own_names
 from .table_schema import fetch_table_columns
@@ -43,16 +44,18 @@ class SharedOptions:
 class StreamLoadTarget(Target):
     """A target whose FE answers at `http` and whose loads use `options.wire_format()`.
 
-    Subclasses name their options class and its older option names, say which of their options set
-    the HTTP client (`http_options`), and set up their own state in `_started`.
+    Subclasses name their product for messages (`display_name`), their options class and its older
+    option names, say which of their options set the HTTP client (`http_options`), and set up their own
+    state in `_started`.
     """
 
+    display_name: ClassVar[str]
     options_class: Any  # a SharedOptions dataclass with a `parse(options)` classmethod
     common_names: Mapping[str, str] = {}  # shared option names -> this target's older ones
     http_options: Mapping[str, str] = {}  # HttpClient keyword (timeouts, retries, backoff) -> this target's option
 
     def __init__(
-        self, fe_url: str = "http://127.0.0.1:8030", database: str = "db", user: str = "root", password: str = "",
+        self, fe_url: str = "http://127.0.0.1:8030", database: str = "db", user: str | None = "root", password: str = "",
         **options: Any,
     ) -> None:
         name = type(self).__name__
@@ -70,6 +73,7 @@ class StreamLoadTarget(Target):
         except ValueError as error:
             raise ConfigurationError(f"{name} fe_url: {error}") from None
         self.fe_url, self.database, self.user = self.http.base_url, database, user
+        self.fe = FeClient(self.http, self.display_name)
         self._started()
 
     @classmethod
@@ -83,6 +87,27 @@ class StreamLoadTarget(Target):
 
     def _started(self) -> None:
         """Per-target state, once the options and the client exist."""
+
+    def routable_tables(self) -> set[str] | None:
+        """Checks that an https FE may redirect to plain http, that the FE answers, the credentials work and the
+        database exists (`FeClient.probe`); returns the `tables` option (None: any name, the server refuses unknown ones)."""
+        self.require_plain_http_consent()
+        self.fe.probe(self.database)
+        return set(self.options.tables) if self.options.tables is not None else None
+
+    def leftover_transactions(self, label_prefix: str) -> list[str] | None:
+        """None: neither product lists open transactions to the sink's user over HTTP.
+
+        Their load APIs address one label (or txn id) at a time (docs/protocol.md, StarRocks: endpoints; Doris:
+        commit and abort). `GET /api/show_proc` (`/transactions/<db id>/running`) lists them but needs the admin
+        role (StarRocks ShowProcAction, Doris ShowAction.show_proc); StarRocks' BE `/api/transaction/list` shows
+        only that BE's data-phase contexts, and a prepared transaction has none (docs/protocol.md, StarRocks:
+        routing). SHOW PROC, SHOW TRANSACTION and information_schema.loads need the MySQL protocol.
+        """
+        return None
+
+    def close(self) -> None:
+        self.http.close()
 
     def require_plain_http_consent(self) -> None:
         """At start, before any data moves: both products' FEs redirect every load to a BE over plain http
