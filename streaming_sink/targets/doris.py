@@ -26,23 +26,23 @@ from __future__ import annotations
 import logging
 import re
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Mapping
+from typing import Any, Callable, Iterable
 
 import pyarrow as pa
 
 from ..committable import Committable, TxnRef
 from ..retry import RetryPolicy, wait
 from .base import (
-    CommitOutcome, CommittedNotChosenError, ConfigurationError, ExpiryKind, ExpiryLimit, NewRef, PreparedPart, RecordIntent,
+    CommitOutcome, CommittedNotChosenError, ConfigurationError, ExpiryLimit, NewRef, PreparedPart, RecordIntent,
     TableTransaction, TargetError, TransactionLimitError,
 )
 from .descriptor import TargetDescriptor
 from .encoding import ArrowFormat, CsvFormat, JsonFormat, WireFormat, columns_header, encode_chunks, header_safe
 from .olap_types import DORIS_COLUMNS
 from .streamload.accounting import RowCounts
-from .streamload.fe import NO_ANSWER, Answer, Dialect, excerpt_of
+from .streamload.fe import NO_ANSWER, Answer, Dialect
 from .streamload.http import HttpClient, HttpConnectionError, HttpError, HttpStatusError, api_path, excerpt
-from .streamload.target import FORGOTTEN_LABELS, SharedOptions, StreamLoadTarget, option_values
+from .streamload.target import SharedOptions, StreamLoadTarget
 
 log = logging.getLogger(__name__)
 
@@ -98,6 +98,12 @@ class DorisOptions(SharedOptions):
     * `connect_timeout_s`, `request_timeout_s`, `retries`, `backoff_s`: the HTTP client's.
     """
 
+    target = "DorisTarget"
+    common_names = COMMON_NAMES
+    headers_option = "headers"
+    managed_headers = _RESERVED_HEADERS
+    managed_by = "format, max_filter_ratio, strict_mode, load_timeout_s"
+
     max_filter_ratio: float | None = None
     load_timeout_s: int | None = None
     headers: tuple[tuple[str, str], ...] = ()
@@ -108,18 +114,13 @@ class DorisOptions(SharedOptions):
     retries: int = 3
     backoff_s: float = 0.5
 
-    @classmethod
-    def parse(cls, options: Mapping[str, Any]) -> "DorisOptions":
-        values = option_values(cls, options, COMMON_NAMES, "DorisTarget", "headers", _RESERVED_HEADERS,
-                               "format, max_filter_ratio, strict_mode, load_timeout_s")
-        parsed = cls(**values)
-        if parsed.format not in ("csv", "json", "arrow"):
-            raise ConfigurationError(f"DorisTarget: format must be 'csv', 'json' or 'arrow', got {parsed.format!r}")
-        if parsed.max_filter_ratio is not None and not 0.0 <= float(parsed.max_filter_ratio) <= 1.0:
-            raise ConfigurationError(f"DorisTarget: max_filter_ratio must be within [0, 1], got {parsed.max_filter_ratio}")
-        if parsed.retries < 0 or parsed.piece_bytes <= 0 or parsed.commit_parallelism < 1:
+    def _validate(self) -> None:
+        if self.format not in ("csv", "json", "arrow"):
+            raise ConfigurationError(f"DorisTarget: format must be 'csv', 'json' or 'arrow', got {self.format!r}")
+        if self.max_filter_ratio is not None and not 0.0 <= float(self.max_filter_ratio) <= 1.0:
+            raise ConfigurationError(f"DorisTarget: max_filter_ratio must be within [0, 1], got {self.max_filter_ratio}")
+        if self.retries < 0 or self.piece_bytes <= 0 or self.commit_parallelism < 1:
             raise ConfigurationError("DorisTarget: retries >= 0, piece_bytes > 0 and commit_parallelism >= 1 are required")
-        return parsed
 
     def wire_format(self, arrow_schema: pa.Schema | None = None) -> WireFormat:
         if self.format == "arrow":
@@ -173,10 +174,7 @@ class LoadApi:
                                         body=body, idempotent=True).json()
         except HttpError as error:
             raise TargetError(f"Doris {what} got no usable answer: {error}") from error
-        answer = Answer.parse(payload, Dialect.LOAD)
-        if answer is None:
-            raise TargetError(f"Doris {what}: unexpected answer {excerpt_of(payload)!r}")
-        return answer
+        return Answer.expect(payload, Dialect.LOAD, f"Doris {what}")
 
     def two_pc(self, database: str, operation: str, txn_id: int | None = None, label: str | None = None,
                repeat_unclear: bool = True) -> Answer:
@@ -198,10 +196,7 @@ class LoadApi:
             return Answer.failed(NO_ANSWER, str(error), applied=True)
         except HttpError as error:
             raise TargetError(f"{what} got no usable answer: {error}") from error
-        answer = Answer.parse(payload, Dialect.REST)
-        if answer is None:
-            raise TargetError(f"{what}: unexpected answer {excerpt_of(payload)!r}")
-        return answer
+        return Answer.expect(payload, Dialect.REST, what)
 
     def abort(self, ref: TxnRef) -> None:
         """Abort whatever transaction holds `ref.label` now; harmless when none does."""
@@ -280,7 +275,6 @@ class DorisTarget(StreamLoadTarget):
     display_name = "Doris"
 
     options_class = DorisOptions
-    common_names = COMMON_NAMES
     http_options = dict(connect_timeout="connect_timeout_s", read_timeout="request_timeout_s", retries="retries",
                         backoff_s="backoff_s")
 
@@ -295,20 +289,13 @@ class DorisTarget(StreamLoadTarget):
         from 2.0/2.1, as soon as more than `label_num_threshold` (2000) newer finished transactions
         exist in its database, whichever comes first (apache/doris
         DatabaseTransactionMgr.removeUselessTxns)."""
-        return [
-            ExpiryLimit(
-                "pre-committed transactions (FE default)", 3600.0, kind=ExpiryKind.PREPARED,
-                note="pre-committed data of a job that is down longer is rolled back by the server and loaded "
-                     "again from Kafka (retention permitting); raise stream_load_default_precommit_timeout_second "
-                     "on the FE",
-            ),
-            ExpiryLimit(
-                "label history (FE default)", 43200.0, 2000, kind=ExpiryKind.LABELS,
-                note=FORGOTTEN_LABELS + "a busy shared database finishes 2000 stream loads within minutes. Raise "
-                     "streaming_label_keep_max_second and label_num_threshold (-1 disables the count) on the FE, "
-                     "or keep outages short",
-            ),
-        ]
+        return self.outage_limits(
+            "pre-committed transactions (FE default)", 3600.0,
+            "raise stream_load_default_precommit_timeout_second on the FE",
+            43200.0, 2000,
+            "a busy shared database finishes 2000 stream loads within minutes. Raise streaming_label_keep_max_second "
+            "and label_num_threshold (-1 disables the count) on the FE, or keep outages short",
+        )
 
     def begin(self, table: str, new_ref: NewRef, record_intent: RecordIntent) -> TableTransaction:
         return _DorisTransaction(self.api, self.arrow_schema, new_ref, record_intent)

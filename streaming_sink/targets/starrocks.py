@@ -29,16 +29,16 @@ import pyarrow as pa
 from ..committable import Committable, TxnRef
 from ..retry import RetryPolicy, wait
 from .base import (
-    CommitOutcome, CommittedNotChosenError, ConfigurationError, ExpiryKind, ExpiryLimit, NewRef, PreparedPart, RecordIntent,
+    CommitOutcome, CommittedNotChosenError, ConfigurationError, ExpiryLimit, NewRef, PreparedPart, RecordIntent,
     TableTransaction, TargetError, TransactionLimitError,
 )
 from .descriptor import TargetDescriptor
 from .encoding import DEFAULT_CHUNK_BYTES, CsvFormat, JsonFormat, WireFormat, columns_header, encode_chunks, header_safe
 from .olap_types import STARROCKS_COLUMNS
 from .streamload.accounting import RowCounts
-from .streamload.fe import HTTP_ERROR, NO_ANSWER, Answer, Dialect, FeClient, LabelState, excerpt_of
+from .streamload.fe import HTTP_ERROR, NO_ANSWER, Answer, Dialect, FeClient, LabelState
 from .streamload.http import AuthenticationError, HttpClient, HttpConnectionError, HttpError, api_path
-from .streamload.target import FORGOTTEN_LABELS, SharedOptions, StreamLoadTarget, option_values
+from .streamload.target import SharedOptions, StreamLoadTarget
 
 log = logging.getLogger(__name__)
 
@@ -74,6 +74,12 @@ COMMON_NAMES = {
 class StarRocksOptions(SharedOptions):
     """Everything configurable besides the address and credentials; unknown names are refused."""
 
+    target = "StarRocksTarget"
+    common_names = COMMON_NAMES
+    headers_option = "properties"
+    managed_headers = _MANAGED_HEADERS
+    managed_by = "format, column_separator, enclose, escape, strict_mode, timeout, prepared_timeout"
+
     column_separator: str = ","
     row_delimiter: str = "\n"
     enclose: str | None = '"'
@@ -90,14 +96,9 @@ class StarRocksOptions(SharedOptions):
     backoff_max_s: float = 5.0
 
     @classmethod
-    def parse(cls, options: dict[str, Any]) -> "StarRocksOptions":
-        values = option_values(cls, options, COMMON_NAMES, "StarRocksTarget", "properties", _MANAGED_HEADERS,
-                               "format, column_separator, enclose, escape, strict_mode, timeout, prepared_timeout")
-        # StarRocks reads header names in any case: the target sends them lower-cased
-        values["properties"] = tuple((k.lower(), v) for k, v in values.get("properties", ()))
-        parsed = cls(**values)
-        parsed._validate()
-        return parsed
+    def _adjusted(cls, values: dict[str, Any]) -> dict[str, Any]:
+        """StarRocks reads header names in any case: the target sends them lower-cased."""
+        return {**values, "properties": tuple((k.lower(), v) for k, v in values.get("properties", ()))}
 
     def _validate(self) -> None:
         if self.format not in ("csv", "json"):
@@ -160,14 +161,8 @@ class TxnApi:
             return Answer.failed(NO_ANSWER, str(error), applied=error.maybe_applied)
         except HttpError as error:
             return Answer.failed(HTTP_ERROR, str(error), applied=True)
-        payload = response.json()
-        answer = Answer.parse(payload, Dialect.LOAD)
-        if answer is None:
-            raise TargetError(
-                f"StarRocks {op} at {response.url} answered without a 'Status' ({excerpt_of(payload, 200)!r}); "
-                "the transaction interface needs StarRocks 2.4 or later, and fe_url must be the FE HTTP port"
-            )
-        return answer
+        return Answer.expect(response.json(), Dialect.LOAD, f"StarRocks {op} at {response.url} (the transaction "
+                             "interface needs StarRocks 2.4 or later, and fe_url must be the FE HTTP port)")
 
     def cancel(self, ref: TxnRef) -> Answer:
         """`_cancel`: the FE ends a transaction whose BE forgot it (docs/protocol.md, StarRocks: endpoints)."""
@@ -177,11 +172,7 @@ class TxnApi:
             )
         except HttpError as error:
             return Answer.failed(HTTP_ERROR, str(error), applied=True)
-        payload = response.json()
-        answer = Answer.parse(payload, Dialect.REST)
-        if answer is None:
-            raise TargetError(f"StarRocks _cancel at {response.url} answered without a 'status' ({excerpt_of(payload, 200)!r})")
-        return answer
+        return Answer.expect(response.json(), Dialect.REST, f"StarRocks _cancel at {response.url}")
 
 
 class StarRocksTarget(StreamLoadTarget):
@@ -195,7 +186,6 @@ class StarRocksTarget(StreamLoadTarget):
     display_name = "StarRocks"
 
     options_class = StarRocksOptions
-    common_names = COMMON_NAMES
     http_options = dict(connect_timeout="connect_timeout", read_timeout="read_timeout", retries="http_retries",
                         backoff_s="backoff_s", backoff_max_s="backoff_max_s")
 
@@ -209,21 +199,13 @@ class StarRocksTarget(StreamLoadTarget):
         """Server defaults unless configured: PREPARED lives `prepared_timeout` (FE default 86400 s); a
         finished label is remembered `label_keep_max_second` (FE default 3 days), and only while the
         database holds at most DEFAULT_LABEL_KEEP_NUM transactions, running ones included."""
-        prepared = self.options.prepared_timeout or DEFAULT_PREPARED_TIMEOUT_S
-        return [
-            ExpiryLimit(
-                "prepared transactions", float(prepared), kind=ExpiryKind.PREPARED,
-                note="prepared data of a job that is down longer is rolled back by the server and loaded again "
-                     "from Kafka (retention permitting); raise the prepared_timeout option (StarRocks 3.5.4+) or "
-                     "prepared_transaction_default_timeout_second on the FE",
-            ),
-            ExpiryLimit(
-                "label history (FE default)", DEFAULT_LABEL_KEEP_S, DEFAULT_LABEL_KEEP_NUM, kind=ExpiryKind.LABELS,
-                note=FORGOTTEN_LABELS + "raise label_keep_max_second on the FE, or keep outages short. The FE also forgets the "
-                     "oldest labels once running + finished transactions in the database exceed label_keep_max_num "
-                     "(1000 by default): raise it too",
-            ),
-        ]
+        return self.outage_limits(
+            "prepared transactions", float(self.options.prepared_timeout or DEFAULT_PREPARED_TIMEOUT_S),
+            "raise the prepared_timeout option (StarRocks 3.5.4+) or prepared_transaction_default_timeout_second on the FE",
+            DEFAULT_LABEL_KEEP_S, DEFAULT_LABEL_KEEP_NUM,
+            "raise label_keep_max_second on the FE, or keep outages short. The FE also forgets the oldest labels once "
+            "running + finished transactions in the database exceed label_keep_max_num (1000 by default): raise it too",
+        )
 
     def begin(self, table: str, new_ref: NewRef, record_intent: RecordIntent) -> TableTransaction:
         return _StarRocksTransaction(self.api, self.options, table, new_ref, record_intent, self.abort)

@@ -48,10 +48,18 @@ class Answer:
 
     @classmethod
     def parse(cls, body: object, dialect: Dialect) -> "Answer | None":
-        """The answer in `body`, or None when it is not one of `dialect` (see `excerpt_of` for the message)."""
+        """The answer in `body`, or None when it is not one of `dialect`."""
         if not isinstance(body, dict) or dialect.status_key not in body:
             return None
         return cls(str(body[dialect.status_key]), str(body.get(dialect.message_key) or ""), body)
+
+    @classmethod
+    def expect(cls, body: object, dialect: Dialect, what: str) -> "Answer":
+        """The answer in `body`; a TargetError quoting it when it is not one (`what`: the request, for the message)."""
+        answer = cls.parse(body, dialect)
+        if answer is None:
+            raise TargetError(f"{what} answered without a {dialect.status_key!r} ({excerpt_of(body, 200)!r})")
+        return answer
 
     @classmethod
     def failed(cls, status: str, message: str, applied: bool) -> "Answer":

@@ -6,7 +6,7 @@ lives here, so a change to it is made once.
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
-from typing import Any, ClassVar, Mapping
+from typing import Any, ClassVar, Mapping, Self
 
 import pyarrow as pa
 
@@ -14,18 +14,28 @@ from ..encoding import EncodingError, check_header_names
 from ...errors import ConfigurationError
 from .fe import FeClient
 from .http import HttpClient
-from ..base import Target, own_names
+from ..base import ExpiryKind, ExpiryLimit, Target, own_names
 from .table_schema import fetch_table_columns
 
 
 #: Why a server forgetting finished labels matters, for both products' `expiry_limits` notes.
-FORGOTTEN_LABELS = ("a batch whose commit was cut off (driver killed between commit and its record) can no longer be told "
+_FORGOTTEN_LABELS = ("a batch whose commit was cut off (driver killed between commit and its record) can no longer be told "
                     "committed from lost, and the job stops for an operator instead of risking duplicates; ")
 
 
 @dataclass(frozen=True)
 class SharedOptions:
-    """The options both targets take under the same names (their own options classes add the rest)."""
+    """The options both targets take under the same names (their own options classes add the rest), and how
+    both products' options are read: `parse`."""
+
+    # Each product's options class sets these: its target's name in messages, its older option names (shared
+    # name -> its own), its option of free-form Stream Load headers, the headers the target sets itself and the
+    # options that set them.
+    target: ClassVar[str]
+    common_names: ClassVar[Mapping[str, str]]
+    headers_option: ClassVar[str]
+    managed_headers: ClassVar[frozenset[str]]
+    managed_by: ClassVar[str]
 
     tables: tuple[str, ...] | None = None  # tables rows may be routed to; None: the server refuses unknown ones
     format: str = "csv"
@@ -40,18 +50,50 @@ class SharedOptions:
     # StarRocks FEs redirect only that way (docs/protocol.md, Common: redirects)
     allow_plain_http_redirect: bool = False
 
+    @classmethod
+    def parse(cls, options: Mapping[str, Any]) -> Self:
+        """The options in the target's own names, checked the same way for both products: unknown names
+        refused, `tables` a list, and the free-form Stream Load headers neither clashing with the ones the
+        target sets itself nor depending on the order they were given in; then the product's own checks."""
+        target, values = cls.target, own_names(options, cls.common_names, cls.target)
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(values) - known)
+        if unknown:
+            raise ConfigurationError(f"{target}: unknown option(s) {unknown}; known: {sorted(known)}")
+        if values.get("tables") is not None:
+            if isinstance(values["tables"], str):
+                raise ConfigurationError(f"{target}: `tables` must be a list of table names, not one string")
+            values["tables"] = tuple(str(t) for t in values["tables"])
+        key = cls.headers_option
+        if key in values:
+            headers = {str(k): str(v) for k, v in dict(values[key] or {}).items()}
+            clash = sorted(k for k in headers if k.lower() in cls.managed_headers)
+            if clash:
+                raise ConfigurationError(
+                    f"{target}: {key} {clash} are set by the target itself; use its options ({cls.managed_by}) instead")
+            values[key] = tuple(sorted(headers.items()))
+        parsed = cls(**cls._adjusted(values))
+        parsed._validate()
+        return parsed
+
+    @classmethod
+    def _adjusted(cls, values: dict[str, Any]) -> dict[str, Any]:
+        """A product's own rewriting of the checked values (none here)."""
+        return values
+
+    def _validate(self) -> None:
+        """A product's own checks of the parsed options (none here)."""
+
 
 class StreamLoadTarget(Target):
     """A target whose FE answers at `http` and whose loads use `options.wire_format()`.
 
-    Subclasses name their product for messages (`display_name`), their options class and its older
-    option names, say which of their options set the HTTP client (`http_options`), and set up their own
-    state in `_started`.
+    Subclasses name their product for messages (`display_name`) and their options class, say which of
+    their options set the HTTP client (`http_options`), and set up their own state in `_started`.
     """
 
     display_name: ClassVar[str]
-    options_class: Any  # a SharedOptions dataclass with a `parse(options)` classmethod
-    common_names: Mapping[str, str] = {}  # shared option names -> this target's older ones
+    options_class: Any  # a SharedOptions dataclass
     http_options: Mapping[str, str] = {}  # HttpClient keyword (timeouts, retries, backoff) -> this target's option
 
     def __init__(
@@ -79,7 +121,7 @@ class StreamLoadTarget(Target):
     @classmethod
     def option_names(cls) -> set[str]:
         """The keyword options the constructor takes besides the address and credentials."""
-        return {f.name for f in fields(cls.options_class)} | set(cls.common_names)
+        return {f.name for f in fields(cls.options_class)} | set(cls.options_class.common_names)
 
     def http_settings(self) -> dict[str, Any]:
         """The HTTP client's timeouts, retries and backoff, from this target's options."""
@@ -105,6 +147,22 @@ class StreamLoadTarget(Target):
         routing). SHOW PROC, SHOW TRANSACTION and information_schema.loads need the MySQL protocol.
         """
         return None
+
+    @staticmethod
+    def outage_limits(prepared: str, prepared_s: float, raise_prepared: str,
+                      labels_kept_s: float, labels_kept: int, raise_labels: str) -> list[ExpiryLimit]:
+        """The two limits both products put on an outage (docs/protocol.md, StarRocks: label retention; Doris:
+        timeouts and label retention): `prepared` transactions are rolled back after `prepared_s`; a finished
+        label is forgotten after `labels_kept_s`, or once `labels_kept` more transactions exist. `raise_…`: the
+        settings that raise them."""
+        state = prepared.split()[0]  # "prepared" or "pre-committed"
+        return [
+            ExpiryLimit(prepared, prepared_s, kind=ExpiryKind.PREPARED,
+                        note=f"{state} data of a job that is down longer is rolled back by the server and loaded again "
+                             f"from Kafka (retention permitting); {raise_prepared}"),
+            ExpiryLimit("label history (FE default)", labels_kept_s, labels_kept, kind=ExpiryKind.LABELS,
+                        note=_FORGOTTEN_LABELS + raise_labels),
+        ]
 
     def close(self) -> None:
         self.http.close()
@@ -147,28 +205,3 @@ class StreamLoadTarget(Target):
         """From the FE's `_schema` endpoint: type names without lengths (docs/protocol.md, Common: table schema endpoint)."""
         return fetch_table_columns(self.http, self.database, table)
 
-
-def option_values(
-    options_class: type, options: Mapping[str, Any], common_names: Mapping[str, str], target: str,
-    headers_key: str, managed_headers: frozenset[str], instead: str,
-) -> dict[str, Any]:
-    """The options in the target's own names, checked the same way for both products: unknown names
-    refused, `tables` a list, and the free-form Stream Load headers (`headers_key`) neither clashing
-    with the ones the target sets itself (`managed_headers`; `instead` names the options to use) nor
-    depending on the order they were given in."""
-    values = own_names(options, common_names, target)
-    known = {f.name for f in fields(options_class)}
-    unknown = sorted(set(values) - known)
-    if unknown:
-        raise ConfigurationError(f"{target}: unknown option(s) {unknown}; known: {sorted(known)}")
-    if values.get("tables") is not None:
-        if isinstance(values["tables"], str):
-            raise ConfigurationError(f"{target}: `tables` must be a list of table names, not one string")
-        values["tables"] = tuple(str(t) for t in values["tables"])
-    if headers_key in values:
-        headers = {str(k): str(v) for k, v in dict(values[headers_key] or {}).items()}
-        clash = sorted(k for k in headers if k.lower() in managed_headers)
-        if clash:
-            raise ConfigurationError(f"{target}: {headers_key} {clash} are set by the target itself; use its options ({instead}) instead")
-        values[headers_key] = tuple(sorted(headers.items()))
-    return values
