@@ -14,7 +14,8 @@
 
 Every request goes to the FE, which answers with a 307 to a BE for data-phase operations: the HTTP
 client follows it itself and re-sends credentials and body (targets/streamload/http.py). Logical
-errors come back as HTTP 200 with a `Status` field; `OK` is the only success.
+errors come back as HTTP 200 with a `Status` field; `OK` is the only success. Answers, label states and
+the label-state call are the Stream Load kit's (targets/streamload/fe.py).
 
 Wire facts (paths, headers, answers, label states): docs/protocol.md, the "StarRocks: ..." sections.
 """
@@ -144,10 +145,6 @@ class TxnApi:
         self.http, self.fe, self.database = http, fe, database
         self.busy_retry = busy_retry  # how often a busy label, a write-lock timeout or an FE routing miss is tried again
 
-    def label_state(self, label: str) -> tuple[LabelState, str]:
-        """The label's state in this API's database (`FeClient.label_state`)."""
-        return self.fe.label_state(self.database, label)
-
     def call(self, op: str, ref: TxnRef, headers: dict[str, str] | None = None, body: bytes | None = None,
              idempotent: bool = False) -> Answer:
         """`POST /api/transaction/<op>` (`PUT` for `load`) for the label of `ref`, with `headers` besides the label's own."""
@@ -221,7 +218,7 @@ class StarRocksTarget(StreamLoadTarget):
             if answer.ok:
                 return CommitOutcome.COMMITTED
             unclear = unclear or answer.unclear
-            state, reason = api.label_state(label)
+            state, reason = api.fe.label_state(api.database, label)
             if state.committed:
                 log.info("commit of %s answered %s, but the label is %s: committed", label, answer.brief, state)
                 return CommitOutcome.COMMITTED
@@ -254,12 +251,12 @@ class StarRocksTarget(StreamLoadTarget):
         answer = api.call("rollback", ref, idempotent=True)
         if answer.ok:
             return
-        state, _ = api.label_state(ref.label)
+        state, _ = api.fe.label_state(api.database, ref.label)
         if state.gone:
             return
         if state in (LabelState.PREPARE, LabelState.PREPARED):
             cancel = api.cancel(ref)  # the BE lost the context (restart): the FE can still cancel it
-            state, _ = api.label_state(ref.label)
+            state, _ = api.fe.label_state(api.database, ref.label)
             if state.gone:
                 return
             raise TargetError(
@@ -316,7 +313,7 @@ class _StarRocksTransaction(TableTransaction):
                 break
             # A repeated prepare (our first answer was lost) gets TXN_NOT_EXISTS, a routing miss FAILED:
             # only the label state tells whether the transaction is prepared.
-            state, reason = api.label_state(ref.label)
+            state, reason = api.fe.label_state(api.database, ref.label)
             if state == LabelState.PREPARED:
                 break
             lost_context = answer.status == "TXN_NOT_EXISTS"  # PREPARE on the FE, unknown to the BE: BE restart
@@ -352,7 +349,7 @@ class _StarRocksTransaction(TableTransaction):
             if answer.status not in (NO_ANSWER, HTTP_ERROR, "LABEL_ALREADY_EXISTS"):
                 break
             # Our own begin may have landed (the label is unique to this writer attempt): adopt it if so.
-            state, _ = api.label_state(ref.label)
+            state, _ = api.fe.label_state(api.database, ref.label)
             if state == LabelState.PREPARE:
                 log.info("begin of %s answered %s, but the label is PREPARE: it is ours, going on", ref.label, answer.brief)
                 return
@@ -392,7 +389,7 @@ class _StarRocksTransaction(TableTransaction):
             pause = next(pauses, None) if busy or fe_miss or never_sent else None
             if pause is None:
                 return answer
-            if fe_miss and api.label_state(ref.label)[0] != LabelState.PREPARE:
+            if fe_miss and api.fe.label_state(api.database, ref.label)[0] != LabelState.PREPARE:
                 return answer  # the transaction really is gone (timed out, aborted)
             wait(pause, f"StarRocks {op} of {ref.label}: {answer.brief}")
 
