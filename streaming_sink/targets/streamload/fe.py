@@ -58,7 +58,7 @@ class Answer:
         """The answer in `body`; a TargetError quoting it when it is not one (`what`: the request, for the message)."""
         answer = cls.parse(body, dialect)
         if answer is None:
-            raise TargetError(f"{what} answered without a {dialect.status_key!r} ({excerpt_of(body, 200)!r})")
+            raise TargetError(f"{what} answered without a {dialect.status_key!r} ({_excerpt_of(body, 200)!r})")
         return answer
 
     @classmethod
@@ -88,7 +88,7 @@ class Answer:
         return f"{text} (rejected rows: {self.error_url})" if self.error_url else text
 
 
-def excerpt_of(body: object, limit: int = 300) -> str:
+def _excerpt_of(body: object, limit: int = 300) -> str:
     """An answer that is not what was expected, cut short enough for an error message."""
     return excerpt(str(body), limit)
 
@@ -165,11 +165,11 @@ def _read_state(body: object) -> tuple[str, str, str | None]:
     """(state, reason, refusal) from either product's `get_load_state` answer; refusal None when it answered."""
     if isinstance(body, dict) and "code" in body and "status" not in body:  # Doris' httpv2 envelope
         if body.get("code") != 0:
-            return "", "", str(body.get("msg") or body.get("data") or excerpt_of(body))
+            return "", "", str(body.get("msg") or body.get("data") or _excerpt_of(body))
         return str(body.get("data")), "", None
     answer = Answer.parse(body, Dialect.REST)
     if answer is None:
-        return "", "", f"unexpected answer {excerpt_of(body)!r}"
+        return "", "", f"unexpected answer {_excerpt_of(body)!r}"
     if answer.status.upper() != "OK":
-        return "", "", answer.message or str(answer.body.get("message") or excerpt_of(body))
+        return "", "", answer.message or str(answer.body.get("message") or _excerpt_of(body))
     return str(answer.body.get("state", LabelState.UNKNOWN)), str(answer.body.get("reason") or ""), None
