@@ -19,7 +19,7 @@ Both:
   A request with `Expect: 100-continue` gets `100 Continue` before its body is read, as a BE answers it.
   GET /api/{db}/get_load_state?label=L answers in both shapes at once (StarRocks reads `status`/`state`,
   Doris `code`/`data`).
-  GET /api/{db}/{table}/_schema answers, in Doris' envelope (which streaming_sink/targets/table_schema.py
+  GET /api/{db}/{table}/_schema answers, in Doris' envelope (which streaming_sink/targets/streamload/table_schema.py
   also reads for StarRocks), the bench tables' columns (`COLUMNS`) for every table; the Doris target reads
   them for `format: arrow` (docs/protocol.md, "Common: table schema endpoint").
 Bench only: GET /bench/stats (the counters as JSON), POST /bench/reset.

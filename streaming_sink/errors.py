@@ -14,11 +14,11 @@ defined outside this one, e.g. a product's own error beside its target):
     ├── ConfigurationError (ValueError)                 exit 2
     │   └── KafkaUnreachableError                       exit 3
     ├── EncodingError (ValueError)                      exit 5
-    ├── HttpError (RuntimeError) [http]                 exit 3
-    │   ├── HttpConnectionError [http]                  exit 3
-    │   ├── HttpProtocolError [http]                    exit 3
-    │   └── HttpStatusError [http]                      exit 3
-    │       └── AuthenticationError [http]              exit 2
+    ├── HttpError (RuntimeError) [targets.streamload.http] exit 3
+    │   ├── HttpConnectionError [targets.streamload.http] exit 3
+    │   ├── HttpProtocolError [targets.streamload.http] exit 3
+    │   └── HttpStatusError [targets.streamload.http]   exit 3
+    │       └── AuthenticationError [targets.streamload.http] exit 2
     ├── InvariantBreach (RuntimeError)                  exit 5
     │   ├── BatchDoesNotAddUpError                      exit 5
     │   ├── ReplayAlignmentError [writer]               exit 5

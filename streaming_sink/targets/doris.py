@@ -26,23 +26,23 @@ from __future__ import annotations
 import logging
 import re
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Mapping
+from typing import Any, Callable, Iterable
 
 import pyarrow as pa
 
 from ..committable import Committable, TxnRef
-from .encoding import (
-    ArrowFormat, CsvFormat, JsonFormat, WireFormat, columns_header, encode_chunks, header_safe,
-)
-from ..http import AuthenticationError, HttpConnectionError, HttpError, HttpResponse, HttpStatusError, api_path, excerpt
 from ..retry import RetryPolicy, wait
-from .stream_load import FORGOTTEN_LABELS, SharedOptions, StreamLoadTarget, option_values
-from .descriptor import TargetDescriptor
-from .olap_types import DORIS_COLUMNS
 from .base import (
-    CommitOutcome, CommittedNotChosenError, ConfigurationError, ExpiryKind, ExpiryLimit, NewRef, PreparedPart, RecordIntent,
+    CommitOutcome, CommittedNotChosenError, ConfigurationError, ExpiryLimit, NewRef, PreparedPart, RecordIntent,
     TableTransaction, TargetError, TransactionLimitError,
 )
+from .descriptor import TargetDescriptor
+from .encoding import ArrowFormat, CsvFormat, JsonFormat, WireFormat, columns_header, encode_chunks, header_safe
+from .olap_types import DORIS_COLUMNS
+from .streamload.accounting import RowCounts
+from .streamload.fe import NO_ANSWER, Answer, Dialect
+from .streamload.http import HttpClient, HttpConnectionError, HttpError, HttpStatusError, api_path, excerpt
+from .streamload.target import SharedOptions, StreamLoadTarget
 
 log = logging.getLogger(__name__)
 
@@ -68,7 +68,6 @@ _RESERVED_HEADERS = frozenset(
      "enclose", "escape", "read_json_by_line", "strip_outer_array", "max_filter_ratio", "strict_mode",
      "timeout", "expect", "authorization", "txn_id", "txn_operation"}
 )
-_LOAD_STATE_PROBE_LABEL = "streaming_sink_connectivity_check"
 _MAX_LABEL_RESOLUTIONS = 3
 _ERROR_LOG_LINES = 5
 
@@ -99,6 +98,12 @@ class DorisOptions(SharedOptions):
     * `connect_timeout_s`, `request_timeout_s`, `retries`, `backoff_s`: the HTTP client's.
     """
 
+    target = "DorisTarget"
+    common_names = COMMON_NAMES
+    headers_option = "headers"
+    managed_headers = _RESERVED_HEADERS
+    managed_by = "format, max_filter_ratio, strict_mode, load_timeout_s"
+
     max_filter_ratio: float | None = None
     load_timeout_s: int | None = None
     headers: tuple[tuple[str, str], ...] = ()
@@ -109,18 +114,13 @@ class DorisOptions(SharedOptions):
     retries: int = 3
     backoff_s: float = 0.5
 
-    @classmethod
-    def parse(cls, options: Mapping[str, Any]) -> "DorisOptions":
-        values = option_values(cls, options, COMMON_NAMES, "DorisTarget", "headers", _RESERVED_HEADERS,
-                               "format, max_filter_ratio, strict_mode, load_timeout_s")
-        parsed = cls(**values)
-        if parsed.format not in ("csv", "json", "arrow"):
-            raise ConfigurationError(f"DorisTarget: format must be 'csv', 'json' or 'arrow', got {parsed.format!r}")
-        if parsed.max_filter_ratio is not None and not 0.0 <= float(parsed.max_filter_ratio) <= 1.0:
-            raise ConfigurationError(f"DorisTarget: max_filter_ratio must be within [0, 1], got {parsed.max_filter_ratio}")
-        if parsed.retries < 0 or parsed.piece_bytes <= 0 or parsed.commit_parallelism < 1:
+    def _validate(self) -> None:
+        if self.format not in ("csv", "json", "arrow"):
+            raise ConfigurationError(f"DorisTarget: format must be 'csv', 'json' or 'arrow', got {self.format!r}")
+        if self.max_filter_ratio is not None and not 0.0 <= float(self.max_filter_ratio) <= 1.0:
+            raise ConfigurationError(f"DorisTarget: max_filter_ratio must be within [0, 1], got {self.max_filter_ratio}")
+        if self.retries < 0 or self.piece_bytes <= 0 or self.commit_parallelism < 1:
             raise ConfigurationError("DorisTarget: retries >= 0, piece_bytes > 0 and commit_parallelism >= 1 are required")
-        return parsed
 
     def wire_format(self, arrow_schema: pa.Schema | None = None) -> WireFormat:
         if self.format == "arrow":
@@ -141,22 +141,6 @@ class DorisOptions(SharedOptions):
 
 
 @dataclass
-class _Answer:
-    """A `_stream_load_2pc` answer: lowercase `status`/`msg` keys.
-
-    docs/protocol.md, Doris: commit and abort.
-    """
-
-    status: str
-    msg: str
-    unclear: bool = False  # no answer, yet the request may have reached the server and been acted on
-
-    @property
-    def ok(self) -> bool:
-        return self.status == "Success"
-
-
-@dataclass
 class _PartState:
     """One chunk of a writer's transaction: its label, and its txn id once the load answered."""
 
@@ -169,194 +153,112 @@ class _PartState:
     unselected_rows: int = 0
 
 
-class DorisTarget(StreamLoadTarget):
-    kind = "doris"
+class LoadApi:
+    """Doris' load and 2PC requests for one target: a 2PC stream load, `_stream_load_2pc` by txn id or label, and
+    the aborts built on them. What the target's commit and abort and a writer's transaction share; picklable.
+    """
 
-    options_class = DorisOptions
-    common_names = COMMON_NAMES
-    http_options = dict(connect_timeout="connect_timeout_s", read_timeout="request_timeout_s", retries="retries",
-                        backoff_s="backoff_s")
+    def __init__(self, http: HttpClient, options: DorisOptions) -> None:
+        self.http, self.options = http, options
+        self._label_2pc: bool | None = options.abort_by_label  # None: learnt at the first abort by label
 
-    def _started(self) -> None:
-        self._label_2pc: bool | None = self.options.abort_by_label
-        self._arrow_types: dict[str, dict[str, pa.DataType]] = {}  # table -> column -> Arrow type (format arrow)
+    @property
+    def retry(self) -> RetryPolicy:
+        """How often a write-lock timeout or a commit whose answer was lost is tried again (the client's own policy)."""
+        return self.http.retry
 
-    # -- start-up --------------------------------------------------------------------------------
-
-    def routable_tables(self) -> set[str] | None:
-        """The `tables` option (or None); first proves the FE answers, the password works and the database exists.
-
-        `get_load_state` is the one read-only call of the load protocol that checks all three.
-        """
-        self.require_plain_http_consent()
+    def stream_load(self, ref: TxnRef, headers: dict[str, str], body: Any, what: str) -> Answer:
+        """A stream-load PUT under `ref`'s label; repeats are safe because the label makes them so (then resolved by status)."""
         try:
-            response = self.http.request(
-                "GET", api_path(self.database, "get_load_state"), params={"label": _LOAD_STATE_PROBE_LABEL}, idempotent=True
-            )
-            envelope = response.json()
-        except AuthenticationError as error:
-            raise ConfigurationError(f"Doris at {self.fe_url} refused user {self.user!r}: {error}") from None
+            payload = self.http.request("PUT", api_path(ref.database, ref.table, "_stream_load"), headers=headers,
+                                        body=body, idempotent=True).json()
         except HttpError as error:
-            raise ConfigurationError(f"Doris FE at {self.fe_url} is not usable: {error}") from None
-        if not isinstance(envelope, dict) or envelope.get("code") != 0:
-            raise ConfigurationError(
-                f"Doris at {self.fe_url} refused database {self.database!r}: {excerpt(str(envelope), 200)}"
-            )
-        return set(self.options.tables) if self.options.tables is not None else None
+            raise TargetError(f"Doris {what} got no usable answer: {error}") from error
+        return Answer.expect(payload, Dialect.LOAD, f"Doris {what}")
 
-    # -- writing ---------------------------------------------------------------------------------
+    def two_pc(self, database: str, operation: str, txn_id: int | None = None, label: str | None = None,
+               repeat_unclear: bool = True) -> Answer:
+        """One `_stream_load_2pc` request. `repeat_unclear=False`: a request that may have been acted on without
+        an answer is not repeated here but answered `unclear`, so the caller knows it may have landed."""
+        headers = {"Expect": "100-continue", "txn_operation": operation}
+        if txn_id is not None:
+            headers["txn_id"] = str(txn_id)
+        if label is not None:
+            headers["label"] = label
+        what = f"{operation} of Doris " + (f"txn {txn_id}" if txn_id is not None else f"label {label}")
+        try:
+            payload = self.http.request("PUT", api_path(database, "_stream_load_2pc"), headers=headers,
+                                        idempotent=repeat_unclear).json()
+        except (HttpConnectionError, HttpStatusError) as error:
+            server_error = isinstance(error, HttpStatusError) and error.response is not None and error.response.status >= 500
+            if repeat_unclear or not (server_error or isinstance(error, HttpConnectionError) and error.maybe_applied):
+                raise TargetError(f"{what} got no usable answer: {error}") from error
+            return Answer.failed(NO_ANSWER, str(error), applied=True)
+        except HttpError as error:
+            raise TargetError(f"{what} got no usable answer: {error}") from error
+        return Answer.expect(payload, Dialect.REST, what)
 
-    def expiry_limits(self) -> list[ExpiryLimit]:
-        """Server defaults (docs/protocol.md, Doris: timeouts and label retention): a pre-committed
-        transaction is aborted after `stream_load_default_precommit_timeout_second` (3600 s); a
-        finished stream-load label is forgotten after `streaming_label_keep_max_second` (12 h) or,
-        from 2.0/2.1, as soon as more than `label_num_threshold` (2000) newer finished transactions
-        exist in its database, whichever comes first (apache/doris
-        DatabaseTransactionMgr.removeUselessTxns)."""
-        return [
-            ExpiryLimit(
-                "pre-committed transactions (FE default)", 3600.0, kind=ExpiryKind.PREPARED,
-                note="pre-committed data of a job that is down longer is rolled back by the server and loaded "
-                     "again from Kafka (retention permitting); raise stream_load_default_precommit_timeout_second "
-                     "on the FE",
-            ),
-            ExpiryLimit(
-                "label history (FE default)", 43200.0, 2000, kind=ExpiryKind.LABELS,
-                note=FORGOTTEN_LABELS + "a busy shared database finishes 2000 stream loads within minutes. Raise "
-                     "streaming_label_keep_max_second and label_num_threshold (-1 disables the count) on the FE, "
-                     "or keep outages short",
-            ),
-        ]
-
-    def leftover_transactions(self, label_prefix: str) -> list[str] | None:
-        """None: Doris does not list open transactions to the sink's user over HTTP.
-
-        Stream load and `_stream_load_2pc` address one label or txn id at a time (docs/protocol.md,
-        Doris: commit and abort); `GET /api/show_proc` (`/transactions/<db id>/running`) lists them but requires the ADMIN
-        privilege (ShowAction.show_proc); SHOW TRANSACTION and SHOW PROC need the MySQL protocol.
-        """
-        return None
-
-    def begin(self, table: str, new_ref: NewRef, record_intent: RecordIntent) -> TableTransaction:
-        return _DorisTransaction(self, table, new_ref, record_intent)
-
-    def _load(self, part: _PartState, chunk: pa.Table) -> None:
-        """One 2PC stream load of `chunk` under `part.ref.label`; sets the part's txn id and counts.
-
-        Transport failures are retried by the client (the label makes a repeat harmless); a label
-        found taken afterwards is resolved here.
-        """
-        ref = part.ref
-        fmt = self.options.wire_format(self._arrow_schema(ref.table, chunk.schema) if self.options.format == "arrow" else None)
-        headers = {"Expect": "100-continue", "label": ref.label, "two_phase_commit": "true", **self.options.load_headers()}
-        if isinstance(fmt, CsvFormat) or all(header_safe(name) for name in chunk.schema.names):
-            headers["columns"] = columns_header(chunk.schema)  # JSON and Arrow bodies name their columns themselves
-        piece_bytes = self.options.piece_bytes
-
-        def body() -> Iterable[bytes]:
-            return encode_chunks(chunk, fmt, piece_bytes)
-
-        path = api_path(ref.database, ref.table, "_stream_load")
-        resolutions = 0
-        pauses = self.retry.pauses()
-        while True:
-            answer = self._put(path, headers, body, what=f"stream load of label {ref.label}")
-            status = str(answer.get("Status", ""))
-            if status == "Success":
-                self._accept_load(part, chunk, answer)
+    def abort(self, ref: TxnRef) -> None:
+        """Abort whatever transaction holds `ref.label` now; harmless when none does."""
+        if self._label_2pc is not False:
+            answer = self.two_pc(ref.database, "abort", label=ref.label)
+            if not _NO_LABEL_2PC.search(answer.message):
+                self._label_2pc = True
+                self._check_abort(answer, f"label {ref.label}")
                 return
-            if status == "Label Already Exists" and resolutions < _MAX_LABEL_RESOLUTIONS:
-                resolutions += 1
-                self._free_label(ref, answer)
-                continue
-            message = str(answer.get("Message", ""))
-            if _RUNNING_LIMIT.search(message):
-                raise TransactionLimitError(self._load_failure(ref, answer))
-            pause = next(pauses, None) if status == "Fail" and _RETRYABLE_LOAD.search(message) else None
-            if pause is not None:
-                wait(pause, f"Doris stream load of label {ref.label}: {message}")
-                continue
-            raise TargetError(self._load_failure(ref, answer))
+            log.info("Doris at %s cannot abort by label (before 2.1): using the empty-load probe", self.http.base_url)
+            self._label_2pc = False
+        self._abort_by_probe(ref)
 
-    def check_schema(self, table: str, schema: pa.Schema) -> None:
-        """Also, for arrow loads, reads the table's column types once here in the driver: the target
-        travels to the tasks with them instead of each task asking the FE."""
-        super().check_schema(table, schema)
-        if self.options.format == "arrow":
-            self._arrow_schema(table, schema)
+    def abort_txn(self, txn_id: int, ref: TxnRef) -> None:
+        self._check_abort(self.two_pc(ref.database, "abort", txn_id=txn_id), f"txn {txn_id} (label {ref.label})")
 
-    def _arrow_schema(self, table: str, schema: pa.Schema) -> pa.Schema:
-        """`schema` with each column in the Arrow type of its table column where the table says it."""
-        if table not in self._arrow_types:
-            columns = self.table_columns(table) or {}
-            self._arrow_types[table] = {
-                name.lower(): kind for name, spelling in columns.items() if (kind := _arrow_type(spelling)) is not None
-            }
-        types = self._arrow_types[table]
-        return pa.schema([f.with_type(types.get(f.name.lower(), f.type)) for f in schema])
+    def _abort_by_probe(self, ref: TxnRef) -> None:
+        """Older servers: an empty 2PC load under the label either reveals the txn holding it or becomes one."""
+        headers = {"Expect": "100-continue", "label": ref.label, "two_phase_commit": "true", **self.options.load_headers()}
+        answer = self.stream_load(ref, headers, b"", what=f"abort probe of label {ref.label}")
+        if answer.ok:
+            self.abort_txn(int(answer.body["TxnId"]), ref)  # the probe itself began one: end it
+            return
+        if answer.status == "Label Already Exists":
+            if answer.body.get("ExistingJobStatus") == "FINISHED":
+                raise CommittedNotChosenError(
+                    f"cannot abort Doris label {ref.label}: it is already committed "
+                    f"({excerpt(answer.message, 200)}). " + CommittedNotChosenError.RUNBOOK
+                )
+            holder = _LABEL_HOLDER.search(answer.message)
+            if holder is None:
+                raise TargetError(f"cannot find the txn holding Doris label {ref.label}: {answer.message!r}")
+            self.abort_txn(int(holder.group(1)), ref)
+            return
+        raise TargetError(f"abort probe of Doris label {ref.label} failed: {self.load_failure(ref, answer)}")
 
-    def _accept_load(self, part: _PartState, chunk: pa.Table, answer: dict[str, Any]) -> None:
-        ref = part.ref
-        txn_id = int(answer.get("TxnId", -1))
-        if str(answer.get("TwoPhaseCommit", "")).lower() != "true":
-            raise TargetError(
-                f"Doris loaded label {ref.label} (txn {txn_id}) into {ref.database}.{ref.table} WITHOUT two-phase "
-                "commit, so it is visible already and exactly-once cannot hold; this server ignores the "
-                "`two_phase_commit` header (Doris 1.0/1.1 need BE config disable_stream_load_2pc=false)"
+    @staticmethod
+    def _check_abort(answer: Answer, what: str) -> None:
+        if answer.ok:
+            return
+        if _COULD_NOT_ABORT.search(answer.message):
+            raise CommittedNotChosenError(
+                f"Doris {what} is already committed and cannot be aborted ({answer.message}); its rows are visible but "
+                "belong to no prepared batch. " + CommittedNotChosenError.RUNBOOK
             )
-        part.txn_id = txn_id
-        total, loaded = int(answer.get("NumberTotalRows", 0)), int(answer.get("NumberLoadedRows", 0))
-        filtered = int(answer.get("NumberFilteredRows", 0))
-        unselected = int(answer.get("NumberUnselectedRows", 0))
-        if total != chunk.num_rows:
-            self._abort_txn(txn_id, ref)
-            raise TargetError(
-                f"Doris read {total} rows from the load of label {ref.label} but {chunk.num_rows} were sent; "
-                "the wire encoding and the server's parsing disagree (format/separator headers?); aborted it"
-            )
-        part.rows, part.bytes = loaded, chunk.nbytes
-        part.extra = {"load_bytes": int(answer.get("LoadBytes", 0))}
-        if filtered or unselected:
-            part.filtered_rows, part.unselected_rows = filtered, unselected
-            log.warning(
-                "Doris label %s: %d of %d rows filtered (within max_filter_ratio), %d unselected; rejected rows: %s",
-                ref.label, filtered, total, unselected, answer.get("ErrorURL", "(no ErrorURL)"),
-            )
+        if any(known.search(answer.message) for known in (_ALREADY_ABORTED, _TXN_NOT_FOUND, _LABEL_NOT_FOUND)):
+            return
+        raise TargetError(f"Doris refused to abort {what}: status {answer.status!r}, msg {answer.message!r}")
 
-    def _free_label(self, ref: TxnRef, answer: dict[str, Any]) -> None:
-        """A retried load found its label taken: abort a RUNNING/PRECOMMITTED holder, refuse a FINISHED one."""
-        existing = str(answer.get("ExistingJobStatus", ""))
-        message = str(answer.get("Message", ""))
-        if existing == "FINISHED":
-            raise TargetError(
-                f"Doris label {ref.label} is already committed (ExistingJobStatus FINISHED: {excerpt(message, 200)}); "
-                "loading it again would duplicate its rows. A writer never reuses a committed label: was the state "
-                "store or the checkpoint restored from an older copy, or does another job share this job_id?"
-            )
-        holder = _LABEL_HOLDER.search(message)
-        log.warning(
-            "Doris label %s is held by txn %s (%s) after a retried load; aborting that txn and loading again",
-            ref.label, holder.group(1) if holder else "?", existing or "status not given",
-        )
-        if holder:
-            self._abort_txn(int(holder.group(1)), ref)
-        else:
-            self.abort(ref)
-
-    def _load_failure(self, ref: TxnRef, answer: dict[str, Any]) -> str:
-        status, message = answer.get("Status"), str(answer.get("Message", ""))
+    def load_failure(self, ref: TxnRef, answer: Answer) -> str:
+        """Why a stream load failed, with the first rejected rows when the server kept them."""
         text = (
             f"Doris stream load of label {ref.label} into {ref.database}.{ref.table} failed: "
-            f"Status {status!r}, Message {excerpt(message, 400)!r}"
+            f"Status {answer.status!r}, Message {excerpt(answer.message, 400)!r}"
         )
-        if answer.get("NumberFilteredRows"):
+        if answer.body.get("NumberFilteredRows"):
             text += (
-                f"; {answer.get('NumberFilteredRows')} of {answer.get('NumberTotalRows')} rows were filtered, more than "
-                f"max_filter_ratio={self.options.max_filter_ratio or 0} allows"
+                f"; {answer.body.get('NumberFilteredRows')} of {answer.body.get('NumberTotalRows')} rows were filtered, "
+                f"more than max_filter_ratio={self.options.max_filter_ratio or 0} allows"
             )
-        error_url = answer.get("ErrorURL")
-        if error_url:
-            text += f"; rejected rows: {error_url}" + self._error_log_excerpt(str(error_url))
+        if answer.error_url:
+            text += f"; rejected rows: {answer.error_url}" + self._error_log_excerpt(answer.error_url)
         return text
 
     def _error_log_excerpt(self, url: str) -> str:
@@ -367,56 +269,104 @@ class DorisTarget(StreamLoadTarget):
             return f" (could not read it: {error})"
         return "; first rejected rows:\n  " + "\n  ".join(excerpt(line, 300) for line in lines[:_ERROR_LOG_LINES])
 
+
+class DorisTarget(StreamLoadTarget):
+    kind = "doris"
+    display_name = "Doris"
+
+    options_class = DorisOptions
+    http_options = dict(connect_timeout="connect_timeout_s", read_timeout="request_timeout_s", retries="retries",
+                        backoff_s="backoff_s")
+
+    def _started(self) -> None:
+        self.api = LoadApi(self.http, self.options)
+        self._arrow_types: dict[str, dict[str, pa.DataType]] = {}  # table -> column -> Arrow type (format arrow)
+
+    def expiry_limits(self) -> list[ExpiryLimit]:
+        """Server defaults (docs/protocol.md, Doris: timeouts and label retention): a pre-committed
+        transaction is aborted after `stream_load_default_precommit_timeout_second` (3600 s); a
+        finished stream-load label is forgotten after `streaming_label_keep_max_second` (12 h) or,
+        from 2.0/2.1, as soon as more than `label_num_threshold` (2000) newer finished transactions
+        exist in its database, whichever comes first (apache/doris
+        DatabaseTransactionMgr.removeUselessTxns)."""
+        return self.outage_limits(
+            "pre-committed transactions (FE default)", 3600.0,
+            "raise stream_load_default_precommit_timeout_second on the FE",
+            43200.0, 2000,
+            "a busy shared database finishes 2000 stream loads within minutes. Raise streaming_label_keep_max_second "
+            "and label_num_threshold (-1 disables the count) on the FE, or keep outages short",
+        )
+
+    def begin(self, table: str, new_ref: NewRef, record_intent: RecordIntent) -> TableTransaction:
+        return _DorisTransaction(self.api, self.arrow_schema, new_ref, record_intent)
+
+    def check_schema(self, table: str, schema: pa.Schema) -> None:
+        """Also, for arrow loads, reads the table's column types once here in the driver: the target
+        travels to the tasks with them instead of each task asking the FE."""
+        super().check_schema(table, schema)
+        if self.options.format == "arrow":
+            self.arrow_schema(table, schema)
+
+    def arrow_schema(self, table: str, schema: pa.Schema) -> pa.Schema:
+        """`schema` with each column in the Arrow type of its table column where the table says it."""
+        if table not in self._arrow_types:
+            columns = self.table_columns(table) or {}
+            self._arrow_types[table] = {
+                name.lower(): kind for name, spelling in columns.items() if (kind := _arrow_type(spelling)) is not None
+            }
+        types = self._arrow_types[table]
+        return pa.schema([f.with_type(types.get(f.name.lower(), f.type)) for f in schema])
+
     # -- two-phase commit ------------------------------------------------------------------------
 
     def commit(self, committable: Committable) -> CommitOutcome:
         if committable.txn_id is None:
             raise TargetError(f"committable {committable.label} has no Doris txn id; it cannot be committed")
         txn_id = int(committable.txn_id)
-        pauses = self.retry.pauses()
+        pauses = self.api.retry.pauses()
         unclear = False  # a commit this call sent may have landed without our hearing of it
         while True:
-            answer = self._two_pc(committable.database, "commit", txn_id=txn_id, repeat_unclear=False)
+            answer = self.api.two_pc(committable.database, "commit", txn_id=txn_id, repeat_unclear=False)
             unclear = unclear or answer.unclear
-            pause = next(pauses, None) if answer.unclear or _RETRYABLE_2PC.search(answer.msg) else None
+            pause = next(pauses, None) if answer.unclear or _RETRYABLE_2PC.search(answer.message) else None
             if pause is not None:
-                wait(pause, f"commit of Doris txn {txn_id}: {answer.msg}")
+                wait(pause, f"commit of Doris txn {txn_id}: {answer.message}")
                 continue
             if answer.unclear:
                 raise TargetError(
-                    f"commit of Doris txn {txn_id} (label {committable.label}) got no answer: {answer.msg}. The batch "
+                    f"commit of Doris txn {txn_id} (label {committable.label}) got no answer: {answer.message}. The batch "
                     "stays pre-committed and the next run commits it; check the FE"
                 )
-            if answer.ok or _ALREADY_COMMITTED.search(answer.msg):
+            if answer.ok or _ALREADY_COMMITTED.search(answer.message):
                 return CommitOutcome.COMMITTED
-            if _ALREADY_ABORTED.search(answer.msg):
+            if _ALREADY_ABORTED.search(answer.message):
                 log.warning("Doris txn %s (label %s) was rolled back by the server, so it was never visible: %s",
-                            txn_id, committable.label, answer.msg)
+                            txn_id, committable.label, answer.message)
                 return CommitOutcome.ABORTED
-            if _TXN_NOT_FOUND.search(answer.msg):
+            if _TXN_NOT_FOUND.search(answer.message):
                 return self._resolve_not_found(committable, answer, unclear)
             raise TargetError(
                 f"Doris refused to commit txn {txn_id} (label {committable.label}, table "
-                f"{committable.database}.{committable.table}): status {answer.status!r}, msg {answer.msg!r}"
+                f"{committable.database}.{committable.table}): status {answer.status!r}, msg {answer.message!r}"
             )
 
-    def _resolve_not_found(self, committable: Committable, answer: _Answer, unclear: bool) -> CommitOutcome:
+    def _resolve_not_found(self, committable: Committable, answer: Answer, unclear: bool) -> CommitOutcome:
         """The FE forgot the txn (label history passed): the label's state is the last witness.
 
         An ABORTED label does not make the forgotten txn ABORTED: a forgotten label may be used again
         (the empty-load abort probe does so), and then the state speaks of that newer txn. `unclear`: a
         commit this call sent may have landed before the FE forgot the txn (LOST_AFTER_SEND).
         """
-        state = self.load_state(committable.database, committable.label)
-        if state in ("COMMITTED", "VISIBLE"):
+        state, _ = self.fe.label_state(committable.database, committable.label)
+        if state.committed:
             return CommitOutcome.COMMITTED
-        if state in ("ABORTED", "UNKNOWN"):
+        if state.gone:
             log.warning(
                 "Doris txn %s (label %s) is unknown to the server (%s; label state %s): it never committed, or it "
                 "finished and was forgotten (streaming_label_keep_max_second, 12 h by default, or more than "
                 "label_num_threshold, 2000 by default, newer finished txns in the database). Whether it was "
                 "committed cannot be told here: the coordinator decides.",
-                committable.txn_id, committable.label, answer.msg, state,
+                committable.txn_id, committable.label, answer.message, state,
             )
             return CommitOutcome.LOST_AFTER_SEND if unclear else CommitOutcome.LOST
         raise TargetError(
@@ -426,118 +376,18 @@ class DorisTarget(StreamLoadTarget):
 
     def abort(self, ref: TxnRef) -> None:
         """Abort whatever transaction holds `ref.label` now; harmless when none does."""
-        if self._label_2pc is not False:
-            answer = self._two_pc(ref.database, "abort", label=ref.label)
-            if not _NO_LABEL_2PC.search(answer.msg):
-                self._label_2pc = True
-                self._check_abort(answer, f"label {ref.label}")
-                return
-            log.info("Doris at %s cannot abort by label (before 2.1): using the empty-load probe", self.fe_url)
-            self._label_2pc = False
-        self._abort_by_probe(ref)
-
-    def _abort_by_probe(self, ref: TxnRef) -> None:
-        """Older servers: an empty 2PC load under the label either reveals the txn holding it or becomes one."""
-        headers = {"Expect": "100-continue", "label": ref.label, "two_phase_commit": "true", **self.options.load_headers()}
-        answer = self._put(api_path(ref.database, ref.table, "_stream_load"), headers, b"", what=f"abort probe of label {ref.label}")
-        status = str(answer.get("Status", ""))
-        if status == "Success":
-            self._abort_txn(int(answer["TxnId"]), ref)  # the probe itself began one: end it
-            return
-        if status == "Label Already Exists":
-            if answer.get("ExistingJobStatus") == "FINISHED":
-                raise CommittedNotChosenError(
-                    f"cannot abort Doris label {ref.label}: it is already committed "
-                    f"({excerpt(str(answer.get('Message')), 200)}). " + CommittedNotChosenError.RUNBOOK
-                )
-            holder = _LABEL_HOLDER.search(str(answer.get("Message", "")))
-            if holder is None:
-                raise TargetError(f"cannot find the txn holding Doris label {ref.label}: {answer.get('Message')!r}")
-            self._abort_txn(int(holder.group(1)), ref)
-            return
-        raise TargetError(f"abort probe of Doris label {ref.label} failed: {self._load_failure(ref, answer)}")
-
-    def _abort_txn(self, txn_id: int, ref: TxnRef) -> None:
-        self._check_abort(self._two_pc(ref.database, "abort", txn_id=txn_id), f"txn {txn_id} (label {ref.label})")
-
-    @staticmethod
-    def _check_abort(answer: _Answer, what: str) -> None:
-        if answer.ok:
-            return
-        if _COULD_NOT_ABORT.search(answer.msg):
-            raise CommittedNotChosenError(
-                f"Doris {what} is already committed and cannot be aborted ({answer.msg}); its rows are visible but "
-                "belong to no prepared batch. " + CommittedNotChosenError.RUNBOOK
-            )
-        if _ALREADY_ABORTED.search(answer.msg) or _TXN_NOT_FOUND.search(answer.msg) or _LABEL_NOT_FOUND.search(answer.msg):
-            return
-        raise TargetError(f"Doris refused to abort {what}: status {answer.status!r}, msg {answer.msg!r}")
-
-    # -- inspection ------------------------------------------------------------------------------
-
-    def load_state(self, database: str, label: str) -> str:
-        """The label's state: UNKNOWN, PREPARE, PRECOMMITTED, COMMITTED, VISIBLE or ABORTED."""
-        try:
-            response = self.http.request("GET", api_path(database, "get_load_state"), params={"label": label}, idempotent=True)
-            envelope = response.json()
-        except HttpError as error:
-            raise TargetError(f"Doris get_load_state of label {label} got no usable answer: {error}") from error
-        if not isinstance(envelope, dict) or envelope.get("code") != 0:
-            raise TargetError(f"Doris get_load_state of label {label} failed: {excerpt(str(envelope), 300)}")
-        return str(envelope.get("data"))
-
-    def close(self) -> None:
-        self.http.close()
-
-    # -- plumbing --------------------------------------------------------------------------------
-
-    def _two_pc(self, database: str, operation: str, txn_id: int | None = None, label: str | None = None,
-                repeat_unclear: bool = True) -> _Answer:
-        """One `_stream_load_2pc` request. `repeat_unclear=False`: a request that may have been acted on without
-        an answer is not repeated here but answered `unclear`, so the caller knows it may have landed."""
-        headers = {"Expect": "100-continue", "txn_operation": operation}
-        if txn_id is not None:
-            headers["txn_id"] = str(txn_id)
-        if label is not None:
-            headers["label"] = label
-        what = f"{operation} of Doris " + (f"txn {txn_id}" if txn_id is not None else f"label {label}")
-        try:
-            response = self.http.request("PUT", api_path(database, "_stream_load_2pc"), headers=headers,
-                                         idempotent=repeat_unclear)
-            body = response.json()
-        except (HttpConnectionError, HttpStatusError) as error:
-            server_error = isinstance(error, HttpStatusError) and error.response is not None and error.response.status >= 500
-            if repeat_unclear or not (server_error or isinstance(error, HttpConnectionError) and error.maybe_applied):
-                raise TargetError(f"{what} got no usable answer: {error}") from error
-            return _Answer("", str(error), unclear=True)
-        except HttpError as error:
-            raise TargetError(f"{what} got no usable answer: {error}") from error
-        if not isinstance(body, dict) or "status" not in body:
-            raise TargetError(f"{what}: unexpected answer {excerpt(str(body), 300)!r}")
-        return _Answer(str(body.get("status")), str(body.get("msg", "")))
-
-    def _put(self, path: str, headers: dict[str, str], body: Any, what: str) -> dict[str, Any]:
-        """A stream-load PUT; repeats are safe because the label makes them so (then resolved by status)."""
-        try:
-            response: HttpResponse = self.http.request("PUT", path, headers=headers, body=body, idempotent=True)
-            answer = response.json()
-        except HttpError as error:
-            raise TargetError(f"Doris {what} got no usable answer: {error}") from error
-        if not isinstance(answer, dict) or "Status" not in answer:
-            raise TargetError(f"Doris {what}: unexpected answer {excerpt(str(answer), 300)!r}")
-        return answer
-
-    @property
-    def retry(self) -> RetryPolicy:
-        """How often a write-lock timeout or a commit whose answer was lost is tried again (the client's own policy)."""
-        return self.http.retry
+        self.api.abort(ref)
 
 
 class _DorisTransaction(TableTransaction):
-    """One table of one writer attempt: a PRECOMMITTED server transaction per chunk written."""
+    """One table of one writer attempt: a PRECOMMITTED server transaction per chunk written, each loaded here.
 
-    def __init__(self, target: DorisTarget, table: str, new_ref: NewRef, record_intent: RecordIntent) -> None:
-        self._target, self._table = target, table
+    A load that is retried after an unclear failure may find its label taken: `_free_label` resolves it.
+    """
+
+    def __init__(self, api: LoadApi, arrow_schema: Callable[[str, pa.Schema], pa.Schema], new_ref: NewRef,
+                 record_intent: RecordIntent) -> None:
+        self._api, self._options, self._arrow_schema = api, api.options, arrow_schema
         self._new_ref, self._record_intent = new_ref, record_intent
         self._parts: list[_PartState] = []
 
@@ -546,7 +396,7 @@ class _DorisTransaction(TableTransaction):
         self._record_intent(ref)  # durable before the server sees the label
         part = _PartState(ref)
         self._parts.append(part)
-        self._target._load(part, chunk)
+        self._load(part, chunk)
 
     def prepare(self) -> list[PreparedPart]:
         unfinished = [p.ref.label for p in self._parts if p.txn_id is None]
@@ -561,13 +411,88 @@ class _DorisTransaction(TableTransaction):
         for part in self._parts:
             try:
                 if part.txn_id is not None:
-                    self._target._abort_txn(part.txn_id, part.ref)
+                    self._api.abort_txn(part.txn_id, part.ref)
                 else:
-                    self._target.abort(part.ref)
+                    self._api.abort(part.ref)
             except TargetError as error:
                 errors.append(str(error))
         if errors:
             raise TargetError(f"{len(errors)} Doris abort(s) failed: " + " | ".join(errors))
+
+    # -- one chunk ---------------------------------------------------------------------------------
+
+    def _load(self, part: _PartState, chunk: pa.Table) -> None:
+        """One 2PC stream load of `chunk` under `part.ref.label`; sets the part's txn id and counts.
+
+        Transport failures are retried by the client (the label makes a repeat harmless); a label
+        found taken afterwards is resolved here.
+        """
+        ref, options = part.ref, self._options
+        fmt = options.wire_format(self._arrow_schema(ref.table, chunk.schema) if options.format == "arrow" else None)
+        headers = {"Expect": "100-continue", "label": ref.label, "two_phase_commit": "true", **options.load_headers()}
+        if isinstance(fmt, CsvFormat) or all(header_safe(name) for name in chunk.schema.names):
+            headers["columns"] = columns_header(chunk.schema)  # JSON and Arrow bodies name their columns themselves
+        piece_bytes = options.piece_bytes
+
+        def body() -> Iterable[bytes]:
+            return encode_chunks(chunk, fmt, piece_bytes)
+
+        resolutions = 0
+        pauses = self._api.retry.pauses()
+        while True:
+            answer = self._api.stream_load(ref, headers, body, what=f"stream load of label {ref.label}")
+            if answer.ok:
+                self._accept_load(part, chunk, answer)
+                return
+            if answer.status == "Label Already Exists" and resolutions < _MAX_LABEL_RESOLUTIONS:
+                resolutions += 1
+                self._free_label(ref, answer)
+                continue
+            if _RUNNING_LIMIT.search(answer.message):
+                raise TransactionLimitError(self._api.load_failure(ref, answer))
+            pause = next(pauses, None) if answer.status == "Fail" and _RETRYABLE_LOAD.search(answer.message) else None
+            if pause is not None:
+                wait(pause, f"Doris stream load of label {ref.label}: {answer.message}")
+                continue
+            raise TargetError(self._api.load_failure(ref, answer))
+
+    def _accept_load(self, part: _PartState, chunk: pa.Table, answer: Answer) -> None:
+        ref = part.ref
+        txn_id = int(answer.body.get("TxnId", -1))
+        if str(answer.body.get("TwoPhaseCommit", "")).lower() != "true":
+            raise TargetError(
+                f"Doris loaded label {ref.label} (txn {txn_id}) into {ref.database}.{ref.table} WITHOUT two-phase "
+                "commit, so it is visible already and exactly-once cannot hold; this server ignores the "
+                "`two_phase_commit` header (Doris 1.0/1.1 need BE config disable_stream_load_2pc=false)"
+            )
+        part.txn_id = txn_id
+        counts = RowCounts.of(answer) or RowCounts(0)
+        if not counts.adds_up_to(chunk.num_rows):
+            self._api.abort_txn(txn_id, ref)
+            raise TargetError(counts.mismatch("Doris", ref.label, chunk.num_rows) + "; aborted it")
+        part.rows, part.bytes = counts.loaded, chunk.nbytes
+        part.extra = {"load_bytes": int(answer.body.get("LoadBytes", 0))}
+        part.filtered_rows, part.unselected_rows = counts.filtered, counts.unselected  # accounted for, not lost
+        counts.log_rejected("Doris", ref.label, answer)
+
+    def _free_label(self, ref: TxnRef, answer: Answer) -> None:
+        """A retried load found its label taken: abort a RUNNING/PRECOMMITTED holder, refuse a FINISHED one."""
+        existing = str(answer.body.get("ExistingJobStatus", ""))
+        if existing == "FINISHED":
+            raise TargetError(
+                f"Doris label {ref.label} is already committed (ExistingJobStatus FINISHED: {excerpt(answer.message, 200)}); "
+                "loading it again would duplicate its rows. A writer never reuses a committed label: was the state "
+                "store or the checkpoint restored from an older copy, or does another job share this job_id?"
+            )
+        holder = _LABEL_HOLDER.search(answer.message)
+        log.warning(
+            "Doris label %s is held by txn %s (%s) after a retried load; aborting that txn and loading again",
+            ref.label, holder.group(1) if holder else "?", existing or "status not given",
+        )
+        if holder:
+            self._api.abort_txn(int(holder.group(1)), ref)
+        else:
+            self._api.abort(ref)
 
 
 _ARROW_TYPES = {

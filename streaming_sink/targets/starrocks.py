@@ -13,8 +13,9 @@
   transaction (e.g. after a BE restart).
 
 Every request goes to the FE, which answers with a 307 to a BE for data-phase operations: the HTTP
-client follows it itself and re-sends credentials and body (streaming_sink/http.py). Logical
-errors come back as HTTP 200 with a `Status` field; `OK` is the only success.
+client follows it itself and re-sends credentials and body (targets/streamload/http.py). Logical
+errors come back as HTTP 200 with a `Status` field; `OK` is the only success. Answers, label states and
+the label-state call are the Stream Load kit's (targets/streamload/fe.py).
 
 Wire facts (paths, headers, answers, label states): docs/protocol.md, the "StarRocks: ..." sections.
 """
@@ -22,30 +23,26 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 import pyarrow as pa
 
 from ..committable import Committable, TxnRef
-from .encoding import (
-    DEFAULT_CHUNK_BYTES, CsvFormat, JsonFormat, WireFormat, columns_header, encode_chunks, header_safe,
-)
-from ..http import AuthenticationError, HttpConnectionError, HttpError, HttpResponse, api_path
 from ..retry import RetryPolicy, wait
-from .stream_load import FORGOTTEN_LABELS, SharedOptions, StreamLoadTarget, option_values
-from .descriptor import TargetDescriptor
-from .olap_types import STARROCKS_COLUMNS
 from .base import (
-    CommitOutcome, CommittedNotChosenError, ConfigurationError, ExpiryKind, ExpiryLimit, NewRef, PreparedPart, RecordIntent,
+    CommitOutcome, CommittedNotChosenError, ConfigurationError, ExpiryLimit, NewRef, PreparedPart, RecordIntent,
     TableTransaction, TargetError, TransactionLimitError,
 )
+from .descriptor import TargetDescriptor
+from .encoding import DEFAULT_CHUNK_BYTES, CsvFormat, JsonFormat, WireFormat, columns_header, encode_chunks, header_safe
+from .olap_types import STARROCKS_COLUMNS
+from .streamload.accounting import RowCounts
+from .streamload.fe import HTTP_ERROR, NO_ANSWER, Answer, Dialect, FeClient, LabelState
+from .streamload.http import AuthenticationError, HttpClient, HttpConnectionError, HttpError, api_path
+from .streamload.target import SharedOptions, StreamLoadTarget
 
 log = logging.getLogger(__name__)
 
-# Label states (docs/protocol.md, StarRocks: label states; StarRocks: get_load_state).
-UNKNOWN, PREPARE, PREPARED, COMMITTED, VISIBLE, ABORTED = "UNKNOWN", "PREPARE", "PREPARED", "COMMITTED", "VISIBLE", "ABORTED"
-_DONE = (COMMITTED, VISIBLE)
-_GONE = (ABORTED, UNKNOWN)
 # The newest FE answers a commit of an evicted label from a terminal-state cache (SR-TWCH;
 # docs/protocol.md, StarRocks: commit and rollback answers): "Can not commit ABORTED transaction,
 # label is L" says it was rolled back.
@@ -57,7 +54,6 @@ _MANAGED_HEADERS = frozenset(
      "strip_outer_array", "ignore_json_size", "timeout", "prepared_timeout", "authorization", "expect",
      "transaction_type", "strict_mode"}
 )
-_PROBE_LABEL = "streaming_sink_connectivity_probe"
 # How the FE refuses a begin past max_running_txn_num_per_db (docs/protocol.md, StarRocks: concurrency and limits).
 _RUNNING_LIMIT = "current running txns on db"
 DEFAULT_PREPARED_TIMEOUT_S = 86400.0  # FE prepared_transaction_default_timeout_second (docs/protocol.md, StarRocks: timeouts)
@@ -79,6 +75,12 @@ COMMON_NAMES = {
 class StarRocksOptions(SharedOptions):
     """Everything configurable besides the address and credentials; unknown names are refused."""
 
+    target = "StarRocksTarget"
+    common_names = COMMON_NAMES
+    headers_option = "properties"
+    managed_headers = _MANAGED_HEADERS
+    managed_by = "format, column_separator, enclose, escape, strict_mode, timeout, prepared_timeout"
+
     column_separator: str = ","
     row_delimiter: str = "\n"
     enclose: str | None = '"'
@@ -95,14 +97,9 @@ class StarRocksOptions(SharedOptions):
     backoff_max_s: float = 5.0
 
     @classmethod
-    def parse(cls, options: dict[str, Any]) -> "StarRocksOptions":
-        values = option_values(cls, options, COMMON_NAMES, "StarRocksTarget", "properties", _MANAGED_HEADERS,
-                               "format, column_separator, enclose, escape, strict_mode, timeout, prepared_timeout")
-        # StarRocks reads header names in any case: the target sends them lower-cased
-        values["properties"] = tuple((k.lower(), v) for k, v in values.get("properties", ()))
-        parsed = cls(**values)
-        parsed._validate()
-        return parsed
+    def _adjusted(cls, values: dict[str, Any]) -> dict[str, Any]:
+        """StarRocks reads header names in any case: the target sends them lower-cased."""
+        return {**values, "properties": tuple((k.lower(), v) for k, v in values.get("properties", ()))}
 
     def _validate(self) -> None:
         if self.format not in ("csv", "json"):
@@ -137,6 +134,44 @@ class StarRocksOptions(SharedOptions):
         return headers
 
 
+class TxnApi:
+    """StarRocks' transaction API at one FE for one database: each request one `Answer`, never an exception for a
+    connection that failed (status NO_ANSWER) or an HTTP error (HTTP_ERROR), so callers resolve those by the label state.
+
+    What the target's commit and abort and a writer's transaction share; picklable, it travels to the tasks.
+    """
+
+    def __init__(self, http: HttpClient, fe: FeClient, database: str, busy_retry: RetryPolicy) -> None:
+        self.http, self.fe, self.database = http, fe, database
+        self.busy_retry = busy_retry  # how often a busy label, a write-lock timeout or an FE routing miss is tried again
+
+    def call(self, op: str, ref: TxnRef, headers: dict[str, str] | None = None, body: bytes | None = None,
+             idempotent: bool = False) -> Answer:
+        """`POST /api/transaction/<op>` (`PUT` for `load`) for the label of `ref`, with `headers` besides the label's own."""
+        method = "PUT" if op == "load" else "POST"
+        sent = {"label": ref.label, "db": self.database, "table": ref.table, **(headers or {})}
+        try:
+            response = self.http.request(method, api_path("transaction", op), headers=sent, body=body, idempotent=idempotent)
+        except AuthenticationError as error:
+            raise ConfigurationError(f"StarRocks {op} refused the credentials: {error}") from None
+        except HttpConnectionError as error:
+            return Answer.failed(NO_ANSWER, str(error), applied=error.maybe_applied)
+        except HttpError as error:
+            return Answer.failed(HTTP_ERROR, str(error), applied=True)
+        return Answer.expect(response.json(), Dialect.LOAD, f"StarRocks {op} at {response.url} (the transaction "
+                             "interface needs StarRocks 2.4 or later, and fe_url must be the FE HTTP port)")
+
+    def cancel(self, ref: TxnRef) -> Answer:
+        """`_cancel`: the FE ends a transaction whose BE forgot it (docs/protocol.md, StarRocks: endpoints)."""
+        try:
+            response = self.http.request(
+                "POST", api_path(self.database, ref.table, "_cancel"), params={"label": ref.label}, idempotent=True
+            )
+        except HttpError as error:
+            return Answer.failed(HTTP_ERROR, str(error), applied=True)
+        return Answer.expect(response.json(), Dialect.REST, f"StarRocks _cancel at {response.url}")
+
+
 class StarRocksTarget(StreamLoadTarget):
     """StarRocks through the Stream Load transaction interface (2.4+; `prepared_timeout` needs 3.5.4+).
 
@@ -145,78 +180,53 @@ class StarRocksTarget(StreamLoadTarget):
     """
 
     kind = "starrocks"
+    display_name = "StarRocks"
 
     options_class = StarRocksOptions
-    common_names = COMMON_NAMES
     http_options = dict(connect_timeout="connect_timeout", read_timeout="read_timeout", retries="http_retries",
                         backoff_s="backoff_s", backoff_max_s="backoff_max_s")
 
-    # -- Target protocol -------------------------------------------------------------------------
+    def _started(self) -> None:
+        busy_retry = RetryPolicy(self.options.busy_retries, self.options.backoff_s, self.options.backoff_max_s)
+        self.api = TxnApi(self.http, self.fe, self.database, busy_retry)
 
-    def routable_tables(self) -> set[str] | None:
-        """Checks that an https FE may redirect to plain http, that the FE answers, the credentials work and the
-        database exists; returns `tables`."""
-        self.require_plain_http_consent()
-        self.load_state(_PROBE_LABEL)
-        return set(self.options.tables) if self.options.tables is not None else None
+    # -- Target protocol -------------------------------------------------------------------------
 
     def expiry_limits(self) -> list[ExpiryLimit]:
         """Server defaults unless configured: PREPARED lives `prepared_timeout` (FE default 86400 s); a
         finished label is remembered `label_keep_max_second` (FE default 3 days), and only while the
         database holds at most DEFAULT_LABEL_KEEP_NUM transactions, running ones included."""
-        prepared = self.options.prepared_timeout or DEFAULT_PREPARED_TIMEOUT_S
-        return [
-            ExpiryLimit(
-                "prepared transactions", float(prepared), kind=ExpiryKind.PREPARED,
-                note="prepared data of a job that is down longer is rolled back by the server and loaded again "
-                     "from Kafka (retention permitting); raise the prepared_timeout option (StarRocks 3.5.4+) or "
-                     "prepared_transaction_default_timeout_second on the FE",
-            ),
-            ExpiryLimit(
-                "label history (FE default)", DEFAULT_LABEL_KEEP_S, DEFAULT_LABEL_KEEP_NUM, kind=ExpiryKind.LABELS,
-                note=FORGOTTEN_LABELS + "raise label_keep_max_second on the FE, or keep outages short. The FE also forgets the "
-                     "oldest labels once running + finished transactions in the database exceed label_keep_max_num "
-                     "(1000 by default): raise it too",
-            ),
-        ]
-
-    def leftover_transactions(self, label_prefix: str) -> list[str] | None:
-        """None: StarRocks does not list open transactions to the sink's user over HTTP.
-
-        The transaction API addresses one label at a time (docs/protocol.md, StarRocks: endpoints).
-        `GET /api/show_proc` (`/transactions/<db id>/running`) lists them but requires the admin role
-        (ShowProcAction); the BE's `/api/transaction/list` (docs/protocol.md, StarRocks: get_load_state)
-        shows only the data-phase contexts of that one BE, and a prepared transaction has none (the BE
-        drops it at prepare: docs/protocol.md, StarRocks: routing). SHOW PROC and
-        information_schema.loads need the MySQL protocol.
-        """
-        return None
+        return self.outage_limits(
+            "prepared transactions", float(self.options.prepared_timeout or DEFAULT_PREPARED_TIMEOUT_S),
+            "raise the prepared_timeout option (StarRocks 3.5.4+) or prepared_transaction_default_timeout_second on the FE",
+            DEFAULT_LABEL_KEEP_S, DEFAULT_LABEL_KEEP_NUM,
+            "raise label_keep_max_second on the FE, or keep outages short. The FE also forgets the oldest labels once "
+            "running + finished transactions in the database exceed label_keep_max_num (1000 by default): raise it too",
+        )
 
     def begin(self, table: str, new_ref: NewRef, record_intent: RecordIntent) -> TableTransaction:
-        return _StarRocksTransaction(self, table, new_ref, record_intent)
+        return _StarRocksTransaction(self.api, self.options, table, new_ref, record_intent, self.abort)
 
     def commit(self, committable: Committable) -> CommitOutcome:
         """Commit; any answer but OK is resolved through the label state (publish timeouts do commit)."""
-        label, table = committable.label, committable.table
-        headers = self._headers(label, table)
-        if self.options.publish_timeout is not None:
-            headers["timeout"] = str(int(self.options.publish_timeout))
-        attempts, pauses = 0, self.busy_retry.pauses()
+        label, table, api = committable.label, committable.table, self.api
+        headers = {} if self.options.publish_timeout is None else {"timeout": str(int(self.options.publish_timeout))}
+        attempts, pauses = 0, api.busy_retry.pauses()
         unclear = False  # a commit this call sent may have landed without our hearing of it
         while True:
-            answer = self._call("commit", headers)
+            answer = api.call("commit", committable.ref(), headers)
             if answer.ok:
                 return CommitOutcome.COMMITTED
             unclear = unclear or answer.unclear
-            state, reason = self.load_state(label)
-            if state in _DONE:
+            state, reason = api.fe.label_state(api.database, label)
+            if state.committed:
                 log.info("commit of %s answered %s, but the label is %s: committed", label, answer.brief, state)
                 return CommitOutcome.COMMITTED
-            if state == ABORTED or (state == UNKNOWN and _CACHED_ABORTED in answer.message):
+            if state == LabelState.ABORTED or (state == LabelState.UNKNOWN and _CACHED_ABORTED in answer.message):
                 log.warning("commit of %s answered %s; the server rolled it back (%s): it was never visible",
                             label, answer.brief, reason or "no reason given")
                 return CommitOutcome.ABORTED
-            if state == UNKNOWN:
+            if state == LabelState.UNKNOWN:
                 log.warning(
                     "commit of %s answered %s; the label is unknown to the server: it never began, or it finished and "
                     "was forgotten (label_keep_max_second, 3 days by default, or more than label_keep_max_num "
@@ -237,16 +247,17 @@ class StarRocksTarget(StreamLoadTarget):
 
     def abort(self, ref: TxnRef) -> None:
         """Roll back; harmless when the label never began or is already aborted; loud if it was committed."""
-        answer = self._call("rollback", self._headers(ref.label, ref.table), idempotent=True)
+        api = self.api
+        answer = api.call("rollback", ref, idempotent=True)
         if answer.ok:
             return
-        state, _ = self.load_state(ref.label)
-        if state in _GONE:
+        state, _ = api.fe.label_state(api.database, ref.label)
+        if state.gone:
             return
-        if state in (PREPARE, PREPARED):
-            cancel = self._cancel(ref)  # the BE lost the context (restart): the FE can still cancel it
-            state, _ = self.load_state(ref.label)
-            if state in _GONE:
+        if state in (LabelState.PREPARE, LabelState.PREPARED):
+            cancel = api.cancel(ref)  # the BE lost the context (restart): the FE can still cancel it
+            state, _ = api.fe.label_state(api.database, ref.label)
+            if state.gone:
                 return
             raise TargetError(
                 f"StarRocks could not roll back label {ref.label} (table {self.database}.{ref.table}): rollback "
@@ -259,120 +270,14 @@ class StarRocksTarget(StreamLoadTarget):
             + CommittedNotChosenError.RUNBOOK
         )
 
-    def close(self) -> None:
-        self.http.close()
-
-    # -- protocol calls --------------------------------------------------------------------------
-
-    def load_state(self, label: str) -> tuple[str, str]:
-        """(state, reason) of a label from `get_load_state`; raises on credentials, database or FE errors."""
-        try:
-            response = self.http.request(
-                "GET", api_path(self.database, "get_load_state"), params={"label": label}, idempotent=True
-            )
-        except AuthenticationError as error:
-            raise ConfigurationError(f"StarRocks at {self.fe_url} refused the credentials: {error}") from None
-        except HttpError as error:
-            raise TargetError(
-                f"StarRocks get_load_state for label {label} at {self.fe_url} failed: {error}. "
-                "Is the FE up and fe_url its HTTP port (default 8030)?"
-            ) from None
-        body = response.json()
-        status = str(body.get("status", "")).upper()
-        if status != "OK":
-            message = body.get("msg") or body.get("message") or body
-            if "database" in str(message).lower():
-                raise ConfigurationError(
-                    f"StarRocks database {self.database!r} at {self.fe_url}: {message}; create it, or fix `database`"
-                )
-            raise TargetError(f"StarRocks get_load_state for label {label} failed: {message}")
-        return str(body.get("state", UNKNOWN)).upper(), str(body.get("reason") or "")
-
-    def _headers(self, label: str, table: str) -> dict[str, str]:
-        return {"label": label, "db": self.database, "table": table}
-
-    def _call(self, op: str, headers: dict[str, str], body: bytes | None = None, idempotent: bool = False) -> "_Answer":
-        """One transaction-API request; connection failures become an answer (status `CONNECTION`)."""
-        method = "PUT" if op == "load" else "POST"
-        try:
-            response = self.http.request(method, api_path("transaction", op), headers=headers, body=body, idempotent=idempotent)
-        except AuthenticationError as error:
-            raise ConfigurationError(f"StarRocks {op} refused the credentials: {error}") from None
-        except HttpConnectionError as error:
-            return _Answer.failed("CONNECTION", str(error), applied=error.maybe_applied)
-        except HttpError as error:
-            return _Answer.failed("HTTP_ERROR", str(error), applied=True)
-        return _Answer.parse(op, response)
-
-    def _cancel(self, ref: TxnRef) -> "_Answer":
-        try:
-            response = self.http.request(
-                "POST", api_path(self.database, ref.table, "_cancel"), params={"label": ref.label}, idempotent=True
-            )
-        except HttpError as error:
-            return _Answer.failed("HTTP_ERROR", str(error), applied=True)
-        return _Answer.parse_rest("_cancel", response)
-
-    @property
-    def busy_retry(self) -> RetryPolicy:
-        """How often a busy label, a write-lock timeout or an FE routing miss is tried again."""
-        return RetryPolicy(self.options.busy_retries, self.options.backoff_s, self.options.backoff_max_s)
-
-
-@dataclass(frozen=True)
-class _Answer:
-    """The parts of a transaction-API answer the target acts on."""
-
-    status: str
-    message: str
-    body: dict[str, Any]
-    applied: bool = True  # False only when the request surely never reached the server
-
-    @property
-    def ok(self) -> bool:
-        return self.status == "OK"
-
-    @property
-    def unclear(self) -> bool:
-        """No answer from the server, yet the request may have reached it and been acted on."""
-        return self.status in ("CONNECTION", "HTTP_ERROR") and self.applied
-
-    @property
-    def brief(self) -> str:
-        text = f"{self.status}: {self.message}" if self.message else self.status
-        error_url = self.body.get("ErrorURL")
-        return f"{text} (rejected rows: {error_url})" if error_url else text
-
-    @classmethod
-    def failed(cls, status: str, message: str, applied: bool) -> "_Answer":
-        return cls(status, message, {}, applied)
-
-    @classmethod
-    def parse(cls, op: str, response: HttpResponse) -> "_Answer":
-        body = response.json()
-        if not isinstance(body, dict) or "Status" not in body:
-            raise TargetError(
-                f"StarRocks {op} at {response.url} answered without a 'Status' ({str(body)[:200]!r}); "
-                "the transaction interface needs StarRocks 2.4 or later, and fe_url must be the FE HTTP port"
-            )
-        return cls(str(body["Status"]), str(body.get("Message") or ""), body)
-
-    @classmethod
-    def parse_rest(cls, op: str, response: HttpResponse) -> "_Answer":
-        """A RestBaseResult, as `_cancel` answers: lower-case `status` (OK/FAILED) and `msg`
-        (docs/protocol.md, StarRocks: endpoints)."""
-        body = response.json()
-        if not isinstance(body, dict) or "status" not in body:
-            raise TargetError(f"StarRocks {op} at {response.url} answered without a 'status' ({str(body)[:200]!r})")
-        return cls(str(body["status"]).upper(), str(body.get("msg") or ""), body)
-
 
 class _StarRocksTransaction(TableTransaction):
     """One label for one (table, writer attempt): begin at the first write, load pieces, prepare."""
 
-    def __init__(self, target: StarRocksTarget, table: str, new_ref: NewRef, record_intent: RecordIntent) -> None:
-        self._target, self._table = target, table
-        self._new_ref, self._record_intent = new_ref, record_intent
+    def __init__(self, api: TxnApi, options: StarRocksOptions, table: str, new_ref: NewRef, record_intent: RecordIntent,
+                 abort: Callable[[TxnRef], None]) -> None:
+        self._api, self._options, self._table = api, options, table
+        self._new_ref, self._record_intent, self._abort = new_ref, record_intent, abort
         self._ref: TxnRef | None = None
         self._txn_id: str | None = None
         self._format_headers: dict[str, str] | None = None
@@ -385,12 +290,11 @@ class _StarRocksTransaction(TableTransaction):
     def write(self, chunk: pa.Table) -> None:
         if chunk.num_rows == 0:
             return  # never begin for nothing (the writer does not send empty chunks anyway)
-        target = self._target
         if self._format_headers is None:
-            self._format_headers = target.options.format_headers(chunk.schema)
+            self._format_headers = self._options.format_headers(chunk.schema)
         if self._ref is None:
             self._begin()
-        for piece in encode_chunks(chunk, target.options.wire_format(), target.options.load_chunk_bytes):
+        for piece in encode_chunks(chunk, self._options.wire_format(), self._options.load_chunk_bytes):
             self._load(piece)
             self._bytes += len(piece)
         self._rows += chunk.num_rows
@@ -398,11 +302,10 @@ class _StarRocksTransaction(TableTransaction):
     def prepare(self) -> list[PreparedPart]:
         if self._ref is None:
             return []
-        ref, target = self._ref, self._target
-        headers = target._headers(ref.label, ref.table)
-        if target.options.prepared_timeout is not None:
-            headers["prepared_timeout"] = str(int(target.options.prepared_timeout))
-        pauses = target.busy_retry.pauses()
+        ref, api = self._ref, self._api
+        timeout = self._options.prepared_timeout
+        headers = {} if timeout is None else {"prepared_timeout": str(int(timeout))}
+        pauses = api.busy_retry.pauses()
         while True:
             answer = self._retry_busy("prepare", headers)
             if answer.ok:
@@ -410,11 +313,11 @@ class _StarRocksTransaction(TableTransaction):
                 break
             # A repeated prepare (our first answer was lost) gets TXN_NOT_EXISTS, a routing miss FAILED:
             # only the label state tells whether the transaction is prepared.
-            state, reason = target.load_state(ref.label)
-            if state == PREPARED:
+            state, reason = api.fe.label_state(api.database, ref.label)
+            if state == LabelState.PREPARED:
                 break
             lost_context = answer.status == "TXN_NOT_EXISTS"  # PREPARE on the FE, unknown to the BE: BE restart
-            pause = None if state != PREPARE or lost_context else next(pauses, None)
+            pause = None if state != LabelState.PREPARE or lost_context else next(pauses, None)
             if pause is None:
                 raise TargetError(self._failure("prepare", answer, state, reason))
             # the request did not get through: preparing again is safe (a prepare still running
@@ -427,31 +330,30 @@ class _StarRocksTransaction(TableTransaction):
 
     def abort(self) -> None:
         if self._ref is not None:
-            self._target.abort(self._ref)
+            self._abort(self._ref)
 
     # -- steps -----------------------------------------------------------------------------------
 
     def _begin(self) -> None:
-        target = self._target
+        api = self._api
         ref = self._new_ref(0)
         self._record_intent(ref)  # durable before anything exists on the server (I3)
         self._ref = ref
-        headers = target._headers(ref.label, ref.table)
-        headers["timeout"] = str(int(target.options.timeout))
-        pauses = target.busy_retry.pauses()
+        headers = {"timeout": str(int(self._options.timeout))}
+        pauses = api.busy_retry.pauses()
         while True:
-            answer = target._call("begin", headers)
+            answer = api.call("begin", ref, headers)
             if answer.ok:
                 self._txn_id = str(answer.body["TxnId"]) if answer.body.get("TxnId") is not None else None
                 return
-            if answer.status not in ("CONNECTION", "HTTP_ERROR", "LABEL_ALREADY_EXISTS"):
+            if answer.status not in (NO_ANSWER, HTTP_ERROR, "LABEL_ALREADY_EXISTS"):
                 break
             # Our own begin may have landed (the label is unique to this writer attempt): adopt it if so.
-            state, _ = target.load_state(ref.label)
-            if state == PREPARE:
+            state, _ = api.fe.label_state(api.database, ref.label)
+            if state == LabelState.PREPARE:
                 log.info("begin of %s answered %s, but the label is PREPARE: it is ours, going on", ref.label, answer.brief)
                 return
-            pause = None if answer.status == "LABEL_ALREADY_EXISTS" or state not in _GONE else next(pauses, None)
+            pause = None if answer.status == "LABEL_ALREADY_EXISTS" or not state.gone else next(pauses, None)
             if pause is None:
                 break
             wait(pause, f"StarRocks begin of {ref.label}: {answer.brief}")  # nothing exists: begin again
@@ -460,65 +362,55 @@ class _StarRocksTransaction(TableTransaction):
         raise TargetError(self._begin_failure(answer))
 
     def _load(self, piece: bytes) -> None:
-        ref, target = self._ref, self._target
+        ref = self._ref
         assert ref is not None and self._format_headers is not None
-        headers = {**target._headers(ref.label, ref.table), **self._format_headers, "Expect": "100-continue"}
-        answer = self._retry_busy("load", headers, piece, retry_fe_miss=True)
+        answer = self._retry_busy("load", {**self._format_headers, "Expect": "100-continue"}, piece, retry_fe_miss=True)
         if not answer.ok:
-            if not answer.applied or answer.status == "CONNECTION":
+            if not answer.applied or answer.status == NO_ANSWER:
                 detail = "the connection was lost, so whether the data was received is unknown"
             else:
                 detail = f"StarRocks answered {answer.brief}"
             raise TargetError(
-                f"StarRocks load into {self._target.database}.{ref.table} (label {ref.label}) failed: {detail}. "
+                f"StarRocks load into {self._api.database}.{ref.table} (label {ref.label}) failed: {detail}. "
                 "The transaction is rolled back and the writer fails; Spark retries the task under a new label"
                 + self._hint(answer)
             )
 
-    def _retry_busy(self, op: str, headers: dict[str, str], body: bytes | None = None, retry_fe_miss: bool = False) -> _Answer:
+    def _retry_busy(self, op: str, headers: dict[str, str], body: bytes | None = None, retry_fe_miss: bool = False) -> Answer:
         """TXN_IN_PROCESSING (another request holds the label) and FE routing misses did nothing: retry."""
-        target = self._target
-        pauses = target.busy_retry.pauses()
+        ref, api = self._ref, self._api
+        assert ref is not None
+        pauses = api.busy_retry.pauses()
         while True:
-            answer = target._call(op, headers, body)
+            answer = api.call(op, ref, headers, body)
             busy = answer.status == "TXN_IN_PROCESSING"
             fe_miss = retry_fe_miss and answer.status == "FAILED" and "Can't find the transaction" in answer.message
-            never_sent = answer.status == "CONNECTION" and not answer.applied
+            never_sent = answer.status == NO_ANSWER and not answer.applied
             pause = next(pauses, None) if busy or fe_miss or never_sent else None
             if pause is None:
                 return answer
-            if fe_miss and target.load_state(headers["label"])[0] != PREPARE:
+            if fe_miss and api.fe.label_state(api.database, ref.label)[0] != LabelState.PREPARE:
                 return answer  # the transaction really is gone (timed out, aborted)
-            wait(pause, f"StarRocks {op} of {headers['label']}: {answer.brief}")
+            wait(pause, f"StarRocks {op} of {ref.label}: {answer.brief}")
 
-    def _check_counts(self, answer: _Answer) -> None:
-        body = answer.body
-        loaded = body.get("NumberLoadedRows")
-        if loaded is None:
+    def _check_counts(self, answer: Answer) -> None:
+        counts = RowCounts.of(answer)
+        if counts is None:
             return
-        filtered = int(body.get("NumberFilteredRows") or 0)
-        unselected = int(body.get("NumberUnselectedRows") or 0)
-        if int(loaded) + filtered + unselected != self._rows:
-            raise TargetError(
-                f"StarRocks prepared label {self._ref.label if self._ref else '?'} with {loaded} loaded + {filtered} "
-                f"filtered + {unselected} unselected rows, but {self._rows} rows were sent; refusing to commit "
-                "a transaction that does not hold exactly what was written. Check `row_delimiter`/`enclose` options."
-            )
-        if filtered or unselected:
-            self._rejected = (filtered, unselected)
-            log.warning(
-                "StarRocks label %s: %d rows were filtered and %d unselected by the server (max_filter_ratio allows it); "
-                "they will not be visible. Rejected rows: %s",
-                self._ref.label if self._ref else "?", filtered, unselected, body.get("ErrorURL", "n/a"),
-            )
-        self._rows = int(loaded)
+        label = self._ref.label if self._ref else "?"
+        if not counts.adds_up_to(self._rows):
+            raise TargetError(counts.mismatch("StarRocks", label, self._rows) + "; refusing to commit a transaction "
+                              "that does not hold exactly what was written")
+        counts.log_rejected("StarRocks", label, answer)
+        self._rejected = (counts.filtered, counts.unselected)
+        self._rows = counts.loaded
 
     # -- messages ----------------------------------------------------------------------------------
 
-    def _begin_failure(self, answer: _Answer) -> str:
+    def _begin_failure(self, answer: Answer) -> str:
         ref = self._ref
         label, table = (ref.label, ref.table) if ref else ("?", self._table)
-        where = f"{self._target.database}.{table}"
+        where = f"{self._api.database}.{table}"
         text = answer.message.lower()
         if answer.status == "LABEL_ALREADY_EXISTS":
             return (
@@ -535,17 +427,17 @@ class _StarRocksTransaction(TableTransaction):
             return f"StarRocks begin for {where} (label {label}) was refused: {answer.brief}"
         return f"StarRocks begin for {where} (label {label}) failed: {answer.brief}" + self._hint(answer)
 
-    def _failure(self, op: str, answer: _Answer, state: str, reason: str) -> str:
+    def _failure(self, op: str, answer: Answer, state: LabelState, reason: str) -> str:
         ref = self._ref
         label, table = (ref.label, ref.table) if ref else ("?", self._table)
         return (
-            f"StarRocks {op} of label {label} ({self._target.database}.{table}) answered {answer.brief}; "
+            f"StarRocks {op} of label {label} ({self._api.database}.{table}) answered {answer.brief}; "
             f"the label is {state}{f' ({reason})' if reason else ''}. The writer fails and Spark retries "
             "the task under a new label" + self._hint(answer)
         )
 
     @staticmethod
-    def _hint(answer: _Answer) -> str:
+    def _hint(answer: Answer) -> str:
         text = answer.message.lower()
         if "filtered rows" in text:
             return (

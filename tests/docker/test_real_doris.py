@@ -149,13 +149,13 @@ def test_precommit_commit_abort_against_the_real_server(doris: RealDoris, target
     txn.write(_rows(0, 5))
     txn.write(_rows(5, 5))
     parts = txn.prepare()
-    assert [target.load_state(DB, r.label) for r in refs] == ["PRECOMMITTED", "PRECOMMITTED"]
+    assert [target.fe.label_state(DB, r.label)[0] for r in refs] == ["PRECOMMITTED", "PRECOMMITTED"]
     assert doris.rows("probe") == []  # invisible until committed
     committable = parts[0].committable("sum")
     assert target.commit(committable) is CommitOutcome.COMMITTED
     assert target.commit(committable) is CommitOutcome.COMMITTED  # "is already visible/committed"
     target.abort(refs[1])  # by label on 2.1+
-    assert target.load_state(DB, refs[1].label) == "ABORTED"
+    assert target.fe.label_state(DB, refs[1].label)[0] == "ABORTED"
     assert target.commit(parts[1].committable("sum")) is CommitOutcome.ABORTED  # "is already aborted"
     with pytest.raises(TargetError, match="already committed"):
         target.abort(refs[0])

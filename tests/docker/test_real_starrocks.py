@@ -139,12 +139,12 @@ def test_begin_load_prepare_commit_rollback_against_the_real_server(starrocks: R
         txn.write(_rows(start + 3, 2))
         (part,) = txn.prepare()
         parts.append(part.committable("sum"))
-    assert [target.load_state(label)[0] for label in labels] == ["PREPARED", "PREPARED"]
+    assert [target.fe.label_state(DB, label)[0] for label in labels] == ["PREPARED", "PREPARED"]
     assert starrocks.rows("probe") == []  # invisible until committed
     assert target.commit(parts[0]) is CommitOutcome.COMMITTED
     assert target.commit(parts[0]) is CommitOutcome.COMMITTED  # "has already committed"
     target.abort(parts[1].ref())
-    assert target.load_state(labels[1])[0] == "ABORTED"
+    assert target.fe.label_state(DB, labels[1])[0] == "ABORTED"
     assert target.commit(parts[1]) is CommitOutcome.ABORTED
     with pytest.raises(TargetError, match="but the sink was aborting it"):
         target.abort(parts[0].ref())

@@ -86,7 +86,7 @@ def test_doris_abort_by_label_and_txn(server: NullServer) -> None:
     target = DorisTarget(server.url, database="bench", user="u", password="p")
     first, second = _write(target, "doris_abort", chunks=2)
     target.abort(first.ref)  # by label
-    target._abort_txn(int(second.txn_id or 0), second.ref)  # by txn id, as a writer's own abort does
+    target.api.abort_txn(int(second.txn_id or 0), second.ref)  # by txn id, as a writer's own abort does
     assert target.commit(first.committable("0:x")) is CommitOutcome.ABORTED
     assert server.stats()["aborted"] == 2
 

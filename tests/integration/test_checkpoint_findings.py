@@ -116,7 +116,8 @@ def _prepared_then_forgotten(sr: Any, store: MemoryStateStore) -> None:
         sink_of(target_of(sr), CrashingStore(store, "put_batch", on_call=2)).process(source(1), 1, QUERY)
     sr.clock.advance(86400 + 60)  # the prepared timeout (a day): the server aborts them when it next looks
     for committable in store.get_batch(JOB, QUERY, 1).committables:
-        assert target_of(sr).load_state(committable.label)[0] == "ABORTED"
+        target = target_of(sr)
+        assert target.fe.label_state(target.database, committable.label)[0] == "ABORTED"
     sr.clock.advance(3 * 86400 + 60)  # and forgets the aborted labels: a commit answers LOST
 
 

@@ -10,9 +10,9 @@ from typing import Any, Callable, Iterator
 
 import pytest
 
-from streaming_sink import http as http_module
+from streaming_sink.targets.streamload import http as http_module
 from streaming_sink import retry as retry_module
-from streaming_sink.http import (
+from streaming_sink.targets.streamload.http import (
     AuthenticationError, HttpClient, HttpConnectionError, HttpProtocolError, HttpStatusError,
 )
 from tests.infra.tls import issue_certificates

@@ -197,7 +197,7 @@ def test_an_expired_prepared_transaction_is_aborted_while_its_label_is_remembere
     sr.clock.advance(301)
     with caplog.at_level(logging.WARNING):
         assert target.commit(committable) is CommitOutcome.ABORTED
-    assert target.load_state("L1") == ("ABORTED", "timeout by txn manager")
+    assert target.fe.label_state(DB, "L1") == ("ABORTED", "timeout by txn manager")
     assert "rolled it back" in caplog.text and "timeout by txn manager" in caplog.text
     assert sr.visible_rows(DB, TABLE) == []
     other = Writer(target, label="L2").write(*ROWS).prepare()
@@ -239,7 +239,7 @@ def test_a_committed_label_evicted_by_count_is_lost_not_committed(tmp_path) -> N
         for n in range(3):  # other loads into the same database finish after it
             other = Writer(target, label=f"other{n}").write((10 + n, "x")).prepare()
             assert target.commit(other) is CommitOutcome.COMMITTED
-        assert target.load_state("L1")[0] == "UNKNOWN"
+        assert target.fe.label_state(DB, "L1")[0] == "UNKNOWN"
         assert target.commit(committable) is CommitOutcome.LOST
 
 
@@ -269,7 +269,7 @@ def test_an_evicted_label_the_terminal_state_cache_calls_aborted_is_aborted(tmp_
         aborted = Writer(target, label="L2").write(*ROWS).prepare()
         target.abort(aborted.ref())
         emu.clock.advance(259201)
-        assert target.load_state("L1")[0] == target.load_state("L2")[0] == "UNKNOWN"
+        assert target.fe.label_state(DB, "L1")[0] == target.fe.label_state(DB, "L2")[0] == "UNKNOWN"
         assert target.commit(committed) is CommitOutcome.COMMITTED  # "Transaction has already committed"
         assert target.commit(aborted) is CommitOutcome.ABORTED  # "Can not commit ABORTED transaction"
 

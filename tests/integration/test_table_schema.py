@@ -7,8 +7,8 @@ from typing import Any
 import pytest
 
 from streaming_sink.errors import ConfigurationError
-from streaming_sink.http import HttpClient
-from streaming_sink.targets.table_schema import fetch_table_columns
+from streaming_sink.targets.streamload.http import HttpClient
+from streaming_sink.targets.streamload.table_schema import fetch_table_columns
 from tests.emulators.doris import DorisEmulator
 from tests.emulators.starrocks import StarRocksEmulator
 

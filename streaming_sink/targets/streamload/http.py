@@ -36,8 +36,8 @@ from urllib.parse import quote, urlencode, urljoin, urlsplit
 import requests
 from requests.structures import CaseInsensitiveDict
 
-from .errors import ExitCode, StreamingSinkError
-from .retry import RetryPolicy, wait
+from ...errors import ExitCode, StreamingSinkError
+from ...retry import RetryPolicy, wait
 
 log = logging.getLogger(__name__)
 

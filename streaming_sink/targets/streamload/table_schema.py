@@ -14,8 +14,8 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from ..errors import ConfigurationError
-from ..http import AuthenticationError, HttpClient, HttpError, HttpStatusError, api_path, excerpt
+from ...errors import ConfigurationError
+from .http import AuthenticationError, HttpClient, HttpError, HttpStatusError, api_path, excerpt
 
 _RENAMES = {"DATEV2": "DATE", "DATETIMEV2": "DATETIME", "JSONB": "JSON"}
 _DECIMALS = re.compile(r"DECIMAL(V2|V3|32|64|128|256)?")

@@ -1,0 +1,207 @@
+"""What the StarRocks and Doris targets share: both load through Stream Load behind an FE.
+
+Their two-phase-commit state machines differ and stay in their own modules; what is the same
+lives here, so a change to it is made once.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from typing import Any, ClassVar, Mapping, Self
+
+import pyarrow as pa
+
+from ..encoding import EncodingError, check_header_names
+from ...errors import ConfigurationError
+from .fe import FeClient
+from .http import HttpClient
+from ..base import ExpiryKind, ExpiryLimit, Target, own_names
+from .table_schema import fetch_table_columns
+
+
+#: Why a server forgetting finished labels matters, for both products' `expiry_limits` notes.
+_FORGOTTEN_LABELS = ("a batch whose commit was cut off (driver killed between commit and its record) can no longer be told "
+                    "committed from lost, and the job stops for an operator instead of risking duplicates; ")
+
+
+@dataclass(frozen=True)
+class SharedOptions:
+    """The options both targets take under the same names (their own options classes add the rest), and how
+    both products' options are read: `parse`."""
+
+    # Each product's options class sets these: its target's name in messages, its older option names (shared
+    # name -> its own), its option of free-form Stream Load headers, the headers the target sets itself and the
+    # options that set them.
+    target: ClassVar[str]
+    common_names: ClassVar[Mapping[str, str]]
+    headers_option: ClassVar[str]
+    managed_headers: ClassVar[frozenset[str]]
+    managed_by: ClassVar[str]
+
+    tables: tuple[str, ...] | None = None  # tables rows may be routed to; None: the server refuses unknown ones
+    format: str = "csv"
+    # A value its column cannot hold filters its row (counted against max_filter_ratio, 0 unless set)
+    # instead of becoming NULL and counting as loaded (docs/protocol.md, Common: strict mode).
+    strict_mode: bool = True
+    backoff_s: float = 0.2
+    commit_parallelism: int = 8
+    verify: bool = True  # https: check the server's certificate
+    ca_bundle: str | None = None  # https: a PEM file of the CAs to trust instead of the system's
+    # https: consent to the FE's redirect to a plain-http BE, which then gets credentials and data unencrypted;
+    # StarRocks FEs redirect only that way (docs/protocol.md, Common: redirects)
+    allow_plain_http_redirect: bool = False
+
+    @classmethod
+    def parse(cls, options: Mapping[str, Any]) -> Self:
+        """The options in the target's own names, checked the same way for both products: unknown names
+        refused, `tables` a list, and the free-form Stream Load headers neither clashing with the ones the
+        target sets itself nor depending on the order they were given in; then the product's own checks."""
+        target, values = cls.target, own_names(options, cls.common_names, cls.target)
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(values) - known)
+        if unknown:
+            raise ConfigurationError(f"{target}: unknown option(s) {unknown}; known: {sorted(known)}")
+        if values.get("tables") is not None:
+            if isinstance(values["tables"], str):
+                raise ConfigurationError(f"{target}: `tables` must be a list of table names, not one string")
+            values["tables"] = tuple(str(t) for t in values["tables"])
+        key = cls.headers_option
+        if key in values:
+            headers = {str(k): str(v) for k, v in dict(values[key] or {}).items()}
+            clash = sorted(k for k in headers if k.lower() in cls.managed_headers)
+            if clash:
+                raise ConfigurationError(
+                    f"{target}: {key} {clash} are set by the target itself; use its options ({cls.managed_by}) instead")
+            values[key] = tuple(sorted(headers.items()))
+        parsed = cls(**cls._adjusted(values))
+        parsed._validate()
+        return parsed
+
+    @classmethod
+    def _adjusted(cls, values: dict[str, Any]) -> dict[str, Any]:
+        """A product's own rewriting of the checked values (none here)."""
+        return values
+
+    def _validate(self) -> None:
+        """A product's own checks of the parsed options (none here)."""
+
+
+class StreamLoadTarget(Target):
+    """A target whose FE answers at `http` and whose loads use `options.wire_format()`.
+
+    Subclasses name their product for messages (`display_name`) and their options class, say which of
+    their options set the HTTP client (`http_options`), and set up their own state in `_started`.
+    """
+
+    display_name: ClassVar[str]
+    options_class: Any  # a SharedOptions dataclass
+    http_options: Mapping[str, str] = {}  # HttpClient keyword (timeouts, retries, backoff) -> this target's option
+
+    def __init__(
+        self, fe_url: str = "http://127.0.0.1:8030", database: str = "db", user: str | None = "root", password: str = "",
+        **options: Any,
+    ) -> None:
+        name = type(self).__name__
+        if not database:
+            raise ConfigurationError(f"{name}: database must not be empty")
+        self.options = self.options_class.parse(options)
+        if not isinstance(self.options.allow_plain_http_redirect, bool):  # a string "false" must not mean yes
+            raise ConfigurationError(
+                f"{name}: allow_plain_http_redirect must be true or false, got {self.options.allow_plain_http_redirect!r}"
+            )
+        try:
+            self.http = HttpClient(fe_url, user, password, verify=self.options.ca_bundle or self.options.verify,
+                                   allow_plain_redirect=self.options.allow_plain_http_redirect,
+                                   **self.http_settings())
+        except ValueError as error:
+            raise ConfigurationError(f"{name} fe_url: {error}") from None
+        self.fe_url, self.database, self.user = self.http.base_url, database, user
+        self.fe = FeClient(self.http, self.display_name)
+        self._started()
+
+    @classmethod
+    def option_names(cls) -> set[str]:
+        """The keyword options the constructor takes besides the address and credentials."""
+        return {f.name for f in fields(cls.options_class)} | set(cls.options_class.common_names)
+
+    def http_settings(self) -> dict[str, Any]:
+        """The HTTP client's timeouts, retries and backoff, from this target's options."""
+        return {setting: getattr(self.options, option) for setting, option in self.http_options.items()}
+
+    def _started(self) -> None:
+        """Per-target state, once the options and the client exist."""
+
+    def routable_tables(self) -> set[str] | None:
+        """Checks that an https FE may redirect to plain http, that the FE answers, the credentials work and the
+        database exists (`FeClient.probe`); returns the `tables` option (None: any name, the server refuses unknown ones)."""
+        self.require_plain_http_consent()
+        self.fe.probe(self.database)
+        return set(self.options.tables) if self.options.tables is not None else None
+
+    def leftover_transactions(self, label_prefix: str) -> list[str] | None:
+        """None: neither product lists open transactions to the sink's user over HTTP.
+
+        Their load APIs address one label (or txn id) at a time (docs/protocol.md, StarRocks: endpoints; Doris:
+        commit and abort). `GET /api/show_proc` (`/transactions/<db id>/running`) lists them but needs the admin
+        role (StarRocks ShowProcAction, Doris ShowAction.show_proc); StarRocks' BE `/api/transaction/list` shows
+        only that BE's data-phase contexts, and a prepared transaction has none (docs/protocol.md, StarRocks:
+        routing). SHOW PROC, SHOW TRANSACTION and information_schema.loads need the MySQL protocol.
+        """
+        return None
+
+    @staticmethod
+    def outage_limits(prepared: str, prepared_s: float, raise_prepared: str,
+                      labels_kept_s: float, labels_kept: int, raise_labels: str) -> list[ExpiryLimit]:
+        """The two limits both products put on an outage (docs/protocol.md, StarRocks: label retention; Doris:
+        timeouts and label retention): `prepared` transactions are rolled back after `prepared_s`; a finished
+        label is forgotten after `labels_kept_s`, or once `labels_kept` more transactions exist. `raise_…`: the
+        settings that raise them."""
+        state = prepared.split()[0]  # "prepared" or "pre-committed"
+        return [
+            ExpiryLimit(prepared, prepared_s, kind=ExpiryKind.PREPARED,
+                        note=f"{state} data of a job that is down longer is rolled back by the server and loaded again "
+                             f"from Kafka (retention permitting); {raise_prepared}"),
+            ExpiryLimit("label history (FE default)", labels_kept_s, labels_kept, kind=ExpiryKind.LABELS,
+                        note=_FORGOTTEN_LABELS + raise_labels),
+        ]
+
+    def close(self) -> None:
+        self.http.close()
+
+    def require_plain_http_consent(self) -> None:
+        """At start, before any data moves: both products' FEs redirect every load to a BE over plain http
+        (docs/protocol.md, Common: redirects), so an https fe_url could never load without
+        `allow_plain_http_redirect`; it is refused here in one line, not mid-load."""
+        if self.http.uses_https and not self.options.allow_plain_http_redirect:
+            raise ConfigurationError(
+                f"{type(self).__name__} fe_url {self.fe_url} is https, but the FE redirects every load to a BE over "
+                "plain http: set the target option "
+                "allow_plain_http_redirect = true to accept that hop (credentials and data cross it unencrypted), "
+                "or give fe_url as http"
+            )
+
+    def transport_warning(self) -> str | None:
+        """What `allow_plain_http_redirect` lets through with an https fe_url, else None."""
+        if not (self.http.uses_https and self.options.allow_plain_http_redirect):
+            return None
+        return ("fe_url is https and allow_plain_http_redirect is on: a load the FE redirects to a BE over plain http "
+                "(StarRocks FEs always do) carries the credentials and data unencrypted over that hop; keep the BEs on "
+                "a trusted network")
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.fe_url!r}, database={self.database!r}, user={self.user!r})"
+
+    @property
+    def commit_parallelism(self) -> int:
+        return int(self.options.commit_parallelism)
+
+    def check_schema(self, table: str, schema: pa.Schema) -> None:
+        """Column names the wire format cannot send (the `columns` header is latin-1) fail before any data moves."""
+        try:
+            check_header_names(schema, self.options.wire_format())
+        except EncodingError as error:
+            raise ConfigurationError(f"table {table!r}: {error}") from None
+
+    def table_columns(self, table: str) -> dict[str, str] | None:
+        """From the FE's `_schema` endpoint: type names without lengths (docs/protocol.md, Common: table schema endpoint)."""
+        return fetch_table_columns(self.http, self.database, table)
+
