@@ -25,9 +25,12 @@ from dataclasses import dataclass, replace
 from typing import Callable, Collection, Iterable
 
 from .state import BatchRecord, StateStore
-from .state.base import attempt_epoch, fencing_error
+from .state.base import fencing_error
+from .labels import attempt_epoch
 
-from .committable import BatchState, Committable, TxnRef, label_prefix
+from .committable import Committable, TxnRef
+from .records import BatchState
+from .labels import label_prefix
 from .crash import crash_point
 from .errors import ExitCode, StopForOperator, StreamingSinkError
 from .targets.base import CommitOutcome, Target

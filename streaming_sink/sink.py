@@ -21,7 +21,9 @@ from typing import TYPE_CHECKING, Any, Callable, Protocol
 
 from .state import BatchRecord, FileStateStore, StateStore, StateStoreLostError
 
-from .committable import BatchState, Committable, TxnRef
+from .committable import Committable, TxnRef
+from .labels import pass_prefix
+from .records import BatchState
 from .crash import crash_point
 from .errors import BatchDoesNotAddUpError, ReplayLostAgainError, SourceReplannedError, StopForOperator
 from .job_id import JOB_ID as _JOB_ID
@@ -456,7 +458,7 @@ class ExactlyOnceSink:
         committed = frozenset(  # every survivor, after the check above: each says its flush and rows
             (c.table, c.partition, c.flush, c.flush_rows) for c in survivors if c.flush is not None and c.flush_rows is not None
         )
-        record.open_attempt = f"e{self.epoch}w{self._write_pass(record.query_id, record.batch_id)}"
+        record.open_attempt = pass_prefix(self.epoch, self._write_pass(record.query_id, record.batch_id))
         self.state.put_batch(self.job_id, self.epoch, record)  # the replay's writers, and only they, may begin
         results = self._write(df, record.query_id, record.batch_id, replay=plan, committed_flushes=committed)
         by_partition = {r.partition: r for r in results}

@@ -16,7 +16,7 @@ from typing import Any
 
 from .state import StateStore
 
-from .committable import BatchState
+from .records import BatchState
 from .liveness import running_driver
 from .recovery import leftover_labels
 from .targets.base import Target

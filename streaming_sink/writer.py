@@ -19,7 +19,8 @@ import pyarrow as pa
 
 from .state import StateStore
 
-from .committable import Committable, TxnRef, make_label
+from .committable import Committable, TxnRef
+from .labels import Attempt, make_label
 from .errors import InvariantBreach
 from .routing import Router
 from .targets.base import NewRef, TableTransaction, Target
@@ -43,7 +44,7 @@ class WriteContext:
     committed_flushes: frozenset[tuple[str, int, int, int]] = frozenset()
 
     def attempt(self, task_attempt: int) -> str:
-        return f"e{self.epoch}w{self.write_pass}t{task_attempt}"
+        return str(Attempt(self.epoch, self.write_pass, task_attempt))
 
     def wanted(self, table: str, partition: int) -> bool:
         return self.replay is None or (table, partition) in self.replay

@@ -56,6 +56,7 @@ import pyarrow as pa
 
 from .encoding import EncodingError
 from ..committable import Committable, TxnRef
+from ..labels import LABEL_PATTERN
 from ..crash import crash_point, target_point
 from ..retry import RetryPolicy
 from .base import (
@@ -82,8 +83,6 @@ INSERT_CRASH_POINT = target_point("clickhouse-after-insert")
 _STATE_COLUMN = f"state String DEFAULT '{COMMITTED}'"
 # The staging partition an `inserted` row is about; '' in every other row (and in rows of older ledgers).
 _PARTITION_COLUMN = "partition_id String DEFAULT ''"
-# make_label's shape: "ss_", sanitised parts joined by "_", then "_" and 12 hex digits of a hash.
-_LABEL_SHAPE = re.compile(r"ss_\w*_[0-9a-f]{12}", re.ASCII)
 _MOVABLE_ENGINE_SUFFIX = "MergeTree"
 _REPLICATED_PREFIXES = ("Replicated", "Shared")  # engines whose replicas can lag: a ledger read syncs first
 # A partition move returns once every replica ran it (alter_sync 0 waits for none, 1 for this replica: the defaults on
@@ -238,7 +237,7 @@ class ClickHouseTarget(Target):
         facts = {
             row["name"]: TableFacts.from_row(row)
             for row in client.query(DATABASE_FACTS_QUERY, parameters={"db": self.database}).named_results()
-            if row["name"] != LEDGER_TABLE and not _LABEL_SHAPE.fullmatch(row["name"])
+            if row["name"] != LEDGER_TABLE and not LABEL_PATTERN.fullmatch(row["name"])
         }
         if not facts and not client.query(
             "SELECT count() FROM system.databases WHERE name = {db:String}", parameters={"db": self.database}
@@ -407,7 +406,7 @@ class ClickHouseTarget(Target):
             "SELECT name FROM system.tables WHERE database = {db:String} AND startsWith(name, 'ss_')",
             parameters={"db": self.database},
         ).result_rows)
-        return sorted(r[0] for r in rows if _LABEL_SHAPE.fullmatch(r[0]))
+        return sorted(r[0] for r in rows if LABEL_PATTERN.fullmatch(r[0]))
 
     def leftover_transactions(self, label_prefix: str) -> list[str]:
         """Staging tables whose label starts with `label_prefix` (e.g. one job's), for reconciling with the journal."""

@@ -18,7 +18,8 @@ import pyarrow as pa
 import pytest
 
 from streaming_sink.state import BatchRecord, FileStateStore
-from streaming_sink.committable import BatchState, TxnRef
+from streaming_sink.committable import TxnRef
+from streaming_sink.records import BatchState
 from streaming_sink.recovery import Recovery, ReplayImpossibleError
 from streaming_sink.routing import Router
 from streaming_sink.targets import PASSWORD_ENV, USER_ENV, ConfigurationError, target_from_url

@@ -12,7 +12,8 @@ import pyarrow as pa
 import pytest
 
 from streaming_sink.state import BatchRecord, FencedError, MemoryStateStore, StateStoreLostError
-from streaming_sink.committable import BatchState, TxnRef
+from streaming_sink.committable import TxnRef
+from streaming_sink.records import BatchState
 from streaming_sink.recovery import OperatorActionRefused, Recovery, ReplayAmbiguousError, abort_batch
 from streaming_sink.routing import Router
 from streaming_sink.sink import ExactlyOnceSink

@@ -11,7 +11,8 @@ import pyarrow as pa
 import pytest
 
 from streaming_sink.state import BatchRecord, FileStateStore, MemoryStateStore
-from streaming_sink.committable import BatchState, Committable, TxnRef
+from streaming_sink.committable import Committable, TxnRef
+from streaming_sink.records import BatchState
 from streaming_sink.recovery import (
     OperatorActionRefused, Recovery, ReplayImpossibleError, TargetMismatchError, _ProgressMarks, abort_batch,
     apply_recovery, plan_recovery, settle_label,

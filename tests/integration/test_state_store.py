@@ -15,7 +15,8 @@ from streaming_sink.state import (
     BatchRecord, BatchSealedError, FencedError, FileStateStore, MemoryStateStore, RedisStateStore, StateStoreLostError,
     open_store,
 )
-from streaming_sink.committable import BatchState, Committable, TxnRef
+from streaming_sink.committable import Committable, TxnRef
+from streaming_sink.records import BatchState
 from streaming_sink.state.redis import RedisKeys
 
 JOB = "job-1"
@@ -220,7 +221,8 @@ def test_redis_restart_keeps_state(redis_server):
 _WRITER = r"""
 import sys
 from streaming_sink.state import FileStateStore, BatchRecord
-from streaming_sink.committable import BatchState, Committable
+from streaming_sink.committable import Committable
+from streaming_sink.records import BatchState
 store = FileStateStore(sys.argv[1])
 epoch = store.take_epoch("job", "w")
 n = 0

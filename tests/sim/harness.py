@@ -28,11 +28,11 @@ from typing import Any, Callable, Iterable
 import pyarrow as pa
 
 from streaming_sink.state import BatchRecord, FencedError, StateStoreLostError
-from streaming_sink.state.base import attempt_epoch
+from streaming_sink.labels import attempt_epoch
 from streaming_sink.state.memory import MemoryStateStore
 from streaming_sink import cli
 from streaming_sink import recovery as recovery_module
-from streaming_sink.committable import BatchState
+from streaming_sink.records import BatchState
 from streaming_sink.errors import StopForOperator
 from streaming_sink.recovery import (
     OperatorActionRefused, Recovery, ReplayAmbiguousError, ReplayImpossibleError, apply_recovery, plan_recovery,
