@@ -41,9 +41,9 @@ def intent_gate(record: "BatchRecord | None") -> str:
     return replay_gate(record.open_attempt)
 
 
-@dataclass
+@dataclass(frozen=True)
 class BatchRecord:
-    """The journal entry of one micro-batch of one streaming query."""
+    """The journal entry of one micro-batch of one streaming query. Frozen: `BatchLog` writes each next one."""
 
     query_id: str
     batch_id: int

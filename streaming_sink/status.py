@@ -18,7 +18,7 @@ from .state import StateStore
 
 from .records import BatchState
 from .liveness import running_driver
-from .recovery import leftover_labels
+from .committer import leftover_labels
 from .targets.base import Target
 
 #: Without --expiry-margin, a prepared transaction with less than this share of the timeout left is "about to expire".
