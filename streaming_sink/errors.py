@@ -36,7 +36,7 @@ defined outside this one, e.g. a product's own error beside its target):
     ├── StopForOperator (RuntimeError)                  exit 4
     │   ├── ReplayAmbiguousError [committer]            exit 4
     │   ├── ReplayImpossibleError [committer]           exit 4
-    │   ├── ReplayMismatchError [sink]                  exit 4
+    │   ├── ReplayMismatchError [replay]                exit 4
     │   └── SourceReplannedError                        exit 4  runbook 'Batch re-planned with another range'
     ├── TargetError (RuntimeError)                      exit 3
     │   ├── ClickHouseError [targets.clickhouse]        exit 3

@@ -32,6 +32,7 @@ from .checkpoint_marker import CheckpointMarker
 from .liveness import HEARTBEAT_SECONDS, Heartbeat, process_owner
 from .batch_log import COMMITTED_AT, BatchLog
 from .committer import Committer
+from .replay import ReplayMismatchError, ReplayPlan
 from .routing import Router
 from .targets.base import ConfigurationError, Target, TransactionLimitError
 from .writer import PartitionResult, WriteContext
@@ -42,10 +43,6 @@ if TYPE_CHECKING:
 log = logging.getLogger("streaming_sink")
 
 QUERY_ID_PROPERTY = "sql.streaming.queryId"
-
-
-class ReplayMismatchError(StopForOperator):
-    """The re-run batch did not deliver the same data as the prepared one: refusing to guess."""
 
 
 class WriterRunner(Protocol):
@@ -327,15 +324,10 @@ class ExactlyOnceSink:
 
     # -- steps -----------------------------------------------------------------------------------
 
-    def _write(
-        self, df: Any, query_id: str, batch_id: int, replay: frozenset[tuple[str, int]] | None = None,
-        committed_flushes: frozenset[tuple[str, int, int, int]] = frozenset(),
-    ) -> list[PartitionResult]:
+    def _write(self, df: Any, query_id: str, batch_id: int, replay: ReplayPlan | None = None) -> list[PartitionResult]:
         write_pass = self._write_pass(query_id, batch_id)
         self._write_passes = ((query_id, batch_id), write_pass + 1)
-        context = WriteContext(
-            self.job_id, query_id, batch_id, self.epoch, write_pass, self.flush_bytes, replay, committed_flushes
-        )
+        context = WriteContext(self.job_id, query_id, batch_id, self.epoch, write_pass, self.flush_bytes, replay)
         assert self._router is not None
         try:
             return self.runner.run(df, self.target, self._router, context, self.state)
@@ -442,34 +434,14 @@ class ExactlyOnceSink:
         committer = self._committer
         assert committer is not None
         record = batch.record
-        plan = frozenset((c.table, c.partition) for c in lost)
-        # Parts of the same (table, partition) that did commit (one transaction per flush, as on Doris)
-        # must not be loaded again: the replay skips their flushes, or refuses if it cannot tell them apart.
-        lost_labels = {c.label for c in lost}
-        survivors = [c for c in record.live_committables() if (c.table, c.partition) in plan and c.label not in lost_labels]
-        unsplittable = [c.label for c in survivors if c.flush is None or c.flush_rows is None]
-        if unsplittable:
-            raise ReplayMismatchError(
-                f"job {self.job_id} batch {record.batch_id}: {unsplittable} committed while other transactions of the "
-                "same table and partition were lost, and they do not say which rows they hold; reloading the partition "
-                "would duplicate them. See docs/runbook.md, section 'Replay mismatch'."
-            )
-        committed = frozenset(  # every survivor, after the check above: each says its flush and rows
-            (c.table, c.partition, c.flush, c.flush_rows) for c in survivors if c.flush is not None and c.flush_rows is not None
-        )
+        plan = ReplayPlan.of(record, lost, self.job_id)
         batch.open_replay(pass_prefix(self.epoch, self._write_pass(record.query_id, record.batch_id)))
-        results = self._write(df, record.query_id, record.batch_id, replay=plan, committed_flushes=committed)
-        by_partition = {r.partition: r for r in results}
-        for partition in sorted({p for _, p in plan}):
-            replayed = by_partition.get(partition)
-            if replayed is None or replayed.checksum != record.checksums.get(partition):
-                self._abort_unprepared(record.query_id, record.batch_id)
-                raise ReplayMismatchError(
-                    f"job {self.job_id} batch {record.batch_id}: partition {partition} of the re-run batch has checksum "
-                    f"{replayed.checksum if replayed else 'none (no rows)'} but the prepared data had "
-                    f"{record.checksums.get(partition)}; the source did not replay the same data, so the lost part "
-                    "cannot be reloaded safely. See docs/runbook.md, section 'Replay mismatch'."
-                )
+        results = self._write(df, record.query_id, record.batch_id, replay=plan)
+        try:
+            plan.check(results, self.job_id, record.batch_id)
+        except ReplayMismatchError:
+            self._abort_unprepared(record.query_id, record.batch_id)
+            raise
         event = batch.close_replay(lost, [c for r in results for c in r.committables])
         log.warning("job %s batch %s: %s", self.job_id, record.batch_id, event)
         still_lost = committer.commit_pending(batch)

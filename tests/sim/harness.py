@@ -38,7 +38,8 @@ from streaming_sink.actions import apply_recovery, plan_recovery
 from streaming_sink.committer import Committer, OperatorActionRefused, ReplayAmbiguousError, ReplayImpossibleError
 from streaming_sink.sink import ExactlyOnceSink, ReplayMismatchError
 from streaming_sink.targets.base import CommitOutcome, CommittedNotChosenError, TargetError
-from streaming_sink.execution import _replay_identity, _writer_partition
+from streaming_sink.execution import _replay_identity
+from streaming_sink.replay import writer_partition
 from streaming_sink.writer import ContentChecksum, PartitionResult, PartitionWriter, WriteContext
 
 try:  # the checks of a re-planned batch (I10); a release before them runs the simulation without its remedy
@@ -978,8 +979,8 @@ class SimRunner:
         driver = actor.process
         try:
             # as the Spark runner does: a replay writes each partition under the prepared one with its content
-            identity = _replay_identity(data, context, store, _digests)
-            numbered = [(_writer_partition(identity, p), batches) for p, batches in enumerate(data)]
+            identity = _replay_identity(data, context, _digests)
+            numbered = [(writer_partition(identity, p), batches) for p, batches in enumerate(data)]
             results = [self._task(actor, p, batches, target, router, context, store) for p, batches in numbered]
             if sim.config.zombie_tasks and not sim.clean and sim.rng.random() < 0.05:  # a stage retry: every partition again
                 sim.log(f"stage retry of batch {context.batch_id}")
