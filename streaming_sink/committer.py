@@ -32,7 +32,7 @@ from .committable import Committable, TxnRef
 from .records import BatchRecord, BatchState
 from .labels import label_prefix
 from .crash import crash_point
-from .errors import ExitCode, StopForOperator, StreamingSinkError
+from .errors import ExitCode, InvariantBreach, StopForOperator, StreamingSinkError
 from .targets.base import CommitOutcome, ExpiryKind, Target
 
 log = logging.getLogger(__name__)
@@ -130,24 +130,28 @@ class Committer:
         # nothing, so it was unknown before it (F4). Kept as it arrives, before the replay and any later failure.
         proofs = _NeverCommitted(batch)
 
-        def commit_one(committable: Committable) -> CommitOutcome | None:
+        def commit_unit(parts: list[Committable]) -> list[CommitOutcome | None]:
             if stopped.is_set():
-                return None
+                return [None] * len(parts)
             try:
                 self.check_epoch()  # a fenced driver sends no further commit (I5)
-                outcome = self.target.commit(committable)
-                if outcome is CommitOutcome.COMMITTED:
-                    marks.add(committable.label)
-                    if on_commit:
-                        on_commit()
-                elif outcome is CommitOutcome.LOST and committable.label not in already_sent:
-                    proofs.add(committable.label)
-                return outcome
+                answers: list[CommitOutcome | None] = list(self._commit(parts))
+                for committable, outcome in zip(parts, answers):
+                    if outcome is CommitOutcome.COMMITTED:
+                        marks.add(committable.label)
+                        if on_commit:
+                            on_commit()
+                    elif outcome is CommitOutcome.LOST and committable.label not in already_sent:
+                        proofs.add(committable.label)
+                return answers
             except BaseException:
                 stopped.set()
                 raise
 
-        outcomes = self._run_commits(commit_one, pending)
+        units = self._commit_units(pending)
+        answered = {c.label: o for unit, answers in zip(units, self._run_commits(commit_unit, units))
+                    for c, o in zip(unit, answers)}
+        outcomes = [answered[c.label] for c in pending]
         # LOST for a label sent before this phase may be a forgotten commit, and LOST_AFTER_SEND always may be.
         ambiguous = [c for c, o in zip(pending, outcomes)
                      if o is CommitOutcome.LOST_AFTER_SEND or (o is CommitOutcome.LOST and c.label in sent_before)]
@@ -168,17 +172,37 @@ class Committer:
             )
         return lost
 
+    def _commit_units(self, pending: list[Committable]) -> list[list[Committable]]:
+        """What one commit call takes: every part of a table for a target that commits a table at once
+        (`Target.commit_table`), otherwise one part."""
+        if not self.target.commits_per_table:
+            return [[c] for c in pending]
+        tables: dict[str, list[Committable]] = {}
+        for committable in pending:
+            tables.setdefault(committable.table, []).append(committable)
+        return list(tables.values())
+
+    def _commit(self, parts: list[Committable]) -> list[CommitOutcome]:
+        """The target's answers for one commit unit, in the order of `parts`."""
+        if not self.target.commits_per_table:
+            return [self.target.commit(c) for c in parts]
+        answers = self.target.commit_table(parts[0].table, parts)
+        missing = [c.label for c in parts if c.label not in answers]
+        if missing:
+            raise InvariantBreach(f"{self.target.kind} commit_table of {parts[0].table!r} did not answer for {missing}")
+        return [answers[c.label] for c in parts]
+
     def _run_commits(
-        self, commit_one: Callable[[Committable], CommitOutcome | None], pending: list[Committable]
-    ) -> list[CommitOutcome | None]:
-        """Run `commit_one` over `pending` with the target's parallelism; on the first error, start no further
+        self, commit_unit: Callable[[list[Committable]], list[CommitOutcome | None]], units: list[list[Committable]]
+    ) -> list[list[CommitOutcome | None]]:
+        """Run `commit_unit` over `units` with the target's parallelism; on the first error, start no further
         one, wait for those running, and raise it. One at a time runs in the calling thread; more run in a pool
         this Committer keeps across batches (its threads start once per driver, not once per batch)."""
-        parallelism = min(max(1, self.target.commit_parallelism), len(pending))
+        parallelism = min(max(1, self.target.commit_parallelism), len(units))
         if parallelism <= 1:
-            return [commit_one(c) for c in pending]  # stops at the first error: it propagates
+            return [commit_unit(unit) for unit in units]  # stops at the first error: it propagates
         pool = self._commit_pool(max(1, self.target.commit_parallelism))
-        futures = [pool.submit(commit_one, c) for c in pending]
+        futures = [pool.submit(commit_unit, unit) for unit in units]
         finished, _ = wait(futures, return_when=FIRST_EXCEPTION)
         failed = next((f for f in futures if f in finished and f.exception() is not None), None)
         if failed is not None:

@@ -181,6 +181,7 @@ class RecordingTarget:
     """Commits always succeed; records every call, so a refusal can be shown to have sent nothing."""
 
     commit_parallelism = 1
+    commits_per_table = False  # commits part by part, as `Target.commit_table`'s default
 
     def __init__(self, kind: str, database: str) -> None:
         self.kind, self.database = kind, database

@@ -106,6 +106,7 @@ class RecordingTarget:
     """Commits always succeed; records what was sent where."""
 
     commit_parallelism = 1
+    commits_per_table = False  # commits part by part, as `Target.commit_table`'s default
 
     def __init__(self, kind: str, database: str) -> None:
         self.kind, self.database = kind, database
