@@ -15,12 +15,8 @@ from typing import Any, Collection
 
 from .committable import Committable
 from .crash import crash_point
-from .records import BatchRecord, BatchState
+from .records import COMMITTED_AT, BatchRecord, BatchState
 from .state import StateStore
-
-
-#: The timing a COMMITTED record adds: when it was written (a moment, not a duration like the others).
-COMMITTED_AT = "committed_at"
 
 
 class BatchLog:

@@ -27,6 +27,9 @@ class BatchState(str, Enum):
     BEGUN = "BEGUN"  # intents, no record: nothing was decided, everything begun is aborted (I3)
 
 
+#: The timing a COMMITTED record adds to its `timings`: when it was written (a moment, not a duration like the others).
+COMMITTED_AT = "committed_at"
+
 #: The states a batch record can be stored with.
 STORED_STATES = (BatchState.PREPARED, BatchState.COMMITTED)
 
