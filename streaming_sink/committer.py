@@ -24,15 +24,13 @@ from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 from typing import Callable, Collection, Iterable
 
 from .batch_log import BatchLog
-from .state import StateStore
-from .state.base import fencing_error
-from .labels import attempt_epoch
-
 from .committable import Committable, TxnRef
-from .records import BatchRecord, BatchState
-from .labels import label_prefix
 from .crash import crash_point
 from .errors import ExitCode, InvariantBreach, StopForOperator, StreamingSinkError
+from .labels import attempt_epoch, label_prefix
+from .records import BatchRecord, BatchState
+from .state import StateStore
+from .state.base import fencing_error
 from .targets.base import CommitOutcome, ExpiryKind, Target
 
 log = logging.getLogger(__name__)
