@@ -14,7 +14,8 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable
 
-from streaming_sink.state.base import BatchRecord, StateStore
+from streaming_sink.state.base import StateStore
+from streaming_sink.records import BatchRecord
 from streaming_sink.committable import TxnRef
 from streaming_sink.execution import SparkWriterRunner
 from streaming_sink.routing import Router

@@ -20,7 +20,7 @@ from typing import Callable
 from devstack.pipeline import REPO, open_target, row_checksum
 from devstack.spark import local_spark_conf, spark_env
 from streaming_sink.state import open_store
-from streaming_sink.committable import BatchState
+from streaming_sink.records import BatchState
 
 DB = "default"
 SCHEMAS = {

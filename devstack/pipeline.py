@@ -26,7 +26,7 @@ from typing import Any, Iterator, Protocol
 
 from devstack.spark import local_spark_conf, spark_env
 from streaming_sink.state import open_store
-from streaming_sink.committable import BatchState
+from streaming_sink.records import BatchState
 from streaming_sink.targets.clickhouse import ClickHouseTarget
 
 DB = "analytics"

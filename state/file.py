@@ -21,9 +21,9 @@ from streaming_sink.committable import TxnRef
 from streaming_sink.job_id import JOB_ID, JOB_ID_RULE
 
 from streaming_sink.errors import BatchSealedError
-from streaming_sink.state.base import (
-    BatchRecord, StateStore, decode_owner, fencing_error, gate_admits, intent_gate, owner_record,
-)
+from streaming_sink.state.base import StateStore, fencing_error
+from streaming_sink.records import BatchRecord, decode_owner, intent_gate, owner_record
+from streaming_sink.labels import gate_admits
 
 @dataclass(frozen=True)
 class FileLayout:

@@ -26,15 +26,15 @@ from streaming_sink.committable import TxnRef
 from streaming_sink.errors import ReplicationError  # moved to streaming_sink/errors.py
 
 from streaming_sink.errors import BatchSealedError, StateStoreError
-from streaming_sink.state.base import (
-    BatchRecord, Durability, StateStore, decode_owner, fencing_error, intent_gate, owner_record,
-)
+from streaming_sink.state.base import Durability, StateStore, fencing_error
+from streaming_sink.records import BatchRecord, decode_owner, intent_gate, owner_record
 from streaming_sink.state.redis_location import RedisLocation, connect, parse_redis_url, redact_url, translated_errors
 
 __all__ = ["RedisKeys", "RedisStateStore", "ReplicationError", "redact_url"]
 
 # ARGV[1] expected epoch; ARGV[2] JSON list of redis commands; ARGV[3] the batch's gate key ('' for
-# none) and ARGV[4] the writer attempt it must admit (see state.base.intent_gate); ARGV[5] an intents
+# none) and ARGV[4] the writer attempt it must admit (see streaming_sink/labels.py `gate_admits`,
+# which tests/unit/test_intent_gate_lua.py holds this script to); ARGV[5] an intents
 # hash key and ARGV[6] a label that must be in it ('' for none). KEYS[1] is the epoch key.
 _FENCED_SCRIPT = """
 local current = redis.call('GET', KEYS[1])

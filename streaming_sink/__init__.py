@@ -13,10 +13,10 @@ _EXPORTS = {
     "ClickHouseTarget": "streaming_sink.targets.clickhouse",
     "ConfigurationError": "streaming_sink.errors",
     "StreamingSinkError": "streaming_sink.errors",
-    "BatchState": "streaming_sink.committable",
+    "BatchState": "streaming_sink.records",
     "Committable": "streaming_sink.committable",
     "TxnRef": "streaming_sink.committable",
-    "make_label": "streaming_sink.committable",
+    "make_label": "streaming_sink.labels",
 }
 
 __all__ = [

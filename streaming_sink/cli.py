@@ -27,8 +27,9 @@ from .state.redis import redact_url
 from .errors import UNEXPECTED, CliError, ExitCode, StreamingSinkError
 from .job_id import JOB_ID, JOB_ID_RULE
 from .liveness import SILENT_SECONDS, process_owner, running_driver
-from .recovery import (OperatorActionRefused, Recovery, abort_batch, accept_loss, apply_recovery,
-                       check_journal_target, plan_recovery, settle_label, settle_record)
+from .actions import (abort_batch, accept_loss, apply_recovery, check_journal_target, plan_recovery, settle_label,
+                      settle_record)
+from .committer import Committer, OperatorActionRefused
 from .status import job_status, render_status, unknown_job
 from .targets import Target, target_from_url, url_forms
 
@@ -262,12 +263,12 @@ def _refuse_beside_a_driver(args: argparse.Namespace, store: StateStore) -> None
             "elsewhere), or give --force if it is hung")
 
 
-def _take_over(args: argparse.Namespace, store: StateStore, target: Target | None = None) -> Recovery:
+def _take_over(args: argparse.Namespace, store: StateStore, target: Target | None = None) -> Committer:
     """Take the job's fencing epoch, after everything else was validated: from here on no driver writes."""
     _refuse_beside_a_driver(args, store)
     target = target or _open_target(args)
     epoch = store.take_epoch(args.job, owner=f"streaming-sink {args.command} on {process_owner()}")
-    return Recovery(target, store, args.job, epoch)
+    return Committer(target, store, args.job, epoch)
 
 
 def cmd_recover(args: argparse.Namespace) -> int:
@@ -282,15 +283,15 @@ def cmd_recover(args: argparse.Namespace) -> int:
         _emit(args, {"applied": False, "actions": [a.__dict__ for a in actions]}, "\n".join(lines))
         return ExitCode.OK
     check_journal_target(store, target, args.job)  # a wrong target is refused before the epoch is taken
-    recovery = _take_over(args, store, target)
-    done = apply_recovery(recovery, plan_recovery(recovery.store, args.job, recovery.target), _progress(args))
+    committer = _take_over(args, store, target)
+    done = apply_recovery(committer, plan_recovery(committer.store, args.job, committer.target), _progress(args))
     kept = [a for a in done if a.action == "keep-for-replay"]
-    lines = [f"applied {len(done)} action(s) with fencing epoch {recovery.epoch}"]
+    lines = [f"applied {len(done)} action(s) with fencing epoch {committer.epoch}"]
     lines += [f"  batch {a.batch_id}: {a.action} {a.transactions} {a.detail}" for a in done]
     if kept:
         lines.append("  some prepared transactions can no longer be committed: restart the job so it replays "
                      "them from the source (docs/runbook.md, section 'A server was down longer than the prepared timeout')")
-    _emit(args, {"applied": True, "epoch": recovery.epoch, "actions": [a.__dict__ for a in done]}, "\n".join(lines))
+    _emit(args, {"applied": True, "epoch": committer.epoch, "actions": [a.__dict__ for a in done]}, "\n".join(lines))
     return ExitCode.PROBLEM if kept else ExitCode.OK
 
 
@@ -318,8 +319,8 @@ def cmd_abort(args: argparse.Namespace) -> int:
         _emit(args, {"applied": False, "batch": batch_id, "intents": [r.label for r in intents]},
               f"dry run: would abort {len(intents)} transaction(s) of batch {batch_id}: " + ", ".join(r.label for r in intents))
         return ExitCode.OK
-    recovery = _take_over(args, store, target)
-    aborted = abort_batch(recovery, query_id, batch_id)  # re-reads the record under the new epoch (R5)
+    committer = _take_over(args, store, target)
+    aborted = abort_batch(committer, query_id, batch_id)  # re-reads the record under the new epoch (R5)
     _emit(args, {"applied": True, "batch": batch_id, "aborted": aborted}, f"aborted {aborted} transaction(s) of batch {batch_id}")
     return ExitCode.OK
 
@@ -350,8 +351,8 @@ def cmd_settle(args: argparse.Namespace) -> int:
         _emit(args, {"applied": False, "settled": args.label, "committed": args.committed},
               f"dry run: would record {args.label} as {verdict}; re-run with --apply")
         return ExitCode.OK
-    recovery = _take_over(args, store, target)
-    settle_label(recovery, args.query_id, args.batch, args.label, committed=args.committed)
+    committer = _take_over(args, store, target)
+    settle_label(committer, args.query_id, args.batch, args.label, committed=args.committed)
     _emit(args, {"applied": True, "settled": args.label, "committed": args.committed},
           f"settled {args.label}: {verdict}; restart the job")
     return ExitCode.OK
@@ -376,8 +377,8 @@ def _accept_loss(args: argparse.Namespace, store: StateStore, target: Target, re
               f"transaction(s), {rows} rows) and give up the rest; its source range: {source}. "
               "Re-run with --apply after re-ingesting those offsets")
         return ExitCode.OK
-    recovery = _take_over(args, store, target)
-    given_up = accept_loss(recovery, args.query_id, args.batch)
+    committer = _take_over(args, store, target)
+    given_up = accept_loss(committer, args.query_id, args.batch)
     lines = [f"batch {args.batch} of query {args.query_id} closed: {len(given_up)} transaction(s) given up "
              f"({sum(c.rows for c in given_up)} rows); its source range: {source}"]
     lines += [f"  {c.label}: table {c.table}, {c.rows} rows" for c in given_up]

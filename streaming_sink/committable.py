@@ -1,4 +1,4 @@
-"""Committables, transaction references, labels and batch states.
+"""Committables and transaction references, and the journal's format version.
 
 These are the small serialisable records that flow from writers (in Spark tasks or in the
 driver) to the coordinator and into the state store. They know nothing of Spark or of any
@@ -6,26 +6,11 @@ particular database.
 """
 from __future__ import annotations
 
-import hashlib
 import json
-import re
 from dataclasses import dataclass, field, replace
-from enum import Enum
 from typing import Any, Mapping
 
 from .errors import ExitCode, StreamingSinkError
-
-LABEL_MAX_LENGTH = 128
-_LABEL_UNSAFE = re.compile(r"[^A-Za-z0-9_]")
-_HASH_CHARS = 12
-
-
-class BatchState(str, Enum):
-    """What the state store knows of a micro-batch. A batch with no record is only begun."""
-
-    PREPARED = "PREPARED"  # the commit point: every committable in the record will be committed
-    COMMITTED = "COMMITTED"  # every committable is visible; re-running the batch changes nothing
-
 
 #: The journal's format version, written as "v" in every record. A change an older reader may ignore
 #: (a new optional key: unknown keys are dropped) keeps it; any other change raises it, and older
@@ -178,45 +163,3 @@ class Committable(TxnRef):
 
 def _optional_int(value: Any) -> int | None:
     return None if value is None else int(value)
-
-
-def make_label(
-    job_id: str,
-    query_id: str,
-    batch_id: int,
-    table: str,
-    partition: int,
-    attempt: str,
-    chunk: int = 0,
-) -> str:
-    """A deterministic transaction label, valid for StarRocks, Doris and ClickHouse names.
-
-    The readable part helps operators; the hash of every component keeps labels unique even
-    when the readable part is sanitised or truncated (invariant I4). The query id changes with
-    a new checkpoint, so labels never collide across checkpoints.
-    """
-    identity = "\x1f".join([job_id, query_id, str(batch_id), table, str(partition), attempt, str(chunk)])
-    digest = hashlib.sha256(identity.encode("utf-8")).hexdigest()[:_HASH_CHARS]
-    readable = "_".join(
-        [
-            "ss",
-            _sanitise(job_id, 24),
-            _sanitise(query_id.replace("-", ""), 8),
-            str(batch_id),
-            _sanitise(table, 24),
-            f"p{partition}",
-            _sanitise(attempt, 16),
-            f"c{chunk}",
-        ]
-    )
-    room = LABEL_MAX_LENGTH - _HASH_CHARS - 1
-    return f"{readable[:room]}_{digest}"
-
-
-def label_prefix(job_id: str, query_id: str) -> str:
-    """What every label of one job and query starts with: how leftovers on a server are recognised."""
-    return "_".join(["ss", _sanitise(job_id, 24), _sanitise(query_id.replace("-", ""), 8), ""])
-
-
-def _sanitise(text: str, limit: int) -> str:
-    return _LABEL_UNSAFE.sub("_", text)[:limit] or "x"

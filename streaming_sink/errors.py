@@ -24,8 +24,8 @@ defined outside this one, e.g. a product's own error beside its target):
     │   ├── ReplayAlignmentError [writer]               exit 5
     │   └── ReplayLostAgainError                        exit 5
     ├── JournalFormatError (RuntimeError) [committable] exit 4
-    ├── OperatorActionRefused (RuntimeError) [recovery] exit 4
-    │   └── TargetMismatchError [recovery]              exit 4
+    ├── OperatorActionRefused (RuntimeError) [committer] exit 4
+    │   └── TargetMismatchError [committer]             exit 4
     ├── StateStoreError (RuntimeError)                  exit 3
     │   ├── BatchSealedError                            exit 3
     │   ├── FencedError                                 exit 4
@@ -34,9 +34,9 @@ defined outside this one, e.g. a product's own error beside its target):
     │   ├── StateStoreAuthError                         exit 2
     │   └── StateStoreUnreachableError                  exit 3
     ├── StopForOperator (RuntimeError)                  exit 4
-    │   ├── ReplayAmbiguousError [recovery]             exit 4
-    │   ├── ReplayImpossibleError [recovery]            exit 4
-    │   ├── ReplayMismatchError [sink]                  exit 4
+    │   ├── ReplayAmbiguousError [committer]            exit 4
+    │   ├── ReplayImpossibleError [committer]           exit 4
+    │   ├── ReplayMismatchError [replay]                exit 4
     │   └── SourceReplannedError                        exit 4  runbook 'Batch re-planned with another range'
     ├── TargetError (RuntimeError)                      exit 3
     │   ├── ClickHouseError [targets.clickhouse.connection] exit 3

@@ -38,6 +38,7 @@ import pyarrow as pa
 from .state import StateStore
 
 from .errors import ConfigurationError, InvariantBreach, StreamingSinkError
+from .replay import PartitionIdentity, writer_partition
 from .routing import Router
 from .targets.base import Target
 from .writer import ContentChecksum, PartitionResult, PartitionWriter, WriteContext
@@ -45,9 +46,6 @@ from .writer import ContentChecksum, PartitionResult, PartitionWriter, WriteCont
 if TYPE_CHECKING:
     from pyspark import TaskContext
     from pyspark.sql import DataFrame
-
-Identity = dict[int, int]  # Spark partition number -> writer partition number
-
 
 DRIVER_FETCHES = ("stream", "partitions")
 #: The writer partition of the driver's one writer (in its labels and the batch record's checksums).
@@ -72,12 +70,12 @@ class SparkWriterRunner:
         if target.runs_writers_in_driver:
             stream = self.driver_fetch == "stream" and _can_stream(df)
             fetch = _arrow_stream if stream else _ipc_partitions
-            if not _prepared_per_partition(context, store):
+            if not _prepared_per_partition(context):
                 return _write_in_driver(fetch(df), target, router, context, store)
             # the replay matches partitions by checksums digested from the very batches the writers see
-            identity = _replay_identity(df, context, store, _stream_digests if stream else _task_digests)
+            identity = _replay_identity(df, context, _stream_digests if stream else _task_digests)
             return _write_per_partition(fetch(df), target, router, context, store, identity)
-        identity = _replay_identity(df, context, store, _task_digests)
+        identity = _replay_identity(df, context, _task_digests)
         return _write_in_tasks(df, target, router, context, store, identity)
 
 
@@ -89,15 +87,6 @@ def _task_context() -> "TaskContext":
     if task is None:
         raise InvariantBreach("no Spark TaskContext: the sink's task functions run only in Spark tasks")
     return task
-
-
-def _writer_partition(identity: Identity | None, spark_partition: int) -> int:
-    """Without a replay, Spark's number. In a replay, the prepared partition with the same content;
-    a partition whose content matches none gets a negative number, so it can neither be taken
-    for a prepared one nor pass the sink's checksum check (which then fails loudly)."""
-    if identity is None:
-        return spark_partition
-    return identity.get(spark_partition, -1 - spark_partition)
 
 
 _CHECKSUM_SCHEMA = pa.schema([("partition", pa.int32()), ("checksum", pa.string())])
@@ -127,27 +116,15 @@ def _stream_digests(df: "DataFrame") -> dict[int, str]:
     return {partition: checksum.hexdigest() for partition, checksum in checksums.items()}
 
 
-def _replay_identity(df: "DataFrame", context: WriteContext, store: StateStore, digests: Digests) -> Identity | None:
+def _replay_identity(df: "DataFrame", context: WriteContext, digests: Digests) -> PartitionIdentity | None:
     """In a replay, match the re-run batch's partitions to the prepared ones by content checksum (one extra read)."""
-    if context.replay is None:
+    if context.replay is None or not context.replay.prepared_checksums:
         return None
-    record = store.get_batch(context.job_id, context.query_id, context.batch_id)
-    if record is None or not record.checksums:
-        return None
-    current = digests(df)
-    unclaimed: dict[str, list[int]] = {}
-    for prepared_partition, checksum in sorted(record.checksums.items(), key=lambda item: int(item[0])):
-        unclaimed.setdefault(checksum, []).append(int(prepared_partition))
-    identity: Identity = {}
-    for spark_partition in sorted(current):
-        candidates = unclaimed.get(current[spark_partition])
-        if candidates:
-            identity[spark_partition] = candidates.pop(0)
-    return identity
+    return context.replay.identity(digests(df))
 
 
 def _write_in_tasks(
-    df: "DataFrame", target: Target, router: Router, context: WriteContext, store: StateStore, identity: Identity | None
+    df: "DataFrame", target: Target, router: Router, context: WriteContext, store: StateStore, identity: PartitionIdentity | None
 ) -> list[PartitionResult]:
     from pyspark.errors import PythonException
 
@@ -190,7 +167,7 @@ def sink_error_of(failure: Exception) -> StreamingSinkError | None:
 
 
 def task_writer(
-    target: Target, router: Router, context: WriteContext, store: StateStore, identity: Identity | None
+    target: Target, router: Router, context: WriteContext, store: StateStore, identity: PartitionIdentity | None
 ) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
     """The function each Spark task runs: one PartitionWriter over the task's Arrow batches.
 
@@ -200,7 +177,7 @@ def task_writer(
     def write_partition(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         task = _task_context()
         try:
-            partition = _writer_partition(identity, task.partitionId())
+            partition = writer_partition(identity, task.partitionId())
             # taskAttemptId is unique in the application; attemptNumber repeats across stage attempts (R7)
             writer = PartitionWriter(context, target, router, store, partition, task.taskAttemptId())
             result = writer.add_all(batches)
@@ -272,13 +249,11 @@ def _ipc_partitions(df: "DataFrame") -> Iterator[tuple[int, pa.RecordBatch]]:
                 yield row["partition"], batch
 
 
-def _prepared_per_partition(context: WriteContext, store: StateStore) -> bool:
+def _prepared_per_partition(context: WriteContext) -> bool:
     """A replay of a batch whose record has writer partitions other than `WHOLE_BATCH`: prepared one writer per
     Spark partition, so replayed that way (one partition alone reads the same either way: its own digest)."""
-    if context.replay is None:
-        return False
-    record = store.get_batch(context.job_id, context.query_id, context.batch_id)
-    return record is not None and any(int(partition) != WHOLE_BATCH for partition in record.checksums)
+    replay = context.replay
+    return replay is not None and any(partition != WHOLE_BATCH for partition in replay.prepared_partitions)
 
 
 def _write_in_driver(
@@ -308,7 +283,7 @@ def _hang_up(batches: Iterable[tuple[int, pa.RecordBatch]]) -> None:
 
 def _write_per_partition(
     batches: Iterable[tuple[int, pa.RecordBatch]], target: Target, router: Router, context: WriteContext,
-    store: StateStore, identity: Identity | None,
+    store: StateStore, identity: PartitionIdentity | None,
 ) -> list[PartitionResult]:
     """One writer per Spark partition over (partition, batch) pairs in which each partition's batches come together."""
     results: list[PartitionResult] = []
@@ -324,7 +299,7 @@ def _write_per_partition(
                     results.append(writer.finish())
                 current = partition
                 written.add(partition)
-                writer = PartitionWriter(context, target, router, store, _writer_partition(identity, partition))
+                writer = PartitionWriter(context, target, router, store, writer_partition(identity, partition))
             assert writer is not None
             writer.add(batch)
         if writer is not None:

@@ -25,7 +25,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from .committable import BatchState
+from .records import BatchState
 from .targets.base import ExpiryKind
 
 if TYPE_CHECKING:

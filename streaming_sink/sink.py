@@ -21,14 +21,18 @@ from typing import TYPE_CHECKING, Any, Callable, Protocol
 
 from .state import BatchRecord, FileStateStore, StateStore, StateStoreLostError
 
-from .committable import BatchState, Committable, TxnRef
+from .committable import Committable, TxnRef
+from .labels import pass_prefix
+from .records import COMMITTED_AT, BatchState
 from .crash import crash_point
 from .errors import BatchDoesNotAddUpError, ReplayLostAgainError, SourceReplannedError, StopForOperator
 from .job_id import JOB_ID as _JOB_ID
 from .checkpoint import planned_offsets, same_source, source_ranges
 from .checkpoint_marker import CheckpointMarker
 from .liveness import HEARTBEAT_SECONDS, Heartbeat, process_owner
-from .recovery import Recovery
+from .batch_log import BatchLog
+from .committer import Committer
+from .replay import ReplayMismatchError, ReplayPlan
 from .routing import Router
 from .targets.base import ConfigurationError, Target, TransactionLimitError
 from .writer import PartitionResult, WriteContext
@@ -39,10 +43,6 @@ if TYPE_CHECKING:
 log = logging.getLogger("streaming_sink")
 
 QUERY_ID_PROPERTY = "sql.streaming.queryId"
-
-
-class ReplayMismatchError(StopForOperator):
-    """The re-run batch did not deliver the same data as the prepared one: refusing to guess."""
 
 
 class WriterRunner(Protocol):
@@ -120,7 +120,7 @@ class ExactlyOnceSink:
         self._marker: CheckpointMarker | None = None
         self._leftovers_swept = False  # the first batch of this driver clears the server's unnamed leftovers
         self._router: Router | None = None
-        self._recovery: Recovery | None = None
+        self._committer: Committer | None = None
         self._query_id: str | None = None  # the query of the batch being processed
         self._write_passes: tuple[tuple[str, int] | None, int] = (None, 0)  # (batch, passes written by this driver)
         self.last_report: BatchReport | None = None
@@ -129,7 +129,7 @@ class ExactlyOnceSink:
 
     def start(self) -> None:
         """Check the target and take the fencing epoch; idempotent. Fails before any data moves."""
-        if self._recovery is not None:
+        if self._committer is not None:
             return
         tables = self.target.routable_tables()
         self._router = Router(
@@ -144,8 +144,8 @@ class ExactlyOnceSink:
         if marker:
             marker.advance_epoch(epoch)
         self._marker = marker
-        self._recovery = Recovery(self.target, self.state, self.job_id, epoch)
-        self._recovery.before_send = self._mark_sending
+        self._committer = Committer(self.target, self.state, self.job_id, epoch)
+        self._committer.before_send = self._mark_sending
         if self._heartbeat is not None:
             self._heartbeat.stop()
         if self.heartbeat_seconds is not None:
@@ -169,8 +169,8 @@ class ExactlyOnceSink:
 
     @property
     def epoch(self) -> int:
-        assert self._recovery is not None, "start() first"
-        return self._recovery.epoch
+        assert self._committer is not None, "start() first"
+        return self._committer.epoch
 
     # -- the foreachBatch callable ----------------------------------------------------------------
 
@@ -186,8 +186,8 @@ class ExactlyOnceSink:
             self._check_store_reaches_writers(spark.sparkContext.master)
             if self.checkpoint_location is None:
                 self.checkpoint_location = _checkpoint_root(spark, query_id)
-                if self._recovery is not None and self.checkpoint_location is not None:
-                    self._recovery = None  # started before the checkpoint was known: take the epoch again above its mark
+                if self._committer is not None and self.checkpoint_location is not None:
+                    self._committer = None  # started before the checkpoint was known: take the epoch again above its mark
         self.process(df, int(batch_id), query_id)
 
     def _check_store_reaches_writers(self, master: str | None) -> None:
@@ -217,9 +217,9 @@ class ExactlyOnceSink:
         return report
 
     def _process(self, df: Any, batch_id: int, query_id: str) -> BatchReport:
-        recovery = self._recovery
-        assert recovery is not None
-        recovery.check_epoch()  # a fenced driver stops here, before it reads or writes anything
+        committer = self._committer
+        assert committer is not None
+        committer.check_epoch()  # a fenced driver stops here, before it reads or writes anything
         self._query_id = query_id
         planned = planned_offsets(self._marker.folder, batch_id) if self._marker else None
         record = self.state.get_batch(self.job_id, query_id, batch_id)
@@ -227,20 +227,20 @@ class ExactlyOnceSink:
             self._check_record_complete(record)
             self._check_same_source(record, planned)
             if record.stop:  # the operator resolved what stopped it: the batch goes on
-                record.events.append(f"resumed after {record.stop.get('error')}")
-                record.stop = None
-                self.state.put_batch(self.job_id, self.epoch, record)
+                batch = committer.log_of(record)
+                batch.resume()
+                record = batch.record
         if record is not None and record.state is BatchState.COMMITTED:
             # killed after the COMMITTED record: only the unchosen attempts may still need aborting
-            recovery.abort_intents(query_id, batch_id, keep={c.label for c in record.committables})
+            committer.abort_intents(query_id, batch_id, keep={c.label for c in record.committables})
             report = BatchReport(batch_id, "already-committed")
         elif record is not None:
             report = self._recover_prepared(df, record)
         else:
             self._check_journal_continues(query_id, batch_id)
             self._abort_leftovers_once(query_id)
-            recovery.abort_intents(query_id, batch_id)
-            recovery.sweep(skip=(query_id, batch_id), retain_batches=self.retain_batches)
+            committer.abort_intents(query_id, batch_id)
+            committer.sweep(skip=(query_id, batch_id), retain_batches=self.retain_batches)
             report = self._write_and_commit(df, query_id, batch_id, planned)
         return report
 
@@ -281,9 +281,9 @@ class ExactlyOnceSink:
             record = self.state.get_batch(self.job_id, query_id, batch_id)
             if record is None:
                 return
-            record.stop = {"error": type(stop).__name__, "section": stop.runbook_section,
-                           "message": str(stop)[:2000], "at": time.time()}
-            self.state.put_batch(self.job_id, self.epoch, record)
+            assert self._committer is not None
+            self._committer.log_of(record).record_stop({"error": type(stop).__name__, "section": stop.runbook_section,
+                                                         "message": str(stop)[:2000], "at": time.time()})
         except Exception as error:  # the stop itself is what the caller must see
             log.error("job %s batch %s: could not record why the job stopped (%s)", self.job_id, batch_id, error)
 
@@ -319,20 +319,15 @@ class ExactlyOnceSink:
     def _abort_leftovers_once(self, query_id: str) -> None:
         """After a restart, before writing: what a dead process or a lost intent left on the server goes (I3)."""
         if not self._leftovers_swept:
-            self._recovery.abort_leftovers(query_id)  # type: ignore[union-attr]
+            self._committer.abort_leftovers(query_id)  # type: ignore[union-attr]
             self._leftovers_swept = True
 
     # -- steps -----------------------------------------------------------------------------------
 
-    def _write(
-        self, df: Any, query_id: str, batch_id: int, replay: frozenset[tuple[str, int]] | None = None,
-        committed_flushes: frozenset[tuple[str, int, int, int]] = frozenset(),
-    ) -> list[PartitionResult]:
+    def _write(self, df: Any, query_id: str, batch_id: int, replay: ReplayPlan | None = None) -> list[PartitionResult]:
         write_pass = self._write_pass(query_id, batch_id)
         self._write_passes = ((query_id, batch_id), write_pass + 1)
-        context = WriteContext(
-            self.job_id, query_id, batch_id, self.epoch, write_pass, self.flush_bytes, replay, committed_flushes
-        )
+        context = WriteContext(self.job_id, query_id, batch_id, self.epoch, write_pass, self.flush_bytes, replay)
         assert self._router is not None
         try:
             return self.runner.run(df, self.target, self._router, context, self.state)
@@ -365,20 +360,19 @@ class ExactlyOnceSink:
 
     def _abort_unprepared(self, query_id: str, batch_id: int) -> None:
         """A failed write leaves no transaction behind, unless the state store itself is unreachable."""
-        assert self._recovery is not None
+        assert self._committer is not None
         try:
             record = self.state.get_batch(self.job_id, query_id, batch_id)
-            if record is not None and record.open_attempt:  # a failed replay: close the gate before aborting
-                record.open_attempt = None
-                self.state.put_batch(self.job_id, self.epoch, record)
+            if record is not None:  # a failed replay: close the gate before aborting
+                self._committer.log_of(record).close_gate()
             keep = {c.label for c in record.committables} if record else set()
-            self._recovery.abort_intents(query_id, batch_id, keep)
+            self._committer.abort_intents(query_id, batch_id, keep)
         except Exception as error:
             log.error("job %s batch %s: could not abort after a failed write (%s); the next start will", self.job_id, batch_id, error)
 
     def _write_and_commit(self, df: Any, query_id: str, batch_id: int, planned: str | None) -> BatchReport:
-        recovery = self._recovery
-        assert recovery is not None
+        committer = self._committer
+        assert committer is not None
         started = time.time()
         results = self._write(df, query_id, batch_id)
         written = time.time()
@@ -393,7 +387,7 @@ class ExactlyOnceSink:
                 f"job {self.job_id} batch {batch_id}: the writers received {records_in} rows but prepared "
                 f"{accounted} (filtered included); refusing to commit a batch that does not add up"
             )
-        record = BatchRecord(
+        batch = BatchLog.prepare(self.state, self.job_id, self.epoch, BatchRecord(
             query_id=query_id,
             batch_id=batch_id,
             state=BatchState.PREPARED if committables else BatchState.COMMITTED,
@@ -403,89 +397,59 @@ class ExactlyOnceSink:
             timings={"write_s": written - started},
             records_in=records_in,
             source=planned,
-        )
-        self.state.put_batch(self.job_id, self.epoch, record)
+        ))
         recorded = time.time()
-        record.timings["record_s"] = recorded - written
+        batch.note_timing("record_s", recorded - written)
         if not committables:
-            recovery.abort_intents(query_id, batch_id)
-            return BatchReport(batch_id, "empty", timings=record.timings)
+            committer.abort_intents(query_id, batch_id)
+            return BatchReport(batch_id, "empty", timings=batch.record.timings)
         crash_point("after-prepared-record", batch_id)
-        record = self._commit_prepared(df, record, started_commit=recorded)
-        return self._report(batch_id, "written", record)
+        return self._report(batch_id, "written", self._commit_prepared(df, batch, started_commit=recorded))
 
     def _recover_prepared(self, df: Any, record: BatchRecord) -> BatchReport:
         """Batch N was prepared by an earlier driver and Spark re-runs it: roll it forward."""
-        recovery = self._recovery
-        assert recovery is not None
+        committer = self._committer
+        assert committer is not None
         log.warning("job %s batch %s: found PREPARED by epoch %d; committing it", self.job_id, record.batch_id, record.epoch)
-        recovery.abort_intents(record.query_id, record.batch_id, keep={c.label for c in record.committables})
+        committer.abort_intents(record.query_id, record.batch_id, keep={c.label for c in record.committables})
         self._abort_leftovers_once(record.query_id)
-        record = self._commit_prepared(df, record, started_commit=time.time())
-        recovery.sweep(skip=(record.query_id, record.batch_id), retain_batches=self.retain_batches)
-        return self._report(record.batch_id, "recovered-prepared", record)
+        committed = self._commit_prepared(df, committer.log_of(record), started_commit=time.time())
+        committer.sweep(skip=(record.query_id, record.batch_id), retain_batches=self.retain_batches)
+        return self._report(record.batch_id, "recovered-prepared", committed)
 
-    def _commit_prepared(self, df: Any, record: BatchRecord, started_commit: float) -> BatchRecord:
+    def _commit_prepared(self, df: Any, batch: BatchLog, started_commit: float) -> BatchRecord:
         """Commit every committable (replaying lost ones), mark COMMITTED, abort the unchosen attempts."""
-        recovery = self._recovery
-        assert recovery is not None
-        lost = recovery.commit_pending(record)
-        if lost:
-            record = self._replay(df, record, lost)
-        record.timings["commit_s"] = time.time() - started_commit
-        recovery.mark_committed(record)
-        recovery.abort_intents(record.query_id, record.batch_id, keep={c.label for c in record.committables})
-        return record
+        assert self._committer is not None
 
-    def _replay(self, df: Any, record: BatchRecord, lost: list[Committable]) -> BatchRecord:
+        def replay(lost: list[Committable]) -> bool:
+            self._replay(df, batch, lost)
+            return True
+
+        committed = self._committer.roll_forward(batch, replay, started=started_commit)
+        assert committed is not None, "a replay that returns replayed every lost part"
+        return committed
+
+    def _replay(self, df: Any, batch: BatchLog, lost: list[Committable]) -> None:
         """Load the lost parts again from the re-run batch, under fresh labels, proved identical by checksum."""
-        recovery = self._recovery
-        assert recovery is not None
-        plan = frozenset((c.table, c.partition) for c in lost)
-        # Parts of the same (table, partition) that did commit (one transaction per flush, as on Doris)
-        # must not be loaded again: the replay skips their flushes, or refuses if it cannot tell them apart.
-        lost_labels = {c.label for c in lost}
-        survivors = [c for c in record.live_committables() if (c.table, c.partition) in plan and c.label not in lost_labels]
-        unsplittable = [c.label for c in survivors if c.flush is None or c.flush_rows is None]
-        if unsplittable:
-            raise ReplayMismatchError(
-                f"job {self.job_id} batch {record.batch_id}: {unsplittable} committed while other transactions of the "
-                "same table and partition were lost, and they do not say which rows they hold; reloading the partition "
-                "would duplicate them. See docs/runbook.md, section 'Replay mismatch'."
-            )
-        committed = frozenset(  # every survivor, after the check above: each says its flush and rows
-            (c.table, c.partition, c.flush, c.flush_rows) for c in survivors if c.flush is not None and c.flush_rows is not None
-        )
-        record.open_attempt = f"e{self.epoch}w{self._write_pass(record.query_id, record.batch_id)}"
-        self.state.put_batch(self.job_id, self.epoch, record)  # the replay's writers, and only they, may begin
-        results = self._write(df, record.query_id, record.batch_id, replay=plan, committed_flushes=committed)
-        by_partition = {r.partition: r for r in results}
-        for partition in sorted({p for _, p in plan}):
-            replayed = by_partition.get(partition)
-            if replayed is None or replayed.checksum != record.checksums.get(partition):
-                self._abort_unprepared(record.query_id, record.batch_id)
-                raise ReplayMismatchError(
-                    f"job {self.job_id} batch {record.batch_id}: partition {partition} of the re-run batch has checksum "
-                    f"{replayed.checksum if replayed else 'none (no rows)'} but the prepared data had "
-                    f"{record.checksums.get(partition)}; the source did not replay the same data, so the lost part "
-                    "cannot be reloaded safely. See docs/runbook.md, section 'Replay mismatch'."
-                )
-        fresh = [c for r in results for c in r.committables]
-        record.lost = sorted(set(record.lost) | {c.label for c in lost})
-        record.committables = record.committables + fresh
-        record.open_attempt = None  # closed again before anything is committed: late writers cannot begin
-        record.events.append(
-            f"replayed {len(lost)} lost transaction(s) {[c.label for c in lost]} as {[c.label for c in fresh]}"
-        )
-        self.state.put_batch(self.job_id, self.epoch, record)
-        log.warning("job %s batch %s: %s", self.job_id, record.batch_id, record.events[-1])
-        still_lost = recovery.commit_pending(record)
+        committer = self._committer
+        assert committer is not None
+        record = batch.record
+        plan = ReplayPlan.of(record, lost, self.job_id)
+        batch.open_replay(pass_prefix(self.epoch, self._write_pass(record.query_id, record.batch_id)))
+        results = self._write(df, record.query_id, record.batch_id, replay=plan)
+        try:
+            plan.check(results, self.job_id, record.batch_id)
+        except ReplayMismatchError:
+            self._abort_unprepared(record.query_id, record.batch_id)
+            raise
+        event = batch.close_replay(lost, [c for r in results for c in r.committables])
+        log.warning("job %s batch %s: %s", self.job_id, record.batch_id, event)
+        still_lost = committer.commit_pending(batch)
         if still_lost:
             raise ReplayLostAgainError(
                 f"job {self.job_id} batch {record.batch_id}: replayed transactions were lost again "
                 f"({[c.label for c in still_lost]}); the target is discarding prepared data faster than it can be committed"
             )
-        return record
 
     def _report(self, batch_id: int, action: str, record: BatchRecord) -> BatchReport:
         live = record.live_committables()
@@ -502,7 +466,7 @@ class ExactlyOnceSink:
             bytes=sum(c.bytes for c in live),
             transactions=len(live),
             replayed=len(record.lost),
-            timings=record.timings,
+            timings={name: seconds for name, seconds in record.timings.items() if name != COMMITTED_AT},
         )
 
 

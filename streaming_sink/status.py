@@ -16,9 +16,9 @@ from typing import Any
 
 from .state import StateStore
 
-from .committable import BatchState
+from .records import COMMITTED_AT, BatchState
 from .liveness import running_driver
-from .recovery import leftover_labels
+from .committer import leftover_labels
 from .targets.base import Target
 
 #: Without --expiry-margin, a prepared transaction with less than this share of the timeout left is "about to expire".
@@ -128,12 +128,12 @@ def job_status(
         if leftover and batch_id < newest[query_id]:
             stale.append({"query_id": query_id, "batch_id": batch_id, "labels": leftover})
         if leftover or (record is not None and record.state is BatchState.PREPARED):
-            unfinished.append({"query_id": query_id, "batch_id": batch_id, "state": record.state.value if record else "BEGUN"})
+            unfinished.append({"query_id": query_id, "batch_id": batch_id, "state": (record.state if record else BatchState.BEGUN).value})
         if record is not None and record.stop:
             stops.append({"query_id": query_id, "batch_id": batch_id, **record.stop, "at_iso": iso_utc(record.stop.get("at"))})
         if record is None:
             if (query_id, batch_id) in shown:
-                batches.append(BatchStatus(query_id, batch_id, "BEGUN", sorted({r.table for r in intents}), 0, 0,
+                batches.append(BatchStatus(query_id, batch_id, BatchState.BEGUN.value, sorted({r.table for r in intents}), 0, 0,
                                            len(intents), 0, len(intents), None))
             continue
         live = record.live_committables()
@@ -145,7 +145,7 @@ def job_status(
                 sum(c.rows for c in live), sum(c.bytes for c in live), len(live),
                 len(live) if record.state is BatchState.COMMITTED else len(done & {c.label for c in live}),
                 len(intents), age, record.timings, record.events,
-                iso_utc(record.created_at), iso_utc(record.timings.get("committed_at")),
+                iso_utc(record.created_at), iso_utc(record.timings.get(COMMITTED_AT)),
             ))
         if record.state is BatchState.PREPARED:
             for c in live:

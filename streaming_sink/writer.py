@@ -19,8 +19,10 @@ import pyarrow as pa
 
 from .state import StateStore
 
-from .committable import Committable, TxnRef, make_label
+from .committable import Committable, TxnRef
+from .labels import Attempt, make_label
 from .errors import InvariantBreach
+from .replay import ReplayPlan
 from .routing import Router
 from .targets.base import NewRef, TableTransaction, Target
 
@@ -37,23 +39,11 @@ class WriteContext:
     epoch: int
     write_pass: int  # how many times this driver has written this batch before (fresh labels each pass)
     flush_bytes: int
-    replay: frozenset[tuple[str, int]] | None = None  # (table, partition) to reload; None = everything
-    # In a replay: flushes of those (table, partition) that stayed committed, as (table, partition, flush, rows).
-    # Targets with one transaction per flush (Doris) can lose some flushes of a partition and not others.
-    committed_flushes: frozenset[tuple[str, int, int, int]] = frozenset()
+    replay: ReplayPlan | None = None  # what a replay pass reloads and skips; None: a first pass writes everything
 
     def attempt(self, task_attempt: int) -> str:
-        return f"e{self.epoch}w{self.write_pass}t{task_attempt}"
+        return str(Attempt(self.epoch, self.write_pass, task_attempt))
 
-    def wanted(self, table: str, partition: int) -> bool:
-        return self.replay is None or (table, partition) in self.replay
-
-    def committed_rows(self, table: str, partition: int, flush: int) -> int | None:
-        """Rows of that flush if it is already committed (a replay must not send it again), else None."""
-        for t, p, f, rows in self.committed_flushes:
-            if (t, p, f) == (table, partition, flush):
-                return rows
-        return None
 
 
 class ReplayAlignmentError(InvariantBreach):
@@ -149,7 +139,8 @@ class PartitionWriter:
                 continue
             # A replay keeps only the tables it reloads, but counts every table's bytes as the first
             # pass did, so flushes fall on the same rows and committed ones can be recognised.
-            if self._context.wanted(table, self._partition):
+            replay = self._context.replay
+            if replay is None or replay.wants(table, self._partition):
                 self._buffers.setdefault(table, []).append(rows)
             self._buffered_bytes[table] = self._buffered_bytes.get(table, 0) + rows.nbytes
             self.peak_buffered_bytes = max(self.peak_buffered_bytes, sum(self._buffered_bytes.values()))
@@ -206,7 +197,8 @@ class PartitionWriter:
         if not batches:
             return  # a table this replay does not reload: counted, not sent
         rows = sum(b.num_rows for b in batches)
-        committed = self._context.committed_rows(table, self._partition, flush)
+        replay = self._context.replay
+        committed = replay.committed_rows(table, self._partition, flush) if replay is not None else None
         if committed is not None:
             if committed != rows:
                 raise ReplayAlignmentError(

@@ -13,6 +13,7 @@ class RecordingTarget:
     """Records commits and aborts; commits always succeed."""
 
     kind, database, commit_parallelism = "recording", "db", 4
+    commits_per_table = False  # commits part by part, as `Target.commit_table`'s default
 
     def __init__(self, on_commit: Any = None) -> None:
         self.calls: list[tuple[str, str]] = []

@@ -11,7 +11,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Any, Callable, Mapping, Protocol, runtime_checkable
+from typing import Any, Callable, Mapping, Protocol, Sequence, runtime_checkable
 
 import pyarrow as pa
 
@@ -157,6 +157,18 @@ class Target(ABC):
     @abstractmethod
     def commit(self, committable: Committable) -> CommitOutcome:
         """Make a prepared transaction visible. Repeating it after success returns COMMITTED."""
+
+    def commit_table(self, table: str, committables: Sequence[Committable]) -> dict[str, CommitOutcome]:
+        """Make one batch's prepared parts of `table` visible together, answering per label; repeating it after
+        success answers COMMITTED for each. A target whose commit is one act per table (a table format's snapshot)
+        overrides it, and the committer then calls it once per table per commit phase, tables in parallel. The
+        default commits each part alone; the committer then runs `commit` itself, part by part, in parallel."""
+        return {c.label: self.commit(c) for c in committables}
+
+    @property
+    def commits_per_table(self) -> bool:
+        """Whether this target overrides `commit_table` (commits a table's parts in one act)."""
+        return type(self).commit_table is not Target.commit_table
 
     @abstractmethod
     def abort(self, ref: TxnRef) -> None:

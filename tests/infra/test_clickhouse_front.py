@@ -20,7 +20,8 @@ import pytest
 import urllib3
 from clickhouse_connect.driver.exceptions import DatabaseError, OperationalError
 
-from streaming_sink.committable import TxnRef, make_label
+from streaming_sink.committable import TxnRef
+from streaming_sink.labels import make_label
 from streaming_sink.targets import target_from_url
 from streaming_sink.targets.base import CommitOutcome
 from streaming_sink.targets.clickhouse import LEDGER_TABLE, ClickHouseError, ClickHouseTarget

@@ -19,7 +19,8 @@ from typing import Any, Callable
 
 import pyarrow as pa
 
-from streaming_sink.committable import BatchState, TxnRef
+from streaming_sink.committable import TxnRef
+from streaming_sink.records import BatchState
 from streaming_sink.targets.base import NewRef, PreparedPart, RecordIntent, TableTransaction
 
 DIE_AFTER_PREPARE = "SS_TEST_DIE_AFTER_PREPARE"

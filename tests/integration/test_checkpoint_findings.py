@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from streaming_sink.checkpoint import CheckpointFolder, restore_offsets
-from streaming_sink.committable import BatchState
+from streaming_sink.records import BatchState
 from streaming_sink.errors import SourceReplannedError
 from streaming_sink.recovery import Recovery, ReplayAmbiguousError, apply_recovery, plan_recovery
 from streaming_sink.state import MemoryStateStore, StateStoreLostError

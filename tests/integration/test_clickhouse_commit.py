@@ -14,7 +14,8 @@ from typing import Any, Callable
 import pyarrow as pa
 import pytest
 
-from streaming_sink.committable import Committable, TxnRef, make_label
+from streaming_sink.committable import Committable, TxnRef
+from streaming_sink.labels import make_label
 from streaming_sink.targets.base import CommitAmbiguousError, CommitOutcome, ConfigurationError, TargetError
 from streaming_sink.targets import target_from_url
 from streaming_sink.targets.clickhouse import target as clickhouse_module

@@ -16,7 +16,8 @@ import pyarrow as pa
 import pytest
 from clickhouse_connect.driver.exceptions import DatabaseError, OperationalError
 
-from streaming_sink.committable import Committable, TxnRef, make_label
+from streaming_sink.committable import Committable, TxnRef
+from streaming_sink.labels import make_label
 from streaming_sink.targets.base import CommitOutcome, CommittedNotChosenError
 from streaming_sink.targets.clickhouse import LEDGER_TABLE, ClickHouseError, ClickHouseTarget
 from tests.clickhouse_front import ClickHouseFront

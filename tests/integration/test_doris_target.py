@@ -18,7 +18,8 @@ import pyarrow as pa
 import pytest
 
 from streaming_sink.state import BatchRecord, FileStateStore
-from streaming_sink.committable import BatchState, TxnRef
+from streaming_sink.committable import TxnRef
+from streaming_sink.records import BatchState
 from streaming_sink.recovery import Recovery, ReplayImpossibleError
 from streaming_sink.routing import Router
 from streaming_sink.targets import PASSWORD_ENV, USER_ENV, ConfigurationError, target_from_url
@@ -650,7 +651,7 @@ def test_recovery_commits_a_prepared_batch_exactly_once(emu: DorisEmulator, tmp_
     assert len(record.committables) > 4  # one txn per flush, not per table
     store.put_batch(JOB, epoch, record)
     first = Recovery(target, store, JOB, epoch)
-    assert first.commit_pending(record) == []
+    assert first.commit_pending(first.log_of(record)) == []
     for committable in record.committables:  # a driver that died before recording progress repeats them
         assert target.commit(committable) is CommitOutcome.COMMITTED
     first.finish_prepared(record)

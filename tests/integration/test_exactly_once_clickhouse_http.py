@@ -29,7 +29,8 @@ import pyarrow as pa
 import pytest
 
 from devstack.pipeline import DB, LocalPipeline
-from streaming_sink.committable import Committable, TxnRef, make_label
+from streaming_sink.committable import Committable, TxnRef
+from streaming_sink.labels import make_label
 from streaming_sink.targets.base import CommitAmbiguousError, CommitOutcome, CommittedNotChosenError
 from streaming_sink.targets.clickhouse import COMMITTED, LEDGER_TABLE, ClickHouseTarget
 from tests.clickhouse_front import ClickHouseFront

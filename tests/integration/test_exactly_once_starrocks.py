@@ -20,7 +20,7 @@ import signal
 import pytest
 
 from devstack.pipeline import DB, TABLES
-from streaming_sink.committable import BatchState
+from streaming_sink.records import BatchState
 from tests.emulators.starrocks import StarRocksEmulator
 from tests.integration.starrocks_harness import DIE_AFTER_PREPARE, PASSWORD, TWIN, StarRocksCrashTarget
 

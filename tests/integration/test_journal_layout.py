@@ -1,7 +1,8 @@
 """The journal's key layout and file paths, frozen: a layout change is a journal change (docs/design.md)."""
 from __future__ import annotations
 
-from streaming_sink.committable import BatchState, Committable, TxnRef
+from streaming_sink.committable import Committable, TxnRef
+from streaming_sink.records import BatchState
 from streaming_sink.state import BatchRecord, FileStateStore, open_store
 
 JOB, QUERY = "orders.ingest-1", "q-1"

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pyarrow as pa
 
 from streaming_sink.state import FileStateStore
-from streaming_sink.committable import TxnRef, make_label
+from streaming_sink.committable import TxnRef
+from streaming_sink.labels import make_label
 from streaming_sink.recovery import Recovery, apply_recovery, plan_recovery
 from streaming_sink.status import job_status
 from streaming_sink.targets.clickhouse import ClickHouseTarget

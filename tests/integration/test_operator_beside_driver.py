@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from streaming_sink.cli import ExitCode, main
-from streaming_sink.committable import BatchState
+from streaming_sink.records import BatchState
 from streaming_sink.state import FileStateStore
 from tests.integration import test_protocol_findings as findings
 from tests.integration.test_protocol_findings import (

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from devstack.pipeline import DB, LocalPipeline
-from streaming_sink.committable import BatchState
+from streaming_sink.records import BatchState
 from tests.integration.clickhouse_http_harness import clickhouse_adapter
 
 pytestmark = pytest.mark.slow

@@ -19,7 +19,8 @@ import pytest
 from devstack.redis import RedisServer
 from streaming_sink.state import BatchRecord, RedisStateStore
 from streaming_sink.state.redis import RedisKeys
-from streaming_sink.committable import BatchState, Committable
+from streaming_sink.committable import Committable
+from streaming_sink.records import BatchState
 
 SECRET = "s3cr3t-pw-Hx7"
 JOB = "orders-ingest"

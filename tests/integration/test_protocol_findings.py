@@ -12,7 +12,8 @@ import pyarrow as pa
 import pytest
 
 from streaming_sink.state import BatchRecord, FencedError, MemoryStateStore, StateStoreLostError
-from streaming_sink.committable import BatchState, TxnRef
+from streaming_sink.committable import TxnRef
+from streaming_sink.records import BatchState
 from streaming_sink.recovery import OperatorActionRefused, Recovery, ReplayAmbiguousError, abort_batch
 from streaming_sink.routing import Router
 from streaming_sink.sink import ExactlyOnceSink
@@ -263,7 +264,8 @@ def test_a_driver_fenced_during_its_commits_stops_sending_them(fenced: str) -> N
     store.put_batch(JOB, epoch, record)
     after_recorded = take_over if fenced == "after the first commit was recorded" else None
     with pytest.raises(FencedError):
-        Recovery(target, store, JOB, epoch).commit_pending(record, on_commit=after_recorded)
+        committer = Recovery(target, store, JOB, epoch)
+        committer.commit_pending(committer.log_of(record), on_commit=after_recorded)
     assert target.calls == [("commit", "L0")]  # the newer driver took over before any second commit
 
 

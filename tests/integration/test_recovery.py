@@ -11,10 +11,13 @@ import pyarrow as pa
 import pytest
 
 from streaming_sink.state import BatchRecord, FileStateStore, MemoryStateStore
-from streaming_sink.committable import BatchState, Committable, TxnRef
+from streaming_sink.committable import Committable, TxnRef
+from streaming_sink.records import BatchState
+from streaming_sink.batch_log import BatchLog
+from streaming_sink.committer import _ProgressMarks
 from streaming_sink.recovery import (
-    OperatorActionRefused, Recovery, ReplayImpossibleError, TargetMismatchError, _ProgressMarks, abort_batch,
-    apply_recovery, plan_recovery, settle_label,
+    OperatorActionRefused, Recovery, ReplayImpossibleError, TargetMismatchError, abort_batch, apply_recovery,
+    plan_recovery, settle_label,
 )
 from streaming_sink.routing import Router
 from streaming_sink.sink import ExactlyOnceSink
@@ -83,7 +86,7 @@ def test_prepared_is_committed_exactly_once_even_when_repeated(env):
     record = write_batch(target, store, epoch, router, 1)
     store.put_batch(JOB, epoch, record)
     recovery = Recovery(target, store, JOB, epoch)
-    assert recovery.commit_pending(record) == []
+    assert recovery.commit_pending(recovery.log_of(record)) == []
     assert store.done_labels(JOB, Q, 1) == {c.label for c in record.committables}
     for committable in record.committables:  # a driver that crashed before recording progress repeats them
         assert target.commit(committable) is CommitOutcome.COMMITTED
@@ -178,6 +181,7 @@ class RecordingTarget:
     """Commits always succeed; records every call, so a refusal can be shown to have sent nothing."""
 
     commit_parallelism = 1
+    commits_per_table = False  # commits part by part, as `Target.commit_table`'s default
 
     def __init__(self, kind: str, database: str) -> None:
         self.kind, self.database = kind, database
@@ -321,7 +325,7 @@ def test_progress_marks_of_commits_that_land_while_one_is_written_go_in_the_next
                 assert release.wait(timeout=60)
             store.mark_done_many(job_id, epoch, query_id, batch_id, labels)
 
-    marks = _ProgressMarks(FirstWriteWaits(), JOB, epoch, Q, 1)  # type: ignore[arg-type]
+    marks = _ProgressMarks(BatchLog(FirstWriteWaits(), JOB, epoch, prepared(store, epoch, 1, 3)))  # type: ignore[arg-type]
     first = threading.Thread(target=marks.add, args=("L1-0",))
     first.start()
     assert writing.wait(timeout=60)
@@ -351,7 +355,8 @@ def test_parallel_commits_record_every_landed_commit_in_fewer_writes_than_commit
 
     target = ParallelTarget(4)
     record = prepared(store, epoch, 1, 32)
-    assert Recovery(target, CountingStore(), JOB, epoch).commit_pending(record) == []  # type: ignore[arg-type]
+    committer = Recovery(target, CountingStore(), JOB, epoch)  # type: ignore[arg-type]
+    assert committer.commit_pending(committer.log_of(record)) == []
     labels = {c.label for c in record.committables}
     assert store.done_labels(JOB, Q, 1) == labels == set(target.committed)
     assert sorted(label for write in writes for label in write) == sorted(labels)  # each recorded once
@@ -363,10 +368,10 @@ def test_the_commit_pool_is_started_once_per_driver_and_one_commit_runs_in_the_c
     target = ParallelTarget(2)
     recovery = Recovery(target, store, JOB, epoch)
     for batch in range(3):
-        assert recovery.commit_pending(prepared(store, epoch, batch, 8)) == []
+        assert recovery.commit_pending(recovery.log_of(prepared(store, epoch, batch, 8))) == []
     assert len(target.threads) == 24 and len(set(target.threads)) <= 2  # a pool per batch would have started 3+
     assert threading.current_thread() not in target.threads
-    recovery.commit_pending(prepared(store, epoch, 3, 1))
+    recovery.commit_pending(recovery.log_of(prepared(store, epoch, 3, 1)))
     assert target.threads[-1] is threading.current_thread()  # one commit: no pool hand-off at all
 
 
@@ -376,7 +381,8 @@ def test_a_failed_commit_in_the_pool_stops_the_phase_and_the_commits_that_landed
     target = ParallelTarget(3, failing=frozenset({"L1-5"}))
     record = prepared(store, epoch, 1, 40)
     with pytest.raises(TargetError, match="commit of L1-5 failed"):
-        Recovery(target, store, JOB, epoch).commit_pending(record)
+        committer = Recovery(target, store, JOB, epoch)
+        committer.commit_pending(committer.log_of(record))
     assert "L1-5" not in target.committed
     assert store.done_labels(JOB, Q, 1) == set(target.committed)  # each that landed is recorded before the error
     assert store.get_batch(JOB, Q, 1).sent == [c.label for c in record.committables]  # I8: sent before any commit

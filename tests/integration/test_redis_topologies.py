@@ -10,7 +10,8 @@ import pytest
 import redis
 
 from devstack.redis import HOST, RedisSentinelGroup, RedisServer
-from streaming_sink.committable import BatchState, Committable, TxnRef
+from streaming_sink.committable import Committable, TxnRef
+from streaming_sink.records import BatchState
 from streaming_sink.state import BatchRecord, FencedError, RedisStateStore, open_store
 from streaming_sink.state.redis import _FENCED_SCRIPT, ReplicationError
 from streaming_sink.errors import StateStoreUnreachableError

@@ -5,7 +5,7 @@ import pytest
 
 from streaming_sink.state import FencedError, FileStateStore
 from streaming_sink import ExactlyOnceSink
-from streaming_sink.committable import BatchState
+from streaming_sink.records import BatchState
 from streaming_sink.routing import UnknownTableError
 from devstack.pipeline import create_tables, open_target, table_rows
 

@@ -8,6 +8,7 @@ import subprocess
 import sys
 import threading
 import time
+from dataclasses import replace
 
 import pytest
 
@@ -15,7 +16,8 @@ from streaming_sink.state import (
     BatchRecord, BatchSealedError, FencedError, FileStateStore, MemoryStateStore, RedisStateStore, StateStoreLostError,
     open_store,
 )
-from streaming_sink.committable import BatchState, Committable, TxnRef
+from streaming_sink.committable import Committable, TxnRef
+from streaming_sink.records import BatchState
 from streaming_sink.state.redis import RedisKeys
 
 JOB = "job-1"
@@ -96,8 +98,7 @@ def test_intents_and_sealing(store):
     store.put_batch(JOB, epoch, prepared)
     with pytest.raises(BatchSealedError):  # the PREPARED record closes the batch to every writer...
         store.add_intent(JOB, epoch, Q, 3, ref("late-twin", attempt="e1w0t7"))
-    prepared.open_attempt = "e1w1"
-    store.put_batch(JOB, epoch, prepared)
+    store.put_batch(JOB, epoch, replace(prepared, open_attempt="e1w1"))
     store.add_intent(JOB, epoch, Q, 3, ref("replay", attempt="e1w1t3"))  # ...but the replay pass it opens
     with pytest.raises(BatchSealedError):
         store.add_intent(JOB, epoch, Q, 3, ref("other-pass", attempt="e1w12t3"))
@@ -170,8 +171,7 @@ def test_no_write_lands_after_a_newer_epoch_is_taken(store):
     def old_driver() -> None:
         n = 0
         while True:
-            rec = record(1, epoch=old)
-            rec.timings = {"seq": float(n)}
+            rec = replace(record(1, epoch=old), timings={"seq": float(n)})
             try:
                 store.put_batch(JOB, old, rec)
             except FencedError:
@@ -220,7 +220,8 @@ def test_redis_restart_keeps_state(redis_server):
 _WRITER = r"""
 import sys
 from streaming_sink.state import FileStateStore, BatchRecord
-from streaming_sink.committable import BatchState, Committable
+from streaming_sink.committable import Committable
+from streaming_sink.records import BatchState
 store = FileStateStore(sys.argv[1])
 epoch = store.take_epoch("job", "w")
 n = 0

@@ -8,9 +8,9 @@ from __future__ import annotations
 import contextlib
 from typing import Any, Iterator
 
+from streaming_sink import actions as actions_module
 from streaming_sink import cli
-from streaming_sink import recovery as recovery_module
-from streaming_sink.recovery import Recovery
+from streaming_sink.committer import Committer
 from streaming_sink.sink import ExactlyOnceSink
 from streaming_sink.targets.base import CommitOutcome, CommittedNotChosenError
 from streaming_sink.writer import PartitionWriter, WriteContext
@@ -52,7 +52,7 @@ def abort_without_epoch_check() -> contextlib.AbstractContextManager:
         self.store.remove_intents(self.job_id, self.epoch, query_id, batch_id, [r.label for r in intents])
         return len(intents)
 
-    return _patched(Recovery, "abort_intents", abort_intents)
+    return _patched(Committer, "abort_intents", abort_intents)
 
 
 class _RewrittenOutcomes:
@@ -70,18 +70,18 @@ class _RewrittenOutcomes:
 
 
 def _commit_phase_told(rewrite) -> contextlib.AbstractContextManager:
-    """`Recovery.commit_pending` sees the target's commit outcomes rewritten."""
-    commit_pending = Recovery.commit_pending
+    """`Committer.commit_pending` sees the target's commit outcomes rewritten."""
+    commit_pending = Committer.commit_pending
 
-    def misinformed_commit_pending(self, record, on_commit=None):
+    def misinformed_commit_pending(self, batch, on_commit=None):
         target = self.target
         self.target = _RewrittenOutcomes(target, rewrite)
         try:
-            return commit_pending(self, record, on_commit)
+            return commit_pending(self, batch, on_commit)
         finally:
             self.target = target
 
-    return _patched(Recovery, "commit_pending", misinformed_commit_pending)
+    return _patched(Committer, "commit_pending", misinformed_commit_pending)
 
 
 def replay_lost_after_commit_sent() -> contextlib.AbstractContextManager:
@@ -122,9 +122,9 @@ def no_recheck_after_begin() -> contextlib.AbstractContextManager:
 def commit_without_epoch_check() -> contextlib.AbstractContextManager:
     """M1, I5 broken for commits: `commit_pending` checks the epoch once, then its commits go out unchecked, so a
     fenced driver keeps committing (the per-commit `check_epoch` in `commit_one` undone)."""
-    commit_pending = Recovery.commit_pending
+    commit_pending = Committer.commit_pending
 
-    def checking_once(self: Recovery, record: Any, on_commit: Any = None) -> Any:
+    def checking_once(self: Committer, batch: Any, on_commit: Any = None) -> Any:
         check = self.check_epoch
         checks = 0
 
@@ -136,11 +136,11 @@ def commit_without_epoch_check() -> contextlib.AbstractContextManager:
 
         self.check_epoch = first_only  # type: ignore[method-assign]
         try:
-            return commit_pending(self, record, on_commit)
+            return commit_pending(self, batch, on_commit)
         finally:
             del self.check_epoch
 
-    return _patched(Recovery, "commit_pending", checking_once)
+    return _patched(Committer, "commit_pending", checking_once)
 
 
 @contextlib.contextmanager
@@ -148,8 +148,8 @@ def abort_without_rereading_the_record() -> Iterator[None]:
     """M2, R5 undone: `abort --apply` takes the epoch and aborts every intent of the batch without reading its record
     again, so a driver that wrote PREPARED between the command's first read and the epoch loses the batch (I2)."""
 
-    def abort_every_intent(recovery: Recovery, query_id: str, batch_id: int) -> int:
-        return recovery.abort_intents(query_id, batch_id)
+    def abort_every_intent(committer: Committer, query_id: str, batch_id: int) -> int:
+        return committer.abort_intents(query_id, batch_id)
 
-    with _patched(cli, "abort_batch", abort_every_intent), _patched(recovery_module, "abort_batch", abort_every_intent):
+    with _patched(cli, "abort_batch", abort_every_intent), _patched(actions_module, "abort_batch", abort_every_intent):
         yield

@@ -28,18 +28,18 @@ from typing import Any, Callable, Iterable
 import pyarrow as pa
 
 from streaming_sink.state import BatchRecord, FencedError, StateStoreLostError
-from streaming_sink.state.base import attempt_epoch
+from streaming_sink.labels import attempt_epoch
 from streaming_sink.state.memory import MemoryStateStore
 from streaming_sink import cli
-from streaming_sink import recovery as recovery_module
-from streaming_sink.committable import BatchState
+from streaming_sink import committer as committer_module
+from streaming_sink.records import BatchState
 from streaming_sink.errors import StopForOperator
-from streaming_sink.recovery import (
-    OperatorActionRefused, Recovery, ReplayAmbiguousError, ReplayImpossibleError, apply_recovery, plan_recovery,
-)
+from streaming_sink.actions import apply_recovery, plan_recovery
+from streaming_sink.committer import Committer, OperatorActionRefused, ReplayAmbiguousError, ReplayImpossibleError
 from streaming_sink.sink import ExactlyOnceSink, ReplayMismatchError
 from streaming_sink.targets.base import CommitOutcome, CommittedNotChosenError, TargetError
-from streaming_sink.execution import _replay_identity, _writer_partition
+from streaming_sink.execution import _replay_identity
+from streaming_sink.replay import writer_partition
 from streaming_sink.writer import ContentChecksum, PartitionResult, PartitionWriter, WriteContext
 
 try:  # the checks of a re-planned batch (I10); a release before them runs the simulation without its remedy
@@ -598,7 +598,7 @@ class Simulation:
             action = "recover-direct" if self.rng.random() < 0.5 else "abort"
         if action == "recover-direct":
             epoch = self.store.take_epoch(JOB, owner="operator recover")
-            recovery = Recovery(self.target, self.store, JOB, epoch)
+            recovery = Committer(self.target, self.store, JOB, epoch)
             done = apply_recovery(recovery, plan_recovery(self.store, JOB), lambda message: None)
             self.log(f"operator recover --apply: {[(a.batch_id, a.action) for a in done]}")
             return
@@ -979,8 +979,8 @@ class SimRunner:
         driver = actor.process
         try:
             # as the Spark runner does: a replay writes each partition under the prepared one with its content
-            identity = _replay_identity(data, context, store, _digests)
-            numbered = [(_writer_partition(identity, p), batches) for p, batches in enumerate(data)]
+            identity = _replay_identity(data, context, _digests)
+            numbered = [(writer_partition(identity, p), batches) for p, batches in enumerate(data)]
             results = [self._task(actor, p, batches, target, router, context, store) for p, batches in numbered]
             if sim.config.zombie_tasks and not sim.clean and sim.rng.random() < 0.05:  # a stage retry: every partition again
                 sim.log(f"stage retry of batch {context.batch_id}")
@@ -1091,19 +1091,19 @@ class _sim_on:
 
     def __enter__(self) -> None:
         sim = self.sim
-        self.saved = (cli._open_state, cli.target_from_url, cli._emit, cli._progress, Recovery.__dict__["_commit_pool"],
-                      recovery_module.wait)
+        self.saved = (cli._open_state, cli.target_from_url, cli._emit, cli._progress, Committer.__dict__["_commit_pool"],
+                      committer_module.wait)
         # (never redirect_stdout: an operator yields inside its command, and the redirect is process-wide)
         cli._emit = lambda args, data, text: setattr(args, "said", text)
         cli._progress = lambda args: (lambda message: None)
         cli._open_state = lambda url: sim.store
         cli.target_from_url = lambda *args, **kwargs: sim.target
-        Recovery._commit_pool = lambda recovery, workers: SimPool(sim, workers)  # type: ignore[method-assign]
-        recovery_module.wait = lambda fs, timeout=None, return_when=ALL_COMPLETED: _sim_wait(sim, fs, return_when)
+        Committer._commit_pool = lambda committer, workers: SimPool(sim, workers)  # type: ignore[method-assign]
+        committer_module.wait = lambda fs, timeout=None, return_when=ALL_COMPLETED: _sim_wait(sim, fs, return_when)
 
     def __exit__(self, *exc: Any) -> None:
-        (cli._open_state, cli.target_from_url, cli._emit, cli._progress, Recovery._commit_pool,
-         recovery_module.wait) = self.saved
+        (cli._open_state, cli.target_from_url, cli._emit, cli._progress, Committer._commit_pool,
+         committer_module.wait) = self.saved
 
 
 class SimPool:

@@ -16,7 +16,8 @@ import pytest
 from devstack.ports import free_port
 from streaming_sink.state import BatchRecord, FileStateStore
 from streaming_sink.cli import EXIT_CODES_HELP, ExitCode, build_parser, main
-from streaming_sink.committable import BatchState, Committable, TxnRef
+from streaming_sink.committable import Committable, TxnRef
+from streaming_sink.records import BatchState
 from streaming_sink.status import human_duration
 
 JOB = "demo-ingest"

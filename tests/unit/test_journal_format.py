@@ -15,8 +15,9 @@ import pyarrow as pa
 import pytest
 
 from streaming_sink.state import BatchRecord, FileStateStore, MemoryStateStore
-from streaming_sink.state.base import decode_owner
-from streaming_sink.committable import JOURNAL_FORMAT, BatchState, Committable, JournalFormatError, TxnRef
+from streaming_sink.records import decode_owner
+from streaming_sink.committable import JOURNAL_FORMAT, Committable, JournalFormatError, TxnRef
+from streaming_sink.records import BatchState
 from streaming_sink.recovery import Recovery
 from streaming_sink.routing import Router
 from streaming_sink.sink import ExactlyOnceSink
@@ -105,6 +106,7 @@ class RecordingTarget:
     """Commits always succeed; records what was sent where."""
 
     commit_parallelism = 1
+    commits_per_table = False  # commits part by part, as `Target.commit_table`'s default
 
     def __init__(self, kind: str, database: str) -> None:
         self.kind, self.database = kind, database

@@ -3,7 +3,7 @@ import itertools
 import re
 import uuid
 
-from streaming_sink.committable import LABEL_MAX_LENGTH, make_label
+from streaming_sink.labels import LABEL_MAX_LENGTH, make_label
 
 VALID = re.compile(r"^[-_A-Za-z0-9]+$")
 

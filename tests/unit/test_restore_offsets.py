@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from streaming_sink.cli import main
-from streaming_sink.committable import BatchState
+from streaming_sink.records import BatchState
 from streaming_sink.state import BatchRecord, FileStateStore
 from tests.unit.test_cli_operator import dead_pid
 

@@ -37,8 +37,7 @@ def test_no_module_outside_targets_names_a_product() -> None:
     assert len(outside) > 20
     named = [f"{path.relative_to(ROOT)}:{line}: {text[:80]!r}" for path in outside for line, text in _code_strings(path)
              if PRODUCT_WORDS.search(text)]
-    pending = {"streaming_sink/cli.py:504: 'ClickHouse failed: '"}  # TEMPORARY while parallel branches merge
-    assert [n for n in named if n not in pending and not n.startswith("streaming_sink/recovery.py")] == []
+    assert named == []
 
 
 @pytest.mark.parametrize("descriptor", DESCRIPTORS, ids=lambda d: d.product)

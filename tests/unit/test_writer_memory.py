@@ -7,6 +7,7 @@ from streaming_sink.state import MemoryStateStore
 from streaming_sink.committable import TxnRef
 from streaming_sink.routing import Router
 from streaming_sink.targets.base import CommitOutcome, NewRef, PreparedPart, RecordIntent, TableTransaction, Target
+from streaming_sink.replay import ReplayPlan, TablePartition
 from streaming_sink.writer import PartitionWriter, WriteContext
 
 TABLES = [f"t{i:02d}" for i in range(50)]
@@ -60,7 +61,7 @@ def batch(start: int, n: int) -> pa.RecordBatch:
     })
 
 
-def write(replay: frozenset[tuple[str, int]] | None = None) -> tuple[CountingTarget, PartitionWriter, int]:
+def write(replay: ReplayPlan | None = None) -> tuple[CountingTarget, PartitionWriter, int]:
     target, store = CountingTarget(), MemoryStateStore()
     epoch = store.take_epoch("job", "test")
     context = WriteContext("job", "q", 0, epoch, 0, flush_bytes=256 * 1024, replay=replay)
@@ -83,7 +84,7 @@ def test_one_bound_for_all_tables_of_a_writer():
 def test_a_replay_of_some_tables_flushes_the_same_rows_as_the_first_pass():
     first, _, _ = write()
     reloaded = {"t03", "t31"}
-    replay, _, _ = write(frozenset((table, 0) for table in reloaded))
+    replay, _, _ = write(ReplayPlan((), frozenset(TablePartition(table, 0) for table in reloaded)))
     assert set(replay.writes) == reloaded
     for table in reloaded:
         assert replay.writes[table] == first.writes[table]

@@ -45,7 +45,6 @@ over HTTP".
 from __future__ import annotations
 
 import logging
-import re
 from typing import Any
 from urllib.parse import urlparse
 
@@ -53,6 +52,7 @@ import pyarrow as pa
 
 from ...committable import Committable, TxnRef
 from ...crash import crash_point, target_point
+from ...labels import LABEL_PATTERN
 from ..base import (
     CommitAmbiguousError, CommitOutcome, CommittedNotChosenError, ConfigurationError, ExpiryKind, ExpiryLimit, NewRef,
     RecordIntent, TableTransaction, Target, TargetError,
@@ -67,8 +67,6 @@ from .ledger import COMMITTED, INSERTING, LEDGER_TABLE, MOVING, Ledger
 from .staging import StagingTransaction
 
 log = logging.getLogger(__name__)
-# make_label's shape: "ss_", sanitised parts joined by "_", then "_" and 12 hex digits of a hash.
-_LABEL_SHAPE = re.compile(r"ss_\w*_[0-9a-f]{12}", re.ASCII)
 
 #: commit_mode insert: the INSERTs ran, the ledger does not say so yet; the re-run must insert nothing twice
 INSERT_CRASH_POINT = target_point("clickhouse-after-insert")
@@ -156,7 +154,7 @@ class ClickHouseTarget(Target):
         facts = {
             row["name"]: TableFacts.from_row(row)
             for row in client.query(DATABASE_FACTS_QUERY, parameters={"db": self.database}).named_results()
-            if row["name"] != LEDGER_TABLE and not _LABEL_SHAPE.fullmatch(row["name"])
+            if row["name"] != LEDGER_TABLE and not LABEL_PATTERN.fullmatch(row["name"])
         }
         if not facts and not client.query(
             "SELECT count() FROM system.databases WHERE name = {db:String}", parameters={"db": self.database}
@@ -311,7 +309,7 @@ class ClickHouseTarget(Target):
             "SELECT name FROM system.tables WHERE database = {db:String} AND startsWith(name, 'ss_')",
             parameters={"db": self.database},
         ).result_rows)
-        return sorted(r[0] for r in rows if _LABEL_SHAPE.fullmatch(r[0]))
+        return sorted(r[0] for r in rows if LABEL_PATTERN.fullmatch(r[0]))
 
     def leftover_transactions(self, label_prefix: str) -> list[str]:
         """Staging tables whose label starts with `label_prefix` (e.g. one job's), for reconciling with the journal."""

@@ -1,0 +1,122 @@
+"""The formats of labels, writer attempts and intent gates: written and read only here.
+
+A label names one target transaction; an attempt names the writer that began it (`e<epoch>w<pass>t<task>`); a
+gate, stored beside a batch's record, says which attempts may still record intents. Each is parsed back somewhere
+(ClickHouse lists staging tables by label shape, an abort refuses a newer epoch's attempt, a store checks the gate),
+so the writing and the reading sit together. One reader cannot import this module: the Redis store's Lua script
+checks the gate inside Redis (`state/redis.py`); `tests/unit/test_intent_gate_lua.py` runs it against `gate_admits`.
+"""
+from __future__ import annotations
+
+import hashlib
+import re
+from dataclasses import dataclass
+
+LABEL_MAX_LENGTH = 128
+_LABEL_UNSAFE = re.compile(r"[^A-Za-z0-9_]")
+_HASH_CHARS = 12
+
+#: The shape of every label `make_label` writes: "ss_", sanitised parts joined by "_", "_" and the hash's hex digits.
+LABEL_PATTERN = re.compile(r"ss_\w*_[0-9a-f]{%d}" % _HASH_CHARS, re.ASCII)
+
+
+def make_label(
+    job_id: str,
+    query_id: str,
+    batch_id: int,
+    table: str,
+    partition: int,
+    attempt: str,
+    chunk: int = 0,
+) -> str:
+    """A deterministic transaction label, valid for every target's names.
+
+    The readable part helps operators; the hash of every component keeps labels unique even
+    when the readable part is sanitised or truncated (invariant I4). The query id changes with
+    a new checkpoint, so labels never collide across checkpoints.
+    """
+    identity = "\x1f".join([job_id, query_id, str(batch_id), table, str(partition), attempt, str(chunk)])
+    digest = hashlib.sha256(identity.encode("utf-8")).hexdigest()[:_HASH_CHARS]
+    readable = "_".join(
+        [
+            "ss",
+            _sanitise(job_id, 24),
+            _sanitise(query_id.replace("-", ""), 8),
+            str(batch_id),
+            _sanitise(table, 24),
+            f"p{partition}",
+            _sanitise(attempt, 16),
+            f"c{chunk}",
+        ]
+    )
+    room = LABEL_MAX_LENGTH - _HASH_CHARS - 1
+    return f"{readable[:room]}_{digest}"
+
+
+def label_prefix(job_id: str, query_id: str) -> str:
+    """What every label of one job and query starts with: how leftovers on a server are recognised."""
+    return "_".join(["ss", _sanitise(job_id, 24), _sanitise(query_id.replace("-", ""), 8), ""])
+
+
+def _sanitise(text: str, limit: int) -> str:
+    return _LABEL_UNSAFE.sub("_", text)[:limit] or "x"
+
+
+@dataclass(frozen=True)
+class Attempt:
+    """One writer attempt: the driver's fencing epoch, its write pass over the batch, Spark's task attempt id.
+
+    Every label holds its attempt, so two attempts never share a label (I4); the epoch in it lets an abort
+    refuse a newer driver's transaction (I5); the pass prefix is what a replay's gate admits."""
+
+    epoch: int
+    write_pass: int
+    task: int
+
+    def __str__(self) -> str:
+        return f"{pass_prefix(self.epoch, self.write_pass)}t{self.task}"
+
+    @classmethod
+    def parse(cls, text: str) -> "Attempt | None":
+        """The attempt an attempt string names; None for a string `Attempt` did not write."""
+        found = _ATTEMPT.fullmatch(text)
+        return cls(*(int(part) for part in found.groups())) if found else None
+
+
+_ATTEMPT = re.compile(r"e(\d+)w(\d+)t(\d+)", re.ASCII)
+_ATTEMPT_EPOCH = re.compile(r"^e(\d+)w", re.ASCII)
+
+
+def pass_prefix(epoch: int, write_pass: int) -> str:
+    """What every attempt of one write pass starts with (before `t<task>`): the unit a replay's gate admits."""
+    return f"e{epoch}w{write_pass}"
+
+
+def attempt_epoch(attempt: str) -> int | None:
+    """The fencing epoch an attempt string was written under (None: not an attempt string)."""
+    found = _ATTEMPT_EPOCH.match(attempt)
+    return int(found.group(1)) if found else None
+
+
+#: The gates. Open: any attempt of the current epoch may record intents (the batch has no record). Sealed: none
+#: (COMMITTED). A replay's gate admits only its own pass: `PREPARED:<pass prefix>`; `PREPARED:` admits none.
+GATE_OPEN = ""
+GATE_SEALED = "COMMITTED"
+_GATE_REPLAY = "PREPARED:"
+
+
+def replay_gate(open_pass: str | None) -> str:
+    """The gate of a PREPARED batch: admits the attempts of `open_pass` (a `pass_prefix`), or none (None)."""
+    return _GATE_REPLAY + (open_pass or "")
+
+
+def gate_admits(gate: str, attempt: str) -> bool:
+    """Whether a writer attempt may record an intent under `gate` (the rule the Lua in `state/redis.py` repeats).
+
+    Closing the gate before the final abort is what keeps a late writer from leaking a transaction (R6)."""
+    if gate == GATE_OPEN:
+        return True
+    if gate.startswith(_GATE_REPLAY):
+        prefix = gate[len(_GATE_REPLAY):]
+        return bool(prefix) and attempt.startswith(prefix + "t")
+    return False

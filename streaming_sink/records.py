@@ -1,0 +1,164 @@
+"""The journal's records: a batch's record and its states, the epoch owner record, and the intent gate they imply.
+
+What the coordinator writes to a state store and reads back, as plain serialisable values: no store, no Spark, no
+target. The committables inside a batch record are in `committable.py`; the label, attempt and gate formats in
+`labels.py`.
+"""
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any, Mapping
+
+from .committable import JOURNAL_FORMAT, Committable, JournalFormatError, check_format
+from .labels import GATE_OPEN, GATE_SEALED, replay_gate
+
+
+class BatchState(str, Enum):
+    """What the journal knows of a micro-batch.
+
+    Only PREPARED and COMMITTED are ever stored. BEGUN is what `status` shows for a batch with intents and no
+    record (a crashed or running write); a stored record never holds it."""
+
+    PREPARED = "PREPARED"  # the commit point: every committable in the record will be committed
+    COMMITTED = "COMMITTED"  # every committable is visible; re-running the batch changes nothing
+    BEGUN = "BEGUN"  # intents, no record: nothing was decided, everything begun is aborted (I3)
+
+
+#: The timing a COMMITTED record adds to its `timings`: when it was written (a moment, not a duration like the others).
+COMMITTED_AT = "committed_at"
+
+#: The states a batch record can be stored with.
+STORED_STATES = (BatchState.PREPARED, BatchState.COMMITTED)
+
+
+def intent_gate(record: "BatchRecord | None") -> str:
+    """Which writer attempts may still record intents for a batch, as a store keeps it beside the record
+    (the formats: `labels.py`): any (no record), none (COMMITTED), or only the open replay pass's (PREPARED)."""
+    if record is None:
+        return GATE_OPEN
+    if record.state is BatchState.COMMITTED:
+        return GATE_SEALED
+    return replay_gate(record.open_attempt)
+
+
+@dataclass(frozen=True)
+class BatchRecord:
+    """The journal entry of one micro-batch of one streaming query. Frozen: `BatchLog` writes each next one."""
+
+    query_id: str
+    batch_id: int
+    state: BatchState
+    epoch: int
+    committables: list[Committable]
+    checksums: dict[int, str] = field(default_factory=dict)  # writer partition -> content checksum
+    lost: list[str] = field(default_factory=list)  # labels that could not be committed and were replayed
+    created_at: float = field(default_factory=time.time)
+    timings: dict[str, float] = field(default_factory=dict)
+    events: list[str] = field(default_factory=list)  # recovery events, for operators
+    records_in: int = 0  # rows the writers received; equals the rows of all committables
+    sent: list[str] = field(default_factory=list)  # labels a commit may have been sent for (R1: never replay those)
+    open_attempt: str | None = None  # while PREPARED: the replay pass whose writers may still record intents
+    # labels whose commit answered LOST in the very phase that first sent it: provably never committed (F4)
+    never_committed: list[str] = field(default_factory=list)
+    # the source range Spark planned the batch with: the text of the checkpoint's offsets/N (None: unknown)
+    source: str | None = None
+    # why the driver stopped on this batch for an operator: {"error", "section", "message", "at"} (None: it did not)
+    stop: dict[str, Any] | None = None
+    # labels an operator gave up (`settle --accept-loss`): never committed here, their rows re-ingested by other means
+    discarded: list[str] = field(default_factory=list)
+
+    def live_committables(self) -> list[Committable]:
+        """The transactions whose rows the batch delivers: not those replayed under new labels or given up."""
+        gone = set(self.lost) | set(self.discarded)
+        return [c for c in self.committables if c.label not in gone]
+
+    def encode(self) -> dict[str, Any]:
+        return {
+            "v": JOURNAL_FORMAT,
+            "query_id": self.query_id,
+            "batch_id": self.batch_id,
+            "state": self.state.value,
+            "epoch": self.epoch,
+            "committables": [c.encode() for c in self.committables],
+            "checksums": {str(k): v for k, v in self.checksums.items()},
+            "lost": self.lost,
+            "created_at": self.created_at,
+            "timings": self.timings,
+            "events": self.events,
+            "records_in": self.records_in,
+            "sent": self.sent,
+            "open_attempt": self.open_attempt,
+            "never_committed": self.never_committed,
+            "source": self.source,
+            "stop": self.stop,
+            "discarded": self.discarded,
+        }
+
+    @classmethod
+    def decode(cls, data: Mapping[str, Any]) -> "BatchRecord":
+        """A batch record of any readable version (see `JOURNAL_FORMAT`); unknown keys are ignored."""
+        check_format(data, "batch record")
+        try:
+            query_id, batch_id, state, epoch = data["query_id"], data["batch_id"], data["state"], data["epoch"]
+            committables = data["committables"]
+        except KeyError as missing:
+            raise JournalFormatError(
+                f"batch record has no {missing}; it is not a streaming-sink journal record"
+            ) from None
+        return cls(
+            query_id=query_id,
+            batch_id=int(batch_id),
+            state=_stored_state(state),
+            epoch=int(epoch),
+            committables=[Committable.decode(c) for c in committables],
+            checksums={int(k): v for k, v in data.get("checksums", {}).items()},
+            lost=list(data.get("lost", [])),
+            created_at=float(data.get("created_at", 0.0)),
+            timings=dict(data.get("timings", {})),
+            events=list(data.get("events", [])),
+            records_in=int(data.get("records_in", 0)),
+            sent=list(data.get("sent", [])),
+            open_attempt=data.get("open_attempt"),
+            never_committed=list(data.get("never_committed", [])),
+            source=data.get("source"),
+            stop=dict(data["stop"]) if data.get("stop") else None,
+            discarded=list(data.get("discarded", [])),
+        )
+
+    def to_json(self) -> str:
+        return json.dumps(self.encode(), sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str) -> "BatchRecord":
+        return cls.decode(json.loads(text))
+
+
+def owner_record(owner: str, at: float, epoch: int | None = None) -> dict[str, Any]:
+    """The epoch record as a store writes it: who took the job's epoch and when (Redis adds the epoch itself)."""
+    record: dict[str, Any] = {"v": JOURNAL_FORMAT, "owner": owner, "at": at}
+    if epoch is not None:
+        record["epoch"] = epoch
+    return record
+
+
+def decode_owner(data: Mapping[str, Any], seen: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """An epoch record of any readable version, as `StateStore.epoch_owner` returns it: {"epoch", "owner", "at",
+    "seen"}; `seen` is the newest heartbeat ({"epoch", "at"}, kept apart by some stores), counted only for this epoch."""
+    check_format(data, "epoch record")
+    if "epoch" not in data:
+        raise JournalFormatError("epoch record has no 'epoch'; it is not a streaming-sink journal record")
+    epoch = int(data["epoch"])
+    seen = seen if seen is not None else data.get("seen")
+    beat = seen.get("at") if seen and int(seen.get("epoch", -1)) == epoch else None
+    return {"epoch": epoch, "owner": data.get("owner"), "at": data.get("at"), "seen": beat}
+
+
+def _stored_state(value: str) -> BatchState:
+    """A record's state as stored: BEGUN is never one (a record saying so is as unreadable as any unknown state)."""
+    state = BatchState(value)
+    if state not in STORED_STATES:
+        raise ValueError(f"{value!r} is not a stored batch state")
+    return state
