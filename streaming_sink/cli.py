@@ -81,7 +81,7 @@ def _add_job_arguments(parser: argparse.ArgumentParser, target: str) -> None:
     parser.add_argument("--job", help="the job_id (or from --config)")
     parser.add_argument("--state", help=f"state store URL: file:///path, redis://host:port/db, rediss://, "
                                         "redis+sentinel://s1,s2/MASTER or redis+cluster://n1,n2 (docs/state-store.md; "
-                                        f"or from --config; a Redis password belongs in {STATE_URL_ENV})")
+                                        f"or from --config, else {STATE_URL_ENV}, where a Redis password belongs)")
     if target == "required":
         parser.add_argument("--target", help=f"target URL: {url_forms()} (or from --config)")
         parser.add_argument("--database", help="target database (or from --config)")
@@ -179,7 +179,7 @@ def _resolve(args: argparse.Namespace, target: str) -> None:
     args.job = args.job or (spec.job_id if spec else None)
     if hasattr(args, "checkpoint"):
         args.checkpoint = args.checkpoint or (spec.checkpoint if spec else None)
-    args.state = args.state or (spec.state_url if spec else None)
+    args.state = args.state or (spec.state_url if spec else None) or os.environ.get(STATE_URL_ENV) or None
     missing = [flag for flag, value in (("--job", args.job), ("--state", args.state)) if not value]
     if target == "none":
         args.target = args.database = None

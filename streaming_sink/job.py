@@ -13,7 +13,9 @@ import argparse
 import logging
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, cast
+
+import pyarrow as pa
 
 from .state import open_store
 
@@ -26,7 +28,7 @@ from .metrics import BatchMetrics, progress_listener
 from .sink import ExactlyOnceSink
 from .errors import ConfigurationError
 from .targets import descriptor_for, target_from_url
-from .targets.base import SupportsCreateTable
+from .targets.base import SupportsCreateTable, Target
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -39,7 +41,8 @@ def build_sink(spec: JobSpec) -> ExactlyOnceSink:
     listeners: list[Any] = []
     if spec.metrics_port is not None:
         metrics = BatchMetrics(spec.job_id, store=state, expiry_limits=target.expiry_limits,
-                               trigger_interval_s=trigger_interval_s(spec.trigger))
+                               trigger_interval_s=trigger_interval_s(spec.trigger),
+                               target=descriptor_for(spec.target_url).product)
         server = metrics.serve(spec.metrics_port, spec.metrics_host)
         logging.getLogger("streaming_sink").info("metrics at http://%s:%d/metrics", *server.server_address[:2])
         listeners.append(metrics)
@@ -73,11 +76,21 @@ def trigger_interval_s(trigger: str) -> float | None:
         return None
 
 
+#: Spark settings the packaged job starts with unless `[spark.conf]` says otherwise: Spark's console progress bar
+#: (`[Stage 54:===> (4 + 1) / 5]`) would run into the job's own log lines.
+JOB_SPARK_DEFAULTS = {"spark.ui.showConsoleProgress": "false"}
+
+
+def job_spark_conf(spec: JobSpec) -> dict[str, str]:
+    """The job's Spark conf: the defaults above, then the user's `[spark.conf]`."""
+    return {**JOB_SPARK_DEFAULTS, **spec.spark_conf}
+
+
 def run(spec: JobSpec) -> None:
     """Run the job until its query ends; the target and the state store are closed however it ends."""
     from .spark_session import build_session
 
-    spark = build_session(f"streaming-sink:{spec.job_id}", spec.spark_conf)
+    spark = build_session(f"streaming-sink:{spec.job_id}", job_spark_conf(spec))
     for table, ddl in (spec.tables or {}).items():  # Spark's parser needs the JVM: checked as soon as it runs
         spark_schema(ddl, f"tables.{table}.schema")
     source = spec.kafka_source()
@@ -89,11 +102,19 @@ def run(spec: JobSpec) -> None:
         sink.close()
 
 
+def tables_run_creates(spec: JobSpec, target: Target, existing: set[str] | None) -> dict[str, pa.Schema]:
+    """The tables `run` creates before it starts (`target.create_tables` on a target that can), with their schemas:
+    those of the job's tables (dead letters included) the target does not have. Creates nothing: `doctor` asks too."""
+    if not (spec.create_tables and spec.tables is not None and isinstance(target, SupportsCreateTable)):
+        return {}
+    return {table: schema for table, schema in table_schemas(spec, spec.tables).items()
+            if existing is None or table not in existing}
+
+
 def _stream(spark: SparkSession, spec: JobSpec, source: KafkaSource, sink: ExactlyOnceSink) -> None:
     """Check the tables, then run the query to its end."""
-    if spec.create_tables and spec.tables is not None and isinstance(sink.target, SupportsCreateTable):
-        for table, schema in table_schemas(spec, spec.tables).items():
-            sink.target.create_table(table, schema)
+    for table, schema in tables_run_creates(spec, sink.target, None).items():
+        cast(SupportsCreateTable, sink.target).create_table(table, schema)  # each: unless it exists
     # configuration, connectivity, tables, columns and fencing all fail here, before Spark reads anything
     sink.start()
     tables = resolve_tables(spec, sink.known_tables, sink.target.refusal)
