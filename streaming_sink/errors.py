@@ -26,6 +26,7 @@ defined outside this one, e.g. a product's own error beside its target):
     ├── JournalFormatError (RuntimeError) [committable] exit 4
     ├── OperatorActionRefused (RuntimeError) [recovery] exit 4
     │   └── TargetMismatchError [recovery]              exit 4
+    ├── SparkStartError                                 exit 3
     ├── StateStoreError (RuntimeError)                  exit 3
     │   ├── BatchSealedError                            exit 3
     │   ├── FencedError                                 exit 4
@@ -126,6 +127,14 @@ class UnknownTableError(StreamingSinkError, ValueError):
 
 class EncodingError(StreamingSinkError, ValueError):
     """Data that cannot be written in the chosen wire format; says which column and what to change."""
+
+
+class SparkStartError(StreamingSinkError):
+    """Spark's JVM did not start (PySpark's JAVA_GATEWAY_EXITED): most often a package it had to fetch first
+    (the Kafka source) could not be resolved, or there is no Java."""
+
+    exit_code = ExitCode.SERVICE
+    headline = "Spark did not start: {error}"
 
 
 # -- state store -----------------------------------------------------------------------------------------------------

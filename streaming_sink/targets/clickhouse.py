@@ -97,7 +97,7 @@ _CHDB_CLIENTS: dict[str, Any] = {}  # one embedded engine per path per process
 class ClickHouseError(TargetError):
     """clickhouse-connect's error (unreachable, refused, failing) as the sink's own, past the target's edge."""
 
-    headline = "ClickHouse failed: {error}; check that it runs and that --target names it"
+    headline = "ClickHouse failed: {error}; check that it runs and that target.url (or --target) names it"
 _CHDB_LOCK = threading.Lock()
 
 

@@ -81,3 +81,56 @@ def test_a_misspelt_kafka_consumer_setting_is_refused_with_the_right_name(spark_
     assert str(error.value) == ('kafka.options."kafka.security.protocl" is not a Kafka consumer setting '
                                 '(did you mean "kafka.security.protocol"?); Kafka would ignore it')
 
+
+# -- item 1: one line, never a traceback ----------------------------------------------------------------------------
+
+
+def test_run_with_clickhouse_unreachable_is_one_line(tmp_path, kafka_broker, new_topic):
+    from devstack.ports import free_port
+
+    target = f'[target]\nurl = "clickhouse://127.0.0.1:{free_port()}"\ndatabase = "default"\noptions = {{ retries = 0 }}'
+    config = embedded_config(tmp_path, kafka_broker.bootstrap, new_topic(), target)
+    proc = streaming_sink("run", "--config", str(config), cwd=tmp_path, env={"STREAMING_SINK_TARGET_USER": "default"})
+    assert_one_line(proc, ExitCode.SERVICE, "ClickHouse", "Connection refused", "check that")
+
+
+def test_run_with_a_wrong_redis_password_is_one_line(tmp_path, kafka_broker, new_topic):
+    from devstack.redis import RedisServer
+
+    config = embedded_config(tmp_path, kafka_broker.bootstrap, new_topic())
+    with RedisServer(tmp_path / "redis", password="right-password") as server:
+        wrong = server.url.replace("right-password", "wrong-password")
+        proc = streaming_sink("run", "--config", str(config), cwd=tmp_path, env={"STREAMING_SINK_STATE_URL": wrong})
+    last = assert_one_line(proc, ExitCode.USAGE, "state store refused the credentials", "STREAMING_SINK_STATE_URL")
+    assert "wrong-password" not in proc.stderr and "wrong-password" not in last
+
+
+def test_run_when_spark_cannot_fetch_the_kafka_source_is_one_line(tmp_path):
+    """Ivy cannot resolve the artifact (here: an Ivy setting with no repository, as on a network without Maven
+    Central): Spark's JVM exits before it starts, which PySpark reports as JAVA_GATEWAY_EXITED."""
+    settings = tmp_path / "ivysettings.xml"
+    settings.write_text('<ivysettings><settings defaultResolver="none"/><resolvers><filesystem name="none">'
+                        f'<artifact pattern="{tmp_path}/none/[artifact]-[revision].[ext]"/></filesystem></resolvers>'
+                        '</ivysettings>')
+    spark = (f'[spark.conf]\n"spark.jars.ivySettings" = "{settings}"\n'
+             '"spark.jars.packages" = "org.apache.spark:spark-sql-kafka-0-10_2.13:4.2.99"')
+    config = embedded_config(tmp_path, "127.0.0.1:9", "events", spark)
+    proc = streaming_sink("run", "--config", str(config), cwd=tmp_path)
+    assert_one_line(proc, ExitCode.SERVICE, "org.apache.spark:spark-sql-kafka-0-10_2.13:4.2.99", "spark.jars.repositories")
+
+
+def test_status_into_a_reader_that_closes_early_is_no_traceback(tmp_path):
+    """`status --json | head`: the reader goes before the output is written; the command keeps its own verdict."""
+    from streaming_sink.state import FileStateStore
+
+    FileStateStore(tmp_path / "state").take_epoch("first-hour", "vm:1")
+    proc = subprocess.Popen([str(CLI), "status", "--job", "first-hour", "--state", f"file://{tmp_path / 'state'}", "--json"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert proc.stdout is not None and proc.stderr is not None
+    proc.stdout.close()  # as `head` does once it has read its lines
+    err = proc.stderr.read()
+    code = proc.wait(timeout=120)
+    assert "Traceback" not in err and "Exception ignored" not in err, err
+    assert code == ExitCode.OK, err
+    assert err.strip().splitlines() == ["streaming-sink status: the reader closed the output early (broken pipe); "
+                                        "the rest of it was dropped"]

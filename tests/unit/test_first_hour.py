@@ -64,3 +64,17 @@ def test_the_operator_commands_take_the_state_url_from_the_environment(tmp_path,
     assert "shop-ingest" in out and "missing --state" not in err
     code = main(["status", "--job", "shop-ingest", "--state", "file:///nonexistent/elsewhere"])  # a flag still wins
     assert code != ExitCode.OK and "nonexistent" in capsys.readouterr().err
+
+
+def test_a_spark_that_cannot_start_says_what_to_check(tmp_path):
+    from streaming_sink.spark_session import start_failure
+
+    java_home = tmp_path / "jdk"
+    (java_home / "bin").mkdir(parents=True)
+    (java_home / "bin" / "java").write_text("")
+    conf = {"spark.jars.packages": "org.apache.spark:spark-sql-kafka-0-10_2.13:4.2.1"}
+    line = start_failure(conf, "4.2.1", {"JAVA_HOME": str(java_home)})
+    assert line.startswith("it could not fetch org.apache.spark:spark-sql-kafka-0-10_2.13:4.2.1 (Spark's lines above")
+    assert '"spark.jars.repositories"' in line and "any spark-sql-kafka-0-10 4.2.x is accepted" in line
+    assert "\n" not in line
+    assert start_failure(conf, "4.2.1", {"JAVA_HOME": str(tmp_path / "none")}).startswith("no Java found")
