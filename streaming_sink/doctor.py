@@ -14,6 +14,7 @@ from .state import open_store
 
 from .frame import check_columns, resolve_tables, table_schemas
 from .job import tables_run_creates
+from .errors import UnknownDatabaseError
 from .job_spec import JobSpec
 from .kafka_source import probe
 from .targets import descriptor_for, target_from_url
@@ -54,8 +55,15 @@ def diagnose(spec: JobSpec, outage_tolerance_s: float, spark: Any) -> list[Check
     known: dict[str, set[str] | None] = {}
 
     def connect() -> str:
-        known["tables"] = target.routable_tables()
-        return f"{spec.target_url} database {spec.database!r}: reachable, credentials accepted"
+        where = f"{spec.target_url} database {spec.database!r}"
+        try:
+            known["tables"] = target.routable_tables()
+        except UnknownDatabaseError:
+            if not tables_run_creates(spec, target, set()):
+                raise
+            known["tables"] = set()  # `run` creates the database with the first of its tables
+            return f"{where}: reachable; the database does not exist yet: `run` creates it (target.create_tables)"
+        return f"{where}: reachable, credentials accepted"
 
     def tables() -> str:
         if "tables" not in known:

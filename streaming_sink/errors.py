@@ -12,7 +12,8 @@ defined outside this one, e.g. a product's own error beside its target):
     StreamingSinkError                                  exit 5
     ├── CliError                                        exit 5
     ├── ConfigurationError (ValueError)                 exit 2
-    │   └── KafkaUnreachableError                       exit 3
+    │   ├── KafkaUnreachableError                       exit 3
+    │   └── UnknownDatabaseError                        exit 2
     ├── EncodingError (ValueError)                      exit 5
     ├── HttpError (RuntimeError) [http]                 exit 3
     │   ├── HttpConnectionError [http]                  exit 3
@@ -119,6 +120,10 @@ class KafkaUnreachableError(ConfigurationError):
 
     exit_code = ExitCode.SERVICE
     headline = "Kafka: {error}"
+
+
+class UnknownDatabaseError(ConfigurationError):
+    """The target database does not exist (`run` creates it with its tables where `target.create_tables` can)."""
 
 
 class UnknownTableError(StreamingSinkError, ValueError):

@@ -73,6 +73,26 @@ def test_doctor_reports_the_tables_run_will_create_and_creates_none(tmp_path, ka
         assert not tables & {"orders", "payments", "dead_letters"}, tables  # (the target's own ledger aside)
 
 
+def test_doctor_reports_the_database_run_will_create(tmp_path, kafka_broker, new_topic):
+    """A database of its own that does not exist yet: `run` creates it with the tables, so doctor does not fail it."""
+    target = f'[target]\nurl = "chdb://{tmp_path / "ch"}"\ndatabase = "analytics"\ncreate_tables = true'
+    config = embedded_config(tmp_path, kafka_broker.bootstrap, new_topic(), target)
+    proc = streaming_sink("doctor", "--config", str(config), "--json", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
+    checks = {c["name"]: c for c in json.loads(proc.stdout)}
+    assert checks["target"]["verdict"] == "OK"
+    assert checks["target"]["detail"].endswith("database 'analytics': reachable; the database does not exist yet: "
+                                               "`run` creates it (target.create_tables)")
+    assert checks["tables"]["detail"].startswith("table(s) ['dead_letters', 'orders', 'payments'] do not exist yet")
+
+    without = config.read_text().replace("create_tables = true", "create_tables = false")
+    config.write_text(without)
+    proc = streaming_sink("doctor", "--config", str(config), "--json", cwd=tmp_path)
+    checks = {c["name"]: c for c in json.loads(proc.stdout)}
+    assert proc.returncode == 1 and checks["target"]["verdict"] == "FAIL"
+    assert "UnknownDatabaseError: ClickHouse database 'analytics' does not exist" in checks["target"]["detail"]
+
+
 def test_a_misspelt_kafka_consumer_setting_is_refused_with_the_right_name(spark_session):
     """The names come from the consumer Spark runs (ConsumerConfig.configNames()), checked before the brokers are."""
     typo = KafkaSource("127.0.0.1:9", ["t"], options={"kafka.security.protocl": "SASL_SSL"})
