@@ -539,12 +539,12 @@ def _main(argv: list[str]) -> int:
             if args.config:
                 from .config import load_config
 
-                return job.execute(lambda: load_config(args.config))
+                return job.execute(lambda: load_config(args.config), lambda: job.exit_on_interrupt("streaming-sink run: "))
             return job.main(["--spec", args.spec])
         except StreamingSinkError as error:  # the sink's own stops: one line and their code (others stay tracebacks)
             return _fail(argv, "run", error, False, debug)
         except KeyboardInterrupt:  # Ctrl-C: the protocol makes a stop at any instant safe; restart with the same command
-            print("streaming-sink run: interrupted; nothing is lost: run the same command to resume", file=sys.stderr)
+            print(f"streaming-sink run: {job.INTERRUPTED}", file=sys.stderr)
             return 130
     commands = {"status": cmd_status, "recover": cmd_recover, "abort": cmd_abort, "settle": cmd_settle,
                 "restore-offsets": cmd_restore_offsets, "doctor": cmd_doctor}

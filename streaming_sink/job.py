@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, cast
@@ -86,11 +87,40 @@ def job_spark_conf(spec: JobSpec) -> dict[str, str]:
     return {**JOB_SPARK_DEFAULTS, **spec.spark_conf}
 
 
-def run(spec: JobSpec) -> None:
-    """Run the job until its query ends; the target and the state store are closed however it ends."""
+INTERRUPTED = "interrupted; nothing is lost: run the same command to resume"
+
+
+def exit_on_interrupt(prefix: str) -> None:
+    """Ctrl-C ends the driver at once with one line and exit code 130, in place of PySpark's own handler, whose
+    job cancelling calls into the JVM while the main thread waits on it and logs Py4J tracebacks. Stopping at any
+    instant is what the protocol is built for (a killed driver is recovered by the next run); the JVM ends with
+    the driver (killed here, so that its log lines end before the last one)."""
+    import signal
+
+    from pyspark import SparkContext
+
+    def stop(signum: int, frame: Any) -> None:
+        jvm = getattr(SparkContext._gateway, "proc", None)  # PySpark's launched JVM (spark-submit), if it started one
+        if jvm is not None:  # at once, so none of its lines comes after the last one
+            try:
+                jvm.kill()
+                jvm.wait(timeout=10)
+            except Exception:  # noqa: BLE001 - gone already, or slow to go: the exit below ends it anyway
+                pass
+        sys.stderr.write(f"{prefix}{INTERRUPTED}\n")
+        sys.stderr.flush()
+        os._exit(130)
+
+    signal.signal(signal.SIGINT, stop)
+
+
+def run(spec: JobSpec, on_session: Callable[[], None] = lambda: None) -> None:
+    """Run the job until its query ends; the target and the state store are closed however it ends.
+    `on_session` runs once Spark has started (the CLI installs its Ctrl-C handling there)."""
     from .spark_session import build_session
 
     spark = build_session(f"streaming-sink:{spec.job_id}", job_spark_conf(spec))
+    on_session()
     for table, ddl in (spec.tables or {}).items():  # Spark's parser needs the JVM: checked as soon as it runs
         spark_schema(ddl, f"tables.{table}.schema")
     source = spec.kafka_source()
@@ -155,13 +185,13 @@ def _await(query: Any) -> None:
         raise own from failure
 
 
-def execute(load_spec: Callable[[], JobSpec]) -> int:
+def execute(load_spec: Callable[[], JobSpec], on_session: Callable[[], None] = lambda: None) -> int:
     """Read the job (a JSON spec, or job.toml through config.py) and run it; a configuration mistake is
     one line on stderr and exit code 2."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s", stream=sys.stderr)
     logging.getLogger("py4j").setLevel(logging.WARNING)
     try:
-        run(load_spec())
+        run(load_spec(), on_session)
     except ConfigurationError as error:
         print(f"streaming-sink: configuration error: {error}", file=sys.stderr)
         return 2

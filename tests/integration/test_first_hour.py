@@ -154,3 +154,31 @@ def test_status_into_a_reader_that_closes_early_is_no_traceback(tmp_path):
     assert code == ExitCode.OK, err
     assert err.strip().splitlines() == ["streaming-sink status: the reader closed the output early (broken pipe); "
                                         "the rest of it was dropped"]
+
+
+@pytest.mark.slow
+def test_ctrl_c_stops_run_with_one_line(tmp_path, kafka_broker, new_topic):
+    import signal
+    import time
+
+    topic = new_topic()
+    kafka_broker.produce(topic, [json.dumps({"table": "orders", "id": i, "name": "n"}) for i in range(10)])
+    config = embedded_config(tmp_path, kafka_broker.bootstrap, topic)
+    config.write_text(config.read_text().replace('interval = "available-now"', 'interval = "2 seconds"'))
+    environment = {k: v for k, v in os.environ.items() if not k.startswith("STREAMING_SINK_")}
+    proc = subprocess.Popen([str(CLI), "run", "--config", str(config)], cwd=tmp_path, env=environment,
+                            stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True)
+    assert proc.stderr is not None
+    lines = []
+    deadline = time.monotonic() + 240
+    for line in proc.stderr:  # until the first batch is committed
+        lines.append(line)
+        if "streaming_sink.batch" in line or time.monotonic() > deadline:
+            break
+    proc.send_signal(signal.SIGINT)
+    rest = proc.stderr.read()
+    code = proc.wait(timeout=120)
+    assert any("streaming_sink.batch" in line for line in lines), "".join(lines)[-3000:]
+    assert "Traceback" not in rest, rest[-3000:]
+    assert code == 130, rest[-3000:]
+    assert rest.strip().splitlines()[-1] == "streaming-sink run: interrupted; nothing is lost: run the same command to resume"
