@@ -39,7 +39,8 @@ EXIT_CODES_HELP = """exit codes:
   1  a problem found: status verdict (expired or expiring prepared transactions, leftover
      intents, unknown job), doctor FAIL, recover --apply kept a transaction for replay
   2  usage or configuration error (arguments, --config, URLs, job id, unknown job or batch)
-  3  a service unreachable or failing: state store, target or Kafka
+  3  a service unreachable or failing: state store, target or Kafka (run, doctor: Spark
+     could not start, e.g. its Kafka source could not be fetched)
   4  refused for safety: the action could lose or duplicate rows, or a driver holds the job
   5  unexpected error (a bug): rerun with --debug for the traceback"""
 
@@ -82,7 +83,7 @@ def _add_job_arguments(parser: argparse.ArgumentParser, target: str) -> None:
     parser.add_argument("--job", help="the job_id (or from --config)")
     parser.add_argument("--state", help=f"state store URL: file:///path, redis://host:port/db, rediss://, "
                                         "redis+sentinel://s1,s2/MASTER or redis+cluster://n1,n2 (docs/state-store.md; "
-                                        f"or from --config; a Redis password belongs in {STATE_URL_ENV})")
+                                        f"or from --config, else {STATE_URL_ENV}, where a Redis password belongs)")
     if target == "required":
         parser.add_argument("--target", help=f"target URL: {url_forms()} (or from --config)")
         parser.add_argument("--database", help="target database (or from --config)")
@@ -180,7 +181,7 @@ def _resolve(args: argparse.Namespace, target: str) -> None:
     args.job = args.job or (spec.job_id if spec else None)
     if hasattr(args, "checkpoint"):
         args.checkpoint = args.checkpoint or (spec.checkpoint if spec else None)
-    args.state = args.state or (spec.state_url if spec else None)
+    args.state = args.state or (spec.state_url if spec else None) or os.environ.get(STATE_URL_ENV) or None
     missing = [flag for flag, value in (("--job", args.job), ("--state", args.state)) if not value]
     if target == "none":
         args.target = args.database = None
@@ -232,8 +233,36 @@ def _require_job(store: StateStore, job_id: str, code: ExitCode) -> None:
 # -- commands -------------------------------------------------------------------------------------------------------
 
 
+class _Stdout:
+    """Standard output for a reader that may go early (`status --json | head`): a closed pipe is not a failure of
+    the command, which keeps its own verdict and exit code; what is left to write is dropped."""
+
+    closed = False
+
+    @classmethod
+    def write(cls, text: str) -> None:
+        if cls.closed:
+            return
+        try:
+            sys.stdout.write(text + "\n")
+            sys.stdout.flush()
+        except BrokenPipeError:
+            cls.drop()
+
+    @classmethod
+    def drop(cls) -> None:
+        """Point file descriptor 1 at /dev/null, so neither this write nor the interpreter's last flush fails."""
+        cls.closed = True
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+
+
+OUTPUT_CLOSED = "the reader closed the output early (broken pipe); the rest of it was dropped"
+
+
 def _emit(args: argparse.Namespace, data: Any, text: str) -> None:
-    print(json.dumps(data, indent=2, sort_keys=True, default=str) if args.json else text)
+    _Stdout.write(json.dumps(data, indent=2, sort_keys=True, default=str) if args.json else text)
 
 
 def _progress(args: argparse.Namespace) -> Callable[[str], None]:
@@ -480,12 +509,24 @@ def _fail(argv: list[str], command: str, error: BaseException, json_output: bool
         sys.stderr.write(_scrub("".join(traceback.format_exception(error)), _secrets(argv)))
     print(f"streaming-sink{f' {command}' if command else ''}: {message}", file=sys.stderr)
     if json_output:
-        print(json.dumps({"error": message, "exit_code": int(code)}))
+        _Stdout.write(json.dumps({"error": message, "exit_code": int(code)}))
     return int(code)
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
+    command = next((a for a in argv if not a.startswith("-")), "")
+    try:
+        code = _main(argv)
+    except BrokenPipeError:  # argparse's --help and usage text into a closed pipe
+        _Stdout.drop()
+        code = ExitCode.OK if {"-h", "--help", "--version"} & set(argv) else ExitCode.USAGE
+    if _Stdout.closed:
+        print(f"streaming-sink{f' {command}' if command else ''}: {OUTPUT_CLOSED}", file=sys.stderr)
+    return code
+
+
+def _main(argv: list[str]) -> int:
     json_output, debug = "--json" in argv, "--debug" in argv
     command = next((a for a in argv if not a.startswith("-")), "")
     try:
@@ -499,10 +540,13 @@ def main(argv: list[str] | None = None) -> int:
             if args.config:
                 from .config import load_config
 
-                return job.execute(lambda: load_config(args.config))
+                return job.execute(lambda: load_config(args.config), lambda: job.exit_on_interrupt("streaming-sink run: "))
             return job.main(["--spec", args.spec])
         except StreamingSinkError as error:  # the sink's own stops: one line and their code (others stay tracebacks)
             return _fail(argv, "run", error, False, debug)
+        except KeyboardInterrupt:  # Ctrl-C: the protocol makes a stop at any instant safe; restart with the same command
+            print(f"streaming-sink run: {job.INTERRUPTED}", file=sys.stderr)
+            return 130
     commands = {"status": cmd_status, "recover": cmd_recover, "abort": cmd_abort, "settle": cmd_settle,
                 "restore-offsets": cmd_restore_offsets, "doctor": cmd_doctor}
     try:

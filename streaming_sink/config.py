@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import difflib
 import importlib.util
+import json
 import os
 import re
 import tomllib
@@ -137,7 +138,8 @@ def _decode(data: dict[str, Any]) -> JobConfig:
         key = re.sub(r"\[(\d+|\.\.\.)\]", lambda m: f"[{m.group(1)}]" if m.group(1) != "..." else "", path).lstrip(".")
         missing = re.match(r"Object missing required field `(.+)`", message)
         if missing:
-            raise ConfigurationError(f"missing key {'.'.join(filter(None, [key, missing.group(1)]))!r}") from None
+            where = _missing_path(data, path, missing.group(1)) or key
+            raise ConfigurationError(f"missing key {'.'.join(filter(None, [where, missing.group(1)]))!r}") from None
         if key == "job_id" and "regex" in message:
             raise ConfigurationError(f"job_id: {data.get('job_id')!r} must be 1-64 letters, digits, '.', '_' or '-'") from None
         value = _value_at(data, key)
@@ -146,6 +148,30 @@ def _decode(data: dict[str, Any]) -> JobConfig:
             raise ConfigurationError(f"{key} = {value!r}: not one of {', '.join(map(str, allowed))}") from None
         expected = re.sub(r"`([^`]*)`", r"\1", message).replace("Expected", "expected").replace(" | null", "")
         raise ConfigurationError(f"{key or 'the file'} = {value!r}: {expected}") from None
+
+
+def _missing_path(data: Any, path: str, field: str) -> str | None:
+    """The key of the section that lacks `field`, with the names msgspec leaves out (`[...]` stands for a table's
+    name, as in `tables.<name>`): the first section on the path that lacks it."""
+    def walk(node: Any, parts: list[str], names: list[str]) -> str | None:
+        if not parts:
+            return ".".join(names) if isinstance(node, dict) and field not in node else None
+        head, rest = parts[0], parts[1:]
+        if head == "[...]" and isinstance(node, dict):
+            return next((found for name, child in node.items() if (found := walk(child, rest, [*names, _key(name)]))), None)
+        if head.startswith("[") and isinstance(node, list):
+            index = int(head[1:-1])
+            return walk(node[index], rest, [*names[:-1], f"{names[-1]}[{index}]"]) if index < len(node) else None
+        return walk(node.get(head), rest, [*names, head]) if isinstance(node, dict) else None
+
+    if "[...]" not in path:
+        return None
+    return walk(data, re.findall(r"\[[^\]]*\]|[^.\[\]]+", path), [])
+
+
+def _key(name: str) -> str:
+    """A TOML key as a path names it: quoted when it holds a dot or a quote."""
+    return name if re.fullmatch(r"[A-Za-z0-9_-]+", name) else json.dumps(name)
 
 
 def _value_at(data: Any, key: str) -> Any:

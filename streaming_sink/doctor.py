@@ -1,9 +1,9 @@
 """`streaming-sink doctor`: check every part a job needs, each with a verdict, before a 3 a.m. surprise.
 
 Checks connectivity and credentials (Kafka, state store, target), how loads reach the target (an
-https FE that redirects to plain-http BEs), that the tables exist with the columns the job writes,
-and that the server keeps prepared transactions and labels longer than the outage the operator
-plans to survive. Reads only: safe while the job runs.
+https FE that redirects to plain-http BEs), that the tables exist with the columns the job writes (or
+that `run` will create them: target.create_tables), and that the server keeps prepared transactions
+and labels longer than the outage the operator plans to survive. Reads only: safe while the job runs.
 """
 from __future__ import annotations
 
@@ -13,6 +13,8 @@ from typing import Any, Callable
 from .state import open_store
 
 from .frame import check_columns, resolve_tables, table_schemas
+from .job import tables_run_creates
+from .errors import UnknownDatabaseError
 from .job_spec import JobSpec
 from .kafka_source import probe
 from .targets import descriptor_for, target_from_url
@@ -53,17 +55,32 @@ def diagnose(spec: JobSpec, outage_tolerance_s: float, spark: Any) -> list[Check
     known: dict[str, set[str] | None] = {}
 
     def connect() -> str:
-        known["tables"] = target.routable_tables()
-        return f"{spec.target_url} database {spec.database!r}: reachable, credentials accepted"
+        where = f"{spec.target_url} database {spec.database!r}"
+        try:
+            known["tables"] = target.routable_tables()
+        except UnknownDatabaseError:
+            if not tables_run_creates(spec, target, set()):
+                raise
+            known["tables"] = set()  # `run` creates the database with the first of its tables
+            return f"{where}: reachable; the database does not exist yet: `run` creates it (target.create_tables)"
+        return f"{where}: reachable, credentials accepted"
 
     def tables() -> str:
         if "tables" not in known:
             raise RuntimeError("skipped: the target check failed")
-        resolved = resolve_tables(spec, known["tables"])
-        check_columns(target, descriptor_for(spec.target_url).columns, table_schemas(spec, resolved))
-        if known["tables"] is None:
+        existing = known["tables"]
+        created = tables_run_creates(spec, target, existing)  # as `run` would, without creating anything here
+        resolved = resolve_tables(spec, None if existing is None else existing | set(created))
+        schemas = table_schemas(spec, resolved)
+        check_columns(target, descriptor_for(spec.target_url).columns,
+                      {table: schema for table, schema in schemas.items() if table not in created})
+        if existing is None:
             return f"tables {sorted(resolved)}: this target cannot list tables over its load protocol; not checked"
-        return f"tables {sorted(resolved)} exist with every column the job writes"
+        there = sorted(set(schemas) - set(created))
+        found = f"tables {there} exist with every column the job writes" if there else ""
+        will = (f"table(s) {sorted(created)} do not exist yet: `run` creates them from the job's schemas "
+                "(target.create_tables)") if created else ""
+        return "; ".join(filter(None, [found, will]))
 
     checks += [_run("kafka", kafka), _run("state store", state), _durability(spec.state_url),
                _run("target", connect), *_transport(target), _run("tables", tables)]

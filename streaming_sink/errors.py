@@ -12,7 +12,8 @@ defined outside this one, e.g. a product's own error beside its target):
     StreamingSinkError                                  exit 5
     ├── CliError                                        exit 5
     ├── ConfigurationError (ValueError)                 exit 2
-    │   └── KafkaUnreachableError                       exit 3
+    │   ├── KafkaUnreachableError                       exit 3
+    │   └── UnknownDatabaseError                        exit 2
     ├── EncodingError (ValueError)                      exit 5
     ├── HttpError (RuntimeError) [targets.streamload.http] exit 3
     │   ├── HttpConnectionError [targets.streamload.http] exit 3
@@ -26,6 +27,7 @@ defined outside this one, e.g. a product's own error beside its target):
     ├── JournalFormatError (RuntimeError) [committable] exit 4
     ├── OperatorActionRefused (RuntimeError) [committer] exit 4
     │   └── TargetMismatchError [committer]             exit 4
+    ├── SparkStartError                                 exit 3
     ├── StateStoreError (RuntimeError)                  exit 3
     │   ├── BatchSealedError                            exit 3
     │   ├── FencedError                                 exit 4
@@ -120,12 +122,24 @@ class KafkaUnreachableError(ConfigurationError):
     headline = "Kafka: {error}"
 
 
+class UnknownDatabaseError(ConfigurationError):
+    """The target database does not exist (`run` creates it with its tables where `target.create_tables` can)."""
+
+
 class UnknownTableError(StreamingSinkError, ValueError):
     """A row names a table the target does not have; raised before the writer begins anything for it."""
 
 
 class EncodingError(StreamingSinkError, ValueError):
     """Data that cannot be written in the chosen wire format; says which column and what to change."""
+
+
+class SparkStartError(StreamingSinkError):
+    """Spark's JVM did not start (PySpark's JAVA_GATEWAY_EXITED): most often a package it had to fetch first
+    (the Kafka source) could not be resolved, or there is no Java."""
+
+    exit_code = ExitCode.SERVICE
+    headline = "Spark did not start: {error}"
 
 
 # -- state store -----------------------------------------------------------------------------------------------------

@@ -57,7 +57,8 @@ def resolve_tables(
         if missing:
             raise ConfigurationError(
                 f"table(s) {missing} do not exist in the target database {spec.database!r} (or are not loadable there); "
-                f"create them first, the sink never creates tables. The target has: {sorted(target_tables)}"
+                f"create them first (target.create_tables creates missing tables only on a target that can; see "
+                f"docs/configuration.md). The target has: {sorted(target_tables)}"
             )
     return tables
 

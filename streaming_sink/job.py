@@ -11,9 +11,12 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, cast
+
+import pyarrow as pa
 
 from .state import open_store
 
@@ -26,7 +29,7 @@ from .metrics import BatchMetrics, progress_listener
 from .sink import ExactlyOnceSink
 from .errors import ConfigurationError
 from .targets import descriptor_for, target_from_url
-from .targets.base import SupportsCreateTable
+from .targets.base import SupportsCreateTable, Target
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -39,7 +42,8 @@ def build_sink(spec: JobSpec) -> ExactlyOnceSink:
     listeners: list[Any] = []
     if spec.metrics_port is not None:
         metrics = BatchMetrics(spec.job_id, store=state, expiry_limits=target.expiry_limits,
-                               trigger_interval_s=trigger_interval_s(spec.trigger))
+                               trigger_interval_s=trigger_interval_s(spec.trigger),
+                               target=descriptor_for(spec.target_url).product)
         server = metrics.serve(spec.metrics_port, spec.metrics_host)
         logging.getLogger("streaming_sink").info("metrics at http://%s:%d/metrics", *server.server_address[:2])
         listeners.append(metrics)
@@ -73,11 +77,50 @@ def trigger_interval_s(trigger: str) -> float | None:
         return None
 
 
-def run(spec: JobSpec) -> None:
-    """Run the job until its query ends; the target and the state store are closed however it ends."""
+#: Spark settings the packaged job starts with unless `[spark.conf]` says otherwise: Spark's console progress bar
+#: (`[Stage 54:===> (4 + 1) / 5]`) would run into the job's own log lines.
+JOB_SPARK_DEFAULTS = {"spark.ui.showConsoleProgress": "false"}
+
+
+def job_spark_conf(spec: JobSpec) -> dict[str, str]:
+    """The job's Spark conf: the defaults above, then the user's `[spark.conf]`."""
+    return {**JOB_SPARK_DEFAULTS, **spec.spark_conf}
+
+
+INTERRUPTED = "interrupted; nothing is lost: run the same command to resume"
+
+
+def exit_on_interrupt(prefix: str) -> None:
+    """Ctrl-C ends the driver at once with one line and exit code 130, in place of PySpark's own handler, whose
+    job cancelling calls into the JVM while the main thread waits on it and logs Py4J tracebacks. Stopping at any
+    instant is what the protocol is built for (a killed driver is recovered by the next run); the JVM ends with
+    the driver (killed here, so that its log lines end before the last one)."""
+    import signal
+
+    from pyspark import SparkContext
+
+    def stop(signum: int, frame: Any) -> None:
+        jvm = getattr(SparkContext._gateway, "proc", None)  # PySpark's launched JVM (spark-submit), if it started one
+        if jvm is not None:  # at once, so none of its lines comes after the last one
+            try:
+                jvm.kill()
+                jvm.wait(timeout=10)
+            except Exception:  # noqa: BLE001 - gone already, or slow to go: the exit below ends it anyway
+                pass
+        sys.stderr.write(f"{prefix}{INTERRUPTED}\n")
+        sys.stderr.flush()
+        os._exit(130)
+
+    signal.signal(signal.SIGINT, stop)
+
+
+def run(spec: JobSpec, on_session: Callable[[], None] = lambda: None) -> None:
+    """Run the job until its query ends; the target and the state store are closed however it ends.
+    `on_session` runs once Spark has started (the CLI installs its Ctrl-C handling there)."""
     from .spark_session import build_session
 
-    spark = build_session(f"streaming-sink:{spec.job_id}", spec.spark_conf)
+    spark = build_session(f"streaming-sink:{spec.job_id}", job_spark_conf(spec))
+    on_session()
     for table, ddl in (spec.tables or {}).items():  # Spark's parser needs the JVM: checked as soon as it runs
         spark_schema(ddl, f"tables.{table}.schema")
     source = spec.kafka_source()
@@ -89,11 +132,19 @@ def run(spec: JobSpec) -> None:
         sink.close()
 
 
+def tables_run_creates(spec: JobSpec, target: Target, existing: set[str] | None) -> dict[str, pa.Schema]:
+    """The tables `run` creates before it starts (`target.create_tables` on a target that can), with their schemas:
+    those of the job's tables (dead letters included) the target does not have. Creates nothing: `doctor` asks too."""
+    if not (spec.create_tables and spec.tables is not None and isinstance(target, SupportsCreateTable)):
+        return {}
+    return {table: schema for table, schema in table_schemas(spec, spec.tables).items()
+            if existing is None or table not in existing}
+
+
 def _stream(spark: SparkSession, spec: JobSpec, source: KafkaSource, sink: ExactlyOnceSink) -> None:
     """Check the tables, then run the query to its end."""
-    if spec.create_tables and spec.tables is not None and isinstance(sink.target, SupportsCreateTable):
-        for table, schema in table_schemas(spec, spec.tables).items():
-            sink.target.create_table(table, schema)
+    for table, schema in tables_run_creates(spec, sink.target, None).items():
+        cast(SupportsCreateTable, sink.target).create_table(table, schema)  # each: unless it exists
     # configuration, connectivity, tables, columns and fencing all fail here, before Spark reads anything
     sink.start()
     tables = resolve_tables(spec, sink.known_tables, sink.target.refusal)
@@ -134,13 +185,13 @@ def _await(query: Any) -> None:
         raise own from failure
 
 
-def execute(load_spec: Callable[[], JobSpec]) -> int:
+def execute(load_spec: Callable[[], JobSpec], on_session: Callable[[], None] = lambda: None) -> int:
     """Read the job (a JSON spec, or job.toml through config.py) and run it; a configuration mistake is
     one line on stderr and exit code 2."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s", stream=sys.stderr)
     logging.getLogger("py4j").setLevel(logging.WARNING)
     try:
-        run(load_spec())
+        run(load_spec(), on_session)
     except ConfigurationError as error:
         print(f"streaming-sink: configuration error: {error}", file=sys.stderr)
         return 2

@@ -3,13 +3,15 @@ that proves the brokers accept those settings before any data moves.
 
 Users configure Spark's Kafka source by Spark's own names (`[kafka.options]`), so any consumer
 setting (`kafka.security.protocol`, `kafka.sasl.*`, `kafka.ssl.*`, ...) reaches the Kafka client
-unchanged. The few options the sink owns, and the ones that would break exactly-once, are refused
+unchanged; the probe checks those names against the consumer's own (a misspelt one is refused with a
+did-you-mean before any data moves). The few options the sink owns, and the ones that would break exactly-once, are refused
 with the key to use instead.
 """
 from __future__ import annotations
 
 import difflib
 import json
+import logging
 import os
 import re
 from dataclasses import dataclass, field
@@ -165,6 +167,28 @@ def assigned_topics(source: KafkaSource) -> list[str] | None:
     return sorted(json.loads(assign)) if assign is not None else None
 
 
+def consumer_config_names(spark: Any) -> set[str]:
+    """The settings the Kafka consumer Spark runs knows (kafka-clients' `ConsumerConfig.configNames()`)."""
+    return {str(name) for name in spark._jvm.org.apache.kafka.clients.consumer.ConsumerConfig.configNames()}
+
+
+def check_consumer_options(source: KafkaSource, known: set[str], key_prefix: str = "kafka.options") -> list[str]:
+    """Refuse a `kafka.*` option the consumer does not know when it is close to one it does (a typo such as
+    `kafka.security.protocl` would otherwise be ignored by Kafka and the job run on the defaults); return the
+    other unknown ones (a login module or plugin may read its own settings) for a warning."""
+    unknown = []
+    for name in source.options:
+        if not name.lower().startswith("kafka.") or name[len("kafka."):] in known:
+            continue
+        where = f'{key_prefix}."{name}"'
+        hint = difflib.get_close_matches(name[len("kafka."):], sorted(known), n=1, cutoff=0.8)
+        if hint:
+            raise ConfigurationError(f"{where} is not a Kafka consumer setting (did you mean \"kafka.{hint[0]}\"?); "
+                                     "Kafka would ignore it")
+        unknown.append(where)
+    return unknown
+
+
 def probe(spark: Any, source: KafkaSource, timeout_s: float = 30.0) -> str:
     """List the cluster's topics with the Kafka client Spark uses and the settings the job reads with.
 
@@ -172,6 +196,9 @@ def probe(spark: Any, source: KafkaSource, timeout_s: float = 30.0) -> str:
     certificate or a missing topic stops the job with one clear line instead of a failed batch.
     """
     jvm = spark._jvm
+    for where in check_consumer_options(source, consumer_config_names(spark)):
+        logging.getLogger("streaming_sink").warning(
+            "%s is not a setting of the Kafka consumer; passed on for a plugin that may read it", where)
     properties = jvm.java.util.Properties()
     for key, value in source.client_properties().items():
         properties.setProperty(key, value)

@@ -10,7 +10,10 @@ two tests in one process do not share counters):
   oldest one's age, and the server's timeout for them, so an alert can fire before they expire.
 
 Metric names are part of the interface (docs/observability/ uses them; a test checks they exist).
-Counters restart with the driver, as Prometheus expects.
+Counters restart with the driver, as Prometheus expects. No `*_created` series (they only confuse dashboards:
+prometheus-client's switch is process-wide, so it is turned off when this module is imported); the driver's own
+`process_*` and `python_info` series and `streaming_sink_build_info` (versions, target product) come with the
+job's registry.
 """
 from __future__ import annotations
 
@@ -21,7 +24,8 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Mapping, Sequence
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest, start_http_server
+from prometheus_client import (CollectorRegistry, Counter, Gauge, Histogram, Info, PlatformCollector, ProcessCollector,
+                               disable_created_metrics, generate_latest, start_http_server)
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
@@ -44,8 +48,25 @@ PHASE_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 
 #: How many of the newest batches a scrape reads from the state store (what `status` shows too):
 #: a prepared batch is always among the newest, since Spark runs batch N+1 only after N returned.
 PENDING_SCAN_BATCHES = 20
+disable_created_metrics()
+
 #: The name of the `observe()` metrics the packaged job's frame carries into Spark's progress.
 OBSERVED_NAME = "streaming_sink"
+
+
+def build_info(target: str | None) -> dict[str, str]:
+    """The labels of `streaming_sink_build_info`: the package's, Spark's and Python's versions, and the target."""
+    import platform
+    from importlib.metadata import PackageNotFoundError, version
+
+    def installed(name: str) -> str:
+        try:
+            return version(name)
+        except PackageNotFoundError:
+            return "unknown"
+
+    info = {"version": installed("streaming-sink"), "pyspark": installed("pyspark"), "python": platform.python_version()}
+    return {**info, "target": target} if target else info
 
 
 class BatchMetrics:
@@ -63,6 +84,7 @@ class BatchMetrics:
         expiry_limits: Callable[[], Sequence["ExpiryLimit"]] = lambda: (),
         trigger_interval_s: float | None = None,
         clock: Callable[[], float] = time.time,
+        target: str | None = None,
     ) -> None:
         self.job_id = job_id
         self.registry = CollectorRegistry()
@@ -111,6 +133,10 @@ class BatchMetrics:
             unlabelled.labels(job_id)  # present from the first scrape, so rate() sees the first increase
         if trigger_interval_s is not None:
             gauge("trigger_interval_seconds", "The processing-time trigger interval.").labels(job_id).set(trigger_interval_s)
+        build = Info(PREFIX + "build", "Versions this driver runs and the target product it loads into.", job, registry=r)
+        build.labels(job_id).info(build_info(target))
+        ProcessCollector(registry=r)  # the driver's memory, CPU and open files (on Linux)
+        PlatformCollector(registry=r)  # python_info
         self.registry.register(ExpiryCollector(expiry_limits, job_id))
         if store is not None:
             self.registry.register(PendingPreparedCollector(store, job_id, clock))

@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import sys
 from pathlib import Path
 from typing import Any
 
-from .errors import ConfigurationError
+from .errors import ConfigurationError, SparkStartError
 
 KAFKA_SOURCE_ARTIFACT = "spark-sql-kafka-0-10"
 #: Kafka source versions whose micro-batch stream throws a NullPointerException from
@@ -80,9 +81,29 @@ def build_session(app_name: str, user_conf: dict[str, str], master: str | None =
     builder = SparkSession.builder.appName(app_name)
     for key, value in conf.items():
         builder = builder.config(key, value)
-    spark = builder.getOrCreate()
+    try:
+        spark = builder.getOrCreate()
+    except Exception as error:  # PySparkRuntimeError: the JVM exited before it gave PySpark its port
+        if "JAVA_GATEWAY_EXITED" not in str(error):
+            raise
+        raise SparkStartError(start_failure(conf, pyspark.__version__, dict(os.environ))) from None
     check_kafka_source(spark)
     return spark
+
+
+def start_failure(conf: dict[str, str], spark_version: str, environ: dict[str, str]) -> str:
+    """Why Spark's JVM most likely exited before it started, and what to check, in one line."""
+    java = Path(environ["JAVA_HOME"]) / "bin" / "java" if environ.get("JAVA_HOME") else shutil.which("java")
+    if java is None or not Path(java).exists():
+        return "no Java found (neither JAVA_HOME nor java on PATH); install Java 17 or 21"
+    packages = [p for p in conf.get("spark.jars.packages", "").split(",") if p.strip()]
+    if not packages:
+        return "its JVM exited at once (Spark's lines above say why); check JAVA_HOME and [spark.conf]"
+    minor = ".".join(spark_version.split(".")[:2])
+    return (f"it could not fetch {', '.join(packages)} (Spark's lines above say why): check that this machine reaches "
+            "Maven Central, or name your mirror in [spark.conf] \"spark.jars.repositories\" (or "
+            "\"spark.jars.ivySettings\"), or give in [spark.conf] \"spark.jars.packages\" a Kafka source version "
+            f"that resolves: any {KAFKA_SOURCE_ARTIFACT} {minor}.x is accepted for Spark {spark_version}")
 
 
 def kafka_source_version(spark: Any) -> str | None:

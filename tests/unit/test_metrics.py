@@ -78,7 +78,7 @@ def test_every_metric_has_help_and_type_lines():
         assert family.documentation, name
         assert f"# TYPE {name}" in text or f"# TYPE {name}_total" in text, name
         assert f"# HELP {name}" in text or f"# HELP {name}_total" in text, name
-        assert name.startswith("streaming_sink_"), name
+        assert name.startswith(("streaming_sink_", "process_", "python_")), name
 
 
 @pytest.mark.parametrize("table", ['t"} 1\nfake_metric{x="1"} 5', "back\\slash\\", "new\nline", "ünïcode 名前"])
@@ -87,9 +87,25 @@ def test_a_table_name_cannot_forge_a_series(table):
     metrics = BatchMetrics(JOB)
     metrics(report(rows_by_table={table: 3}))
     found = families(metrics.render())
-    assert not [name for name in found if not name.startswith("streaming_sink_")]
+    assert not [name for name in found if not name.startswith(("streaming_sink_", "process_", "python_"))]
     rows = [s for s in found["streaming_sink_rows"].samples if s.name == "streaming_sink_rows_total"]
     assert [(s.labels, s.value) for s in rows] == [({"job_id": JOB, "table": table}, 3.0)]
+
+
+def test_no_created_series_a_build_info_series_and_the_drivers_process_metrics():
+    """Review 2026-11-24 §4: `_created` series crowd dashboards; versions and the driver's memory are asked first."""
+    from importlib.metadata import version
+
+    metrics = BatchMetrics(JOB, target="clickhouse")
+    metrics(report())
+    text = metrics.render()
+    assert "_created" not in text
+    build = [s for s in families(text)["streaming_sink_build_info"].samples]
+    assert [(s.name, s.value) for s in build] == [("streaming_sink_build_info", 1.0)]
+    assert build[0].labels == {"job_id": JOB, "version": version("streaming-sink"), "pyspark": version("pyspark"),
+                               "python": build[0].labels["python"], "target": "clickhouse"}
+    assert "process_resident_memory_bytes" in families(text)
+    assert "python_info" in families(text)
 
 
 def test_batch_reports_become_counters_histograms_and_a_commit_time():

@@ -19,7 +19,7 @@ _CHDB_LOCK = threading.Lock()
 class ClickHouseError(TargetError):
     """clickhouse-connect's error (unreachable, refused, failing) as the sink's own, past the target's edge."""
 
-    headline = "ClickHouse failed: {error}; check that it runs and that --target names it"
+    headline = "ClickHouse failed: {error}; check that it runs and that target.url (or --target) names it"
 
 
 def quote(identifier: str) -> str:

@@ -52,6 +52,7 @@ import pyarrow as pa
 
 from ...committable import Committable, TxnRef
 from ...crash import crash_point, target_point
+from ...errors import UnknownDatabaseError
 from ...labels import LABEL_PATTERN
 from ..base import (
     CommitAmbiguousError, CommitOutcome, CommittedNotChosenError, ConfigurationError, ExpiryKind, ExpiryLimit, NewRef,
@@ -159,7 +160,7 @@ class ClickHouseTarget(Target):
         if not facts and not client.query(
             "SELECT count() FROM system.databases WHERE name = {db:String}", parameters={"db": self.database}
         ).result_rows[0][0]:
-            raise ConfigurationError(f"ClickHouse database {self.database!r} does not exist at {self.url}")
+            raise UnknownDatabaseError(f"ClickHouse database {self.database!r} does not exist at {self.url}")
         self.ledger.ensure()
         tables = set()
         for name, table_facts in sorted(facts.items()):
