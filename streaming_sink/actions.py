@@ -10,9 +10,8 @@ from enum import StrEnum
 from typing import Callable, Iterable
 
 from .committable import Committable, TxnRef
-from .committer import (
-    Committer, OperatorActionRefused, ReplayAmbiguousError, check_target, leftover_labels,
-)
+from .committer import Committer, check_target, leftover_labels
+from .errors import OperatorActionRefused, ReplayAmbiguousError
 from .records import BatchRecord, BatchState
 from .state import StateStore
 from .targets.base import Target

@@ -24,12 +24,12 @@ from urllib.parse import unquote, urlsplit
 from .state import STATE_URL_ENV, STORE_SCHEMES, BatchRecord, StateStore, open_store
 from .state.redis import redact_url
 
-from .errors import UNEXPECTED, CliError, ExitCode, StreamingSinkError
+from .errors import UNEXPECTED, CliError, ExitCode, OperatorActionRefused, StreamingSinkError
 from .job_id import JOB_ID, JOB_ID_RULE
 from .liveness import SILENT_SECONDS, process_owner, running_driver
 from .actions import (abort_batch, accept_loss, apply_recovery, check_journal_target, plan_recovery, settle_label,
                       settle_record)
-from .committer import Committer, OperatorActionRefused
+from .committer import Committer
 from .status import job_status, render_status, unknown_job
 from .targets import Target, target_from_url, url_forms
 

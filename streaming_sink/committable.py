@@ -10,7 +10,7 @@ import json
 from dataclasses import dataclass, field, replace
 from typing import Any, Mapping
 
-from .errors import ExitCode, StreamingSinkError
+from .errors import JournalFormatError
 
 #: The journal's format version, written as "v" in every record. A change an older reader may ignore
 #: (a new optional key: unknown keys are dropped) keeps it; any other change raises it, and older
@@ -22,14 +22,6 @@ JOURNAL_FORMAT = 1
 _FIELDS_ONCE_IN_EXTRA = ("flush", "flush_rows", "filtered_rows", "unselected_rows")
 
 
-class JournalFormatError(StreamingSinkError, RuntimeError):
-    """A journal record this release cannot read: written by a newer release, or not a record at all.
-
-    Acting on a misread record could commit or abort the wrong transactions, so nothing is done.
-    """
-
-    exit_code = ExitCode.REFUSED
-    headline = "refusing: {error}; use the streaming-sink release that wrote the journal"
 
 
 def check_format(data: Mapping[str, Any], what: str) -> int:

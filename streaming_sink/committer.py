@@ -26,7 +26,7 @@ from typing import Callable, Collection, Iterable
 from .batch_log import BatchLog
 from .committable import Committable, TxnRef
 from .crash import crash_point
-from .errors import ExitCode, InvariantBreach, StopForOperator, StreamingSinkError
+from .errors import InvariantBreach, ReplayAmbiguousError, ReplayImpossibleError, TargetMismatchError
 from .labels import attempt_epoch, label_prefix
 from .records import BatchRecord, BatchState
 from .state import StateStore
@@ -36,12 +36,8 @@ from .targets.base import CommitOutcome, ExpiryKind, Target
 log = logging.getLogger(__name__)
 
 
-class ReplayImpossibleError(StopForOperator):
-    """Prepared data is gone and the source will not re-run the batch: stop before losing it silently."""
 
 
-class ReplayAmbiguousError(StopForOperator):
-    """The server forgot a label whose commit may have been sent: replaying could duplicate, skipping could lose."""
 
 
 #: Other checkpoints' batch records are dropped this long after their newest one (O2).
@@ -384,21 +380,8 @@ class _NeverCommitted(_GroupWrites):
         self._batch.mark_never_committed(labels)
 
 
-class OperatorActionRefused(StreamingSinkError, RuntimeError):
-    """An operator's action that would lose or duplicate rows (aborting a batch with a record, settling a
-    label the record does not hold): refused, with the reason."""
-
-    exit_code = ExitCode.REFUSED
-    headline = "refusing: {error}"
 
 
-class TargetMismatchError(OperatorActionRefused):
-    """The journal records the transactions in another target kind or database than the one given.
-
-    A commit or abort sent there finds nothing (or a namesake), and the journal would then forget the
-    real transactions: staging tables that never expire, StarRocks/Doris transactions holding their
-    database's quota until their timeout. Raised before anything is sent, for the job's own restart too.
-    """
 
 
 def leftover_labels(store: StateStore, target: Target, job_id: str, query_ids: Collection[str] = frozenset()) -> list[str]:

@@ -22,11 +22,11 @@ defined outside this one, e.g. a product's own error beside its target):
     │       └── AuthenticationError [targets.streamload.http] exit 2
     ├── InvariantBreach (RuntimeError)                  exit 5
     │   ├── BatchDoesNotAddUpError                      exit 5
-    │   ├── ReplayAlignmentError [writer]               exit 5
+    │   ├── ReplayAlignmentError                        exit 5
     │   └── ReplayLostAgainError                        exit 5
-    ├── JournalFormatError (RuntimeError) [committable] exit 4
-    ├── OperatorActionRefused (RuntimeError) [committer] exit 4
-    │   └── TargetMismatchError [committer]             exit 4
+    ├── JournalFormatError (RuntimeError)               exit 4
+    ├── OperatorActionRefused (RuntimeError)            exit 4
+    │   └── TargetMismatchError                         exit 4
     ├── SparkStartError                                 exit 3
     ├── StateStoreError (RuntimeError)                  exit 3
     │   ├── BatchSealedError                            exit 3
@@ -36,9 +36,9 @@ defined outside this one, e.g. a product's own error beside its target):
     │   ├── StateStoreAuthError                         exit 2
     │   └── StateStoreUnreachableError                  exit 3
     ├── StopForOperator (RuntimeError)                  exit 4
-    │   ├── ReplayAmbiguousError [committer]            exit 4
-    │   ├── ReplayImpossibleError [committer]           exit 4
-    │   ├── ReplayMismatchError [replay]                exit 4
+    │   ├── ReplayAmbiguousError                        exit 4
+    │   ├── ReplayImpossibleError                       exit 4
+    │   ├── ReplayMismatchError                         exit 4
     │   └── SourceReplannedError                        exit 4  runbook 'Batch re-planned with another range'
     ├── TargetError (RuntimeError)                      exit 3
     │   ├── ClickHouseError [targets.clickhouse.connection] exit 3
@@ -269,6 +269,18 @@ class SourceReplannedError(StopForOperator):
     runbook = "Batch re-planned with another range"
 
 
+class ReplayImpossibleError(StopForOperator):
+    """Prepared data is gone and the source will not re-run the batch: stop before losing it silently."""
+
+
+class ReplayAmbiguousError(StopForOperator):
+    """The server forgot a label whose commit may have been sent: replaying could duplicate, skipping could lose."""
+
+
+class ReplayMismatchError(StopForOperator):
+    """The re-run batch did not deliver the same data as the prepared one: refusing to guess."""
+
+
 class InvariantBreach(StreamingSinkError, RuntimeError):
     """A protocol invariant does not hold (docs/design.md); the sink refuses the batch rather than guess."""
 
@@ -279,6 +291,10 @@ class BatchDoesNotAddUpError(InvariantBreach):
 
 class ReplayLostAgainError(InvariantBreach):
     """Transactions replayed for lost ones were lost again before they could be committed."""
+
+
+class ReplayAlignmentError(InvariantBreach):
+    """A replayed partition did not flush the same rows as the prepared one: refusing to guess what to skip."""
 
 
 # -- the CLI ---------------------------------------------------------------------------------------------------------
@@ -298,10 +314,34 @@ class CliError(StreamingSinkError):
         return self.exit_code
 
 
-# -- protocol (batch lifecycle) --------------------------------------------------------------------------------------
+# -- the journal and operators' actions ------------------------------------------------------------------------------
 
 
-# -- HTTP (Stream Load kit) ------------------------------------------------------------------------------------------
+class JournalFormatError(StreamingSinkError, RuntimeError):
+    """A journal record this release cannot read: written by a newer release, or not a record at all.
+
+    Acting on a misread record could commit or abort the wrong transactions, so nothing is done.
+    """
+
+    exit_code = ExitCode.REFUSED
+    headline = "refusing: {error}; use the streaming-sink release that wrote the journal"
+
+
+class OperatorActionRefused(StreamingSinkError, RuntimeError):
+    """An operator's action that would lose or duplicate rows (aborting a batch with a record, settling a
+    label the record does not hold): refused, with the reason."""
+
+    exit_code = ExitCode.REFUSED
+    headline = "refusing: {error}"
+
+
+class TargetMismatchError(OperatorActionRefused):
+    """The journal records the transactions in another target kind or database than the one given.
+
+    A commit or abort sent there finds nothing (or a namesake), and the journal would then forget the
+    real transactions: staging tables that never expire, StarRocks/Doris transactions holding their
+    database's quota until their timeout. Raised before anything is sent, for the job's own restart too.
+    """
 
 
 def error_tree(root: type[BaseException] = StreamingSinkError) -> str:

@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from .checkpoint import CheckpointFolder, checkpoint_query_id, delete_log_entry, latest_batch, restore_offsets, same_source
-from .recovery import OperatorActionRefused
+from .errors import OperatorActionRefused
 from .state import StateStore
 
 

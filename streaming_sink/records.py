@@ -12,7 +12,8 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any, Mapping
 
-from .committable import JOURNAL_FORMAT, Committable, JournalFormatError, check_format
+from .committable import JOURNAL_FORMAT, Committable, check_format
+from .errors import JournalFormatError
 from .labels import GATE_OPEN, GATE_SEALED, replay_gate
 
 

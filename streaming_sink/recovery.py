@@ -6,10 +6,8 @@ from .actions import (
     Action, RecoveryAction, abort_batch, accept_loss, apply_recovery, check_journal_target, plan_recovery,
     settle_label, settle_record,
 )
-from .committer import (
-    STALE_QUERY_SECONDS, Committer, OperatorActionRefused, ReplayAmbiguousError, ReplayImpossibleError,
-    TargetMismatchError, check_target, leftover_labels,
-)
+from .committer import STALE_QUERY_SECONDS, Committer, check_target, leftover_labels
+from .errors import OperatorActionRefused, ReplayAmbiguousError, ReplayImpossibleError, TargetMismatchError
 
 #: The Committer's name before it was called what it is: the committer of every batch, not only after a crash.
 Recovery = Committer

@@ -12,12 +12,10 @@ from dataclasses import dataclass, field
 from typing import Iterable, Mapping, NamedTuple, Protocol
 
 from .committable import Committable
-from .errors import StopForOperator
+from .errors import ReplayMismatchError
 from .records import BatchRecord
 
 
-class ReplayMismatchError(StopForOperator):
-    """The re-run batch did not deliver the same data as the prepared one: refusing to guess."""
 
 
 class TablePartition(NamedTuple):

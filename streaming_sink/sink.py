@@ -25,14 +25,14 @@ from .committable import Committable, TxnRef
 from .labels import pass_prefix
 from .records import COMMITTED_AT, BatchState
 from .crash import crash_point
-from .errors import BatchDoesNotAddUpError, ReplayLostAgainError, SourceReplannedError, StopForOperator
+from .errors import BatchDoesNotAddUpError, ReplayLostAgainError, ReplayMismatchError, SourceReplannedError, StopForOperator
 from .job_id import JOB_ID as _JOB_ID
 from .checkpoint import planned_offsets, same_source, source_ranges
 from .checkpoint_marker import CheckpointMarker
 from .liveness import HEARTBEAT_SECONDS, Heartbeat, process_owner
 from .batch_log import BatchLog
 from .committer import Committer
-from .replay import ReplayMismatchError, ReplayPlan
+from .replay import ReplayPlan
 from .routing import Router
 from .targets.base import ConfigurationError, Target, TransactionLimitError
 from .writer import PartitionResult, WriteContext

@@ -21,7 +21,7 @@ from .state import StateStore
 
 from .committable import Committable, TxnRef
 from .labels import Attempt, make_label
-from .errors import InvariantBreach
+from .errors import ReplayAlignmentError
 from .replay import ReplayPlan
 from .routing import Router
 from .targets.base import NewRef, TableTransaction, Target
@@ -46,8 +46,6 @@ class WriteContext:
 
 
 
-class ReplayAlignmentError(InvariantBreach):
-    """A replayed partition did not flush the same rows as the prepared one: refusing to guess what to skip."""
 
 
 @dataclass

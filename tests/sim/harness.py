@@ -35,8 +35,9 @@ from streaming_sink import committer as committer_module
 from streaming_sink.records import BatchState
 from streaming_sink.errors import StopForOperator
 from streaming_sink.actions import apply_recovery, plan_recovery
-from streaming_sink.committer import Committer, OperatorActionRefused, ReplayAmbiguousError, ReplayImpossibleError
-from streaming_sink.sink import ExactlyOnceSink, ReplayMismatchError
+from streaming_sink.committer import Committer
+from streaming_sink.errors import OperatorActionRefused, ReplayAmbiguousError, ReplayImpossibleError, ReplayMismatchError
+from streaming_sink.sink import ExactlyOnceSink
 from streaming_sink.targets.base import CommitOutcome, CommittedNotChosenError, TargetError
 from streaming_sink.execution import _replay_identity
 from streaming_sink.replay import writer_partition
