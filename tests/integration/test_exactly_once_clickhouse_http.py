@@ -285,7 +285,7 @@ def test_two_commits_of_one_label_interleaved_anywhere_move_every_row_once(front
         outcomes = gate.run({"A": lambda: a.commit(committable), "B": lambda: b.commit(committable)}, schedule, then)
         assert outcomes == {"A": CommitOutcome.COMMITTED, "B": CommitOutcome.COMMITTED}, (schedule, outcomes)
         assert _visible(setup) == list(range(ROWS)), (schedule, _visible(setup))
-        assert setup.staging_tables() == [] and setup._ledger_states(committable.label) >= {COMMITTED}, schedule
+        assert setup.staging_tables() == [] and setup.ledger.states(committable.label) >= {COMMITTED}, schedule
         _truncate(setup)
     for target in (a, b, setup):
         target.close()
