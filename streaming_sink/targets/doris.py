@@ -95,7 +95,8 @@ class DorisOptions(SharedOptions):
     * `abort_by_label`: None detects whether the server takes labels on `_stream_load_2pc` (2.1+);
       False always uses the empty-body probe of older servers.
     * `piece_bytes`: Arrow bytes encoded at a time while a load's body streams (memory bound).
-    * `connect_timeout_s`, `request_timeout_s`, `retries`, `backoff_s`: the HTTP client's.
+    * `connect_timeout_s`, `request_timeout_s`, `retries`, `backoff_s`, `backoff_max_s`: the HTTP client's, whose
+      policy also repeats write-lock timeouts and commits whose answer was lost.
     """
 
     target = "DorisTarget"
@@ -113,6 +114,7 @@ class DorisOptions(SharedOptions):
     request_timeout_s: float = 600.0
     retries: int = 3
     backoff_s: float = 0.5
+    backoff_max_s: float = 8.0
 
     def _validate(self) -> None:
         if self.format not in ("csv", "json", "arrow"):
@@ -275,8 +277,7 @@ class DorisTarget(StreamLoadTarget):
     display_name = "Doris"
 
     options_class = DorisOptions
-    http_options = dict(connect_timeout="connect_timeout_s", read_timeout="request_timeout_s", retries="retries",
-                        backoff_s="backoff_s")
+    http_options = dict(connect_timeout="connect_timeout_s", read_timeout="request_timeout_s", retries="retries")
 
     def _started(self) -> None:
         self.api = LoadApi(self.http, self.options)

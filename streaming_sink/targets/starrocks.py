@@ -94,7 +94,6 @@ class StarRocksOptions(SharedOptions):
     read_timeout: float = 300.0
     http_retries: int = 3  # for requests that never reached the server, and idempotent ones
     busy_retries: int = 20  # TXN_IN_PROCESSING, write-lock timeouts, FE routing misses
-    backoff_max_s: float = 5.0
 
     @classmethod
     def _adjusted(cls, values: dict[str, Any]) -> dict[str, Any]:
@@ -183,8 +182,7 @@ class StarRocksTarget(StreamLoadTarget):
     display_name = "StarRocks"
 
     options_class = StarRocksOptions
-    http_options = dict(connect_timeout="connect_timeout", read_timeout="read_timeout", retries="http_retries",
-                        backoff_s="backoff_s", backoff_max_s="backoff_max_s")
+    http_options = dict(connect_timeout="connect_timeout", read_timeout="read_timeout", retries="http_retries")
 
     def _started(self) -> None:
         busy_retry = RetryPolicy(self.options.busy_retries, self.options.backoff_s, self.options.backoff_max_s)

@@ -42,7 +42,8 @@ class SharedOptions:
     # A value its column cannot hold filters its row (counted against max_filter_ratio, 0 unless set)
     # instead of becoming NULL and counting as loaded (docs/protocol.md, Common: strict mode).
     strict_mode: bool = True
-    backoff_s: float = 0.2
+    backoff_s: float = 0.2  # the first pause before a repeat (streaming_sink/retry.py); each next one doubles
+    backoff_max_s: float = 5.0  # no pause is longer
     commit_parallelism: int = 8
     verify: bool = True  # https: check the server's certificate
     ca_bundle: str | None = None  # https: a PEM file of the CAs to trust instead of the system's
@@ -94,7 +95,7 @@ class StreamLoadTarget(Target):
 
     display_name: ClassVar[str]
     options_class: Any  # a SharedOptions dataclass
-    http_options: Mapping[str, str] = {}  # HttpClient keyword (timeouts, retries, backoff) -> this target's option
+    http_options: Mapping[str, str] = {}  # HttpClient keyword (timeouts, retries) -> this target's option
 
     def __init__(
         self, fe_url: str = "http://127.0.0.1:8030", database: str = "db", user: str | None = "root", password: str = "",
@@ -125,7 +126,8 @@ class StreamLoadTarget(Target):
 
     def http_settings(self) -> dict[str, Any]:
         """The HTTP client's timeouts, retries and backoff, from this target's options."""
-        return {setting: getattr(self.options, option) for setting, option in self.http_options.items()}
+        settings = {setting: getattr(self.options, option) for setting, option in self.http_options.items()}
+        return {**settings, "backoff_s": self.options.backoff_s, "backoff_max_s": self.options.backoff_max_s}
 
     def _started(self) -> None:
         """Per-target state, once the options and the client exist."""
