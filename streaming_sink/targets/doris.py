@@ -37,9 +37,10 @@ from .base import (
     TableTransaction, TargetError, TransactionLimitError,
 )
 from .descriptor import TargetDescriptor
-from .encoding import ArrowFormat, CsvFormat, JsonFormat, WireFormat, columns_header, encode_chunks, header_safe
+from .encoding import CsvFormat, JsonFormat, WireFormat, columns_header, encode_chunks, header_safe
 from .olap_types import DORIS_COLUMNS
 from .streamload.accounting import RowCounts
+from .streamload.doris_arrow import ArrowFormat, table_arrow_type
 from .streamload.fe import NO_ANSWER, Answer, Dialect
 from .streamload.http import HttpClient, HttpConnectionError, HttpError, HttpStatusError, api_path, excerpt
 from .streamload.target import SharedOptions, StreamLoadTarget
@@ -313,7 +314,7 @@ class DorisTarget(StreamLoadTarget):
         if table not in self._arrow_types:
             columns = self.table_columns(table) or {}
             self._arrow_types[table] = {
-                name.lower(): kind for name, spelling in columns.items() if (kind := _arrow_type(spelling)) is not None
+                name.lower(): kind for name, spelling in columns.items() if (kind := table_arrow_type(spelling)) is not None
             }
         types = self._arrow_types[table]
         return pa.schema([f.with_type(types.get(f.name.lower(), f.type)) for f in schema])
@@ -494,23 +495,6 @@ class _DorisTransaction(TableTransaction):
             self._api.abort_txn(int(holder.group(1)), ref)
         else:
             self._api.abort(ref)
-
-
-_ARROW_TYPES = {
-    "BOOLEAN": pa.bool_(), "TINYINT": pa.int8(), "SMALLINT": pa.int16(), "INT": pa.int32(), "BIGINT": pa.int64(),
-    "FLOAT": pa.float32(), "DOUBLE": pa.float64(), "DATE": pa.date32(), "CHAR": pa.string(), "VARCHAR": pa.string(),
-    "STRING": pa.string(),
-}
-
-
-def _arrow_type(spelling: str) -> pa.DataType | None:
-    """The Arrow type whose buffers Doris reads as a column of this type (None: send the value's own)."""
-    base = spelling.removesuffix(" NOT NULL")
-    decimal = re.fullmatch(r"DECIMAL\((\d+),(\d+)\)", base)
-    if decimal:
-        precision, scale = int(decimal.group(1)), int(decimal.group(2))
-        return pa.decimal128(precision, scale) if precision <= 38 else pa.decimal256(precision, scale)
-    return _ARROW_TYPES.get(base)
 
 
 DESCRIPTOR = TargetDescriptor(
