@@ -37,7 +37,7 @@ from .base import (
     TableTransaction, TargetError, TransactionLimitError,
 )
 from .descriptor import TargetDescriptor
-from .encoding import CsvFormat, JsonFormat, WireFormat, columns_header, encode_chunks, header_safe
+from .encoding import CsvFormat, JsonFormat, WireFormat, columns_entry, encode_chunks
 from .olap_types import DORIS_COLUMNS
 from .streamload.accounting import RowCounts
 from .streamload.doris_arrow import ArrowFormat, table_arrow_type
@@ -274,11 +274,16 @@ class LoadApi:
 
 
 class DorisTarget(StreamLoadTarget):
+    """Apache Doris through 2PC stream loads (`two_phase_commit`; abort by label needs 2.1+, `format: arrow` 2.1+).
+
+    The target tables must exist: the sink never creates Doris tables. Picklable: writers run in Spark tasks,
+    one pre-committed transaction per chunk written.
+    """
+
     kind = "doris"
     display_name = "Doris"
 
     options_class = DorisOptions
-    http_options = dict(connect_timeout="connect_timeout_s", read_timeout="request_timeout_s", retries="retries")
 
     def _started(self) -> None:
         self.api = LoadApi(self.http, self.options)
@@ -432,8 +437,7 @@ class _DorisTransaction(TableTransaction):
         ref, options = part.ref, self._options
         fmt = options.wire_format(self._arrow_schema(ref.table, chunk.schema) if options.format == "arrow" else None)
         headers = {"Expect": "100-continue", "label": ref.label, "two_phase_commit": "true", **options.load_headers()}
-        if isinstance(fmt, CsvFormat) or all(header_safe(name) for name in chunk.schema.names):
-            headers["columns"] = columns_header(chunk.schema)  # JSON and Arrow bodies name their columns themselves
+        headers.update(columns_entry(chunk.schema, fmt))
         piece_bytes = options.piece_bytes
 
         def body() -> Iterable[bytes]:
@@ -499,7 +503,7 @@ class _DorisTransaction(TableTransaction):
 
 DESCRIPTOR = TargetDescriptor(
     product=DorisTarget.kind,
-    display_name="Doris",
+    display_name=DorisTarget.display_name,
     schemes={"doris": "http", "doriss": "https"},
     url_forms=("doris://fe:8030", "doriss://fe:8443"),
     factory=lambda url, database, user, password, options: DorisTarget(

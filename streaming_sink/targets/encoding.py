@@ -160,6 +160,14 @@ def columns_header(schema: pa.Schema) -> str:
     return ",".join("`" + name.replace("`", "``") + "`" for name in schema.names)
 
 
+def columns_entry(schema: pa.Schema, fmt: WireFormat) -> dict[str, str]:
+    """The `columns` header a load sends: always for CSV, which needs it to map fields to columns; for JSON and
+    Arrow bodies, which name their columns themselves, only when every name can travel in it."""
+    if isinstance(fmt, CsvFormat) or all(header_safe(name) for name in schema.names):
+        return {"columns": columns_header(schema)}
+    return {}
+
+
 def encode_chunks(data: Tabular, fmt: WireFormat, chunk_bytes: int = DEFAULT_CHUNK_BYTES) -> Iterator[bytes]:
     """Encode `data` in row slices of about `chunk_bytes` (Arrow size) each; every piece is complete.
 

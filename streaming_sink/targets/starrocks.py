@@ -34,7 +34,7 @@ from .base import (
     TableTransaction, TargetError, TransactionLimitError,
 )
 from .descriptor import TargetDescriptor
-from .encoding import DEFAULT_CHUNK_BYTES, CsvFormat, JsonFormat, WireFormat, columns_header, encode_chunks, header_safe
+from .encoding import DEFAULT_CHUNK_BYTES, CsvFormat, JsonFormat, WireFormat, columns_entry, encode_chunks
 from .olap_types import STARROCKS_COLUMNS
 from .streamload.accounting import RowCounts
 from .streamload.fe import HTTP_ERROR, NO_ANSWER, Answer, Dialect, FeClient, LabelState
@@ -126,8 +126,7 @@ class StarRocksOptions(SharedOptions):
             headers = wire.headers()
         else:  # one JSON array per request, as the StarRocks connectors send it
             headers = {"format": "json", "strip_outer_array": "true", "ignore_json_size": "true"}
-        if isinstance(wire, CsvFormat) or all(header_safe(name) for name in schema.names):
-            headers["columns"] = columns_header(schema)  # a JSON body names its columns itself
+        headers.update(columns_entry(schema, wire))
         headers["strict_mode"] = "true" if self.strict_mode else "false"
         headers.update(dict(self.properties))
         return headers
@@ -182,7 +181,6 @@ class StarRocksTarget(StreamLoadTarget):
     display_name = "StarRocks"
 
     options_class = StarRocksOptions
-    http_options = dict(connect_timeout="connect_timeout", read_timeout="read_timeout", retries="http_retries")
 
     def _started(self) -> None:
         busy_retry = RetryPolicy(self.options.busy_retries, self.options.backoff_s, self.options.backoff_max_s)
@@ -449,7 +447,7 @@ class _StarRocksTransaction(TableTransaction):
 
 DESCRIPTOR = TargetDescriptor(
     product=StarRocksTarget.kind,
-    display_name="StarRocks",
+    display_name=StarRocksTarget.display_name,
     schemes={"starrocks": "http", "starrockss": "https"},
     url_forms=("starrocks://fe:8030", "starrockss://fe:8443"),
     factory=lambda url, database, user, password, options: StarRocksTarget(

@@ -18,6 +18,10 @@ from ..base import ExpiryKind, ExpiryLimit, Target, own_names
 from .table_schema import fetch_table_columns
 
 
+#: HttpClient keyword -> the shared option that sets it (`common_names` maps it to a product's own older name).
+_HTTP_SETTINGS = {"connect_timeout": "connect_timeout_s", "read_timeout": "read_timeout_s", "retries": "retries",
+                  "backoff_s": "backoff_s", "backoff_max_s": "backoff_max_s"}
+
 #: Why a server forgetting finished labels matters, for both products' `expiry_limits` notes.
 _FORGOTTEN_LABELS = ("a batch whose commit was cut off (driver killed between commit and its record) can no longer be told "
                     "committed from lost, and the job stops for an operator instead of risking duplicates; ")
@@ -89,13 +93,12 @@ class SharedOptions:
 class StreamLoadTarget(Target):
     """A target whose FE answers at `http` and whose loads use `options.wire_format()`.
 
-    Subclasses name their product for messages (`display_name`) and their options class, say which of
-    their options set the HTTP client (`http_options`), and set up their own state in `_started`.
+    Subclasses name their product for messages (`display_name`) and their options class, and set up their
+    own state in `_started`.
     """
 
     display_name: ClassVar[str]
     options_class: Any  # a SharedOptions dataclass
-    http_options: Mapping[str, str] = {}  # HttpClient keyword (timeouts, retries) -> this target's option
 
     def __init__(
         self, fe_url: str = "http://127.0.0.1:8030", database: str = "db", user: str | None = "root", password: str = "",
@@ -126,8 +129,8 @@ class StreamLoadTarget(Target):
 
     def http_settings(self) -> dict[str, Any]:
         """The HTTP client's timeouts, retries and backoff, from this target's options."""
-        settings = {setting: getattr(self.options, option) for setting, option in self.http_options.items()}
-        return {**settings, "backoff_s": self.options.backoff_s, "backoff_max_s": self.options.backoff_max_s}
+        own = self.options.common_names
+        return {setting: getattr(self.options, own.get(shared, shared)) for setting, shared in _HTTP_SETTINGS.items()}
 
     def _started(self) -> None:
         """Per-target state, once the options and the client exist."""
