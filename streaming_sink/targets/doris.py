@@ -282,6 +282,8 @@ class DorisTarget(StreamLoadTarget):
 
     kind = "doris"
     display_name = "Doris"
+    label_retention = ("streaming_label_keep_max_second, 12 h by default, or more than label_num_threshold, 2000 by "
+                       "default, newer finished txns in the database")
 
     options_class = DorisOptions
 
@@ -368,14 +370,8 @@ class DorisTarget(StreamLoadTarget):
         if state.committed:
             return CommitOutcome.COMMITTED
         if state.gone:
-            log.warning(
-                "Doris txn %s (label %s) is unknown to the server (%s; label state %s): it never committed, or it "
-                "finished and was forgotten (streaming_label_keep_max_second, 12 h by default, or more than "
-                "label_num_threshold, 2000 by default, newer finished txns in the database). Whether it was "
-                "committed cannot be told here: the coordinator decides.",
-                committable.txn_id, committable.label, answer.message, state,
-            )
-            return CommitOutcome.LOST_AFTER_SEND if unclear else CommitOutcome.LOST
+            return self.forgotten(f"Doris txn {committable.txn_id} (label {committable.label}) is unknown to the server "
+                                  f"({answer.message}; label state {state})", unclear)
         raise TargetError(
             f"Doris says txn {committable.txn_id} is not found but its label {committable.label} is {state}; "
             "refusing to guess whether it holds this committable's data"

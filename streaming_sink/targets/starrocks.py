@@ -179,6 +179,8 @@ class StarRocksTarget(StreamLoadTarget):
 
     kind = "starrocks"
     display_name = "StarRocks"
+    label_retention = ("label_keep_max_second, 3 days by default, or more than label_keep_max_num transactions, 1000 "
+                       "by default, in the database")
 
     options_class = StarRocksOptions
 
@@ -223,14 +225,8 @@ class StarRocksTarget(StreamLoadTarget):
                             label, answer.brief, reason or "no reason given")
                 return CommitOutcome.ABORTED
             if state == LabelState.UNKNOWN:
-                log.warning(
-                    "commit of %s answered %s; the label is unknown to the server: it never began, or it finished and "
-                    "was forgotten (label_keep_max_second, 3 days by default, or more than label_keep_max_num "
-                    "transactions, 1000 by default, in the database)%s. Whether it was committed cannot be told here: "
-                    "the coordinator decides", label, answer.brief,
-                    "; a commit of it this call sent may have landed just before" if unclear else "",
-                )
-                return CommitOutcome.LOST_AFTER_SEND if unclear else CommitOutcome.LOST
+                return self.forgotten(f"commit of {label} answered {answer.brief}; the label is unknown to the server",
+                                      unclear)
             attempts += 1  # PREPARED (write-lock timeout, routing miss) or PREPARE: commit again
             pause = next(pauses, None)
             if pause is None:

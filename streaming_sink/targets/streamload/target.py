@@ -5,6 +5,7 @@ lives here, so a change to it is made once.
 """
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, fields
 from typing import Any, ClassVar, Mapping, Self
 
@@ -14,9 +15,11 @@ from ..encoding import EncodingError, check_header_names
 from ...errors import ConfigurationError
 from .fe import FeClient
 from .http import HttpClient
-from ..base import ExpiryKind, ExpiryLimit, Target, own_names
+from ..base import CommitOutcome, ExpiryKind, ExpiryLimit, Target, own_names
 from .table_schema import fetch_table_columns
 
+
+log = logging.getLogger(__name__)
 
 #: HttpClient keyword -> the shared option that sets it (`common_names` maps it to a product's own older name).
 _HTTP_SETTINGS = {"connect_timeout": "connect_timeout_s", "read_timeout": "read_timeout_s", "retries": "retries",
@@ -99,6 +102,7 @@ class StreamLoadTarget(Target):
 
     display_name: ClassVar[str]
     options_class: Any  # a SharedOptions dataclass
+    label_retention: ClassVar[str]  # how the FE forgets finished labels, and the settings that say when
 
     def __init__(
         self, fe_url: str = "http://127.0.0.1:8030", database: str = "db", user: str | None = "root", password: str = "",
@@ -168,6 +172,17 @@ class StreamLoadTarget(Target):
             ExpiryLimit("label history (FE default)", labels_kept_s, labels_kept, kind=ExpiryKind.LABELS,
                         note=_FORGOTTEN_LABELS + raise_labels),
         ]
+
+    def forgotten(self, what: str, unclear: bool) -> CommitOutcome:
+        """The outcome of a commit whose label the FE no longer knows (`what` says which, as the server answered):
+        it never committed, or it finished and was forgotten, which cannot be told apart here, so the coordinator
+        decides. `unclear`: a commit this call sent may have landed just before (LOST_AFTER_SEND)."""
+        log.warning(
+            "%s: it never committed, or it finished and was forgotten (%s)%s. Whether it was committed cannot be "
+            "told here: the coordinator decides", what, self.label_retention,
+            "; a commit of it this call sent may have landed just before" if unclear else "",
+        )
+        return CommitOutcome.LOST_AFTER_SEND if unclear else CommitOutcome.LOST
 
     def close(self) -> None:
         self.http.close()
