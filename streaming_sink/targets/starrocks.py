@@ -28,11 +28,9 @@ from typing import Any, Callable
 import pyarrow as pa
 
 from ..committable import Committable, TxnRef
+from ..errors import CommittedNotChosenError, ConfigurationError, TargetError, TransactionLimitError
 from ..retry import RetryPolicy, wait
-from .base import (
-    CommitOutcome, CommittedNotChosenError, ConfigurationError, ExpiryLimit, NewRef, PreparedPart, RecordIntent,
-    TableTransaction, TargetError, TransactionLimitError,
-)
+from .base import CommitOutcome, ExpiryLimit, NewRef, PreparedPart, RecordIntent, TableTransaction
 from .descriptor import TargetDescriptor
 from .encoding import DEFAULT_CHUNK_BYTES, CsvFormat, JsonFormat, WireFormat, columns_entry, encode_chunks
 from .olap_types import STARROCKS_COLUMNS
