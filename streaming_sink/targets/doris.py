@@ -41,7 +41,7 @@ from .streamload.accounting import RowCounts
 from .streamload.doris_arrow import ArrowFormat, table_arrow_type
 from .streamload.fe import NO_ANSWER, Answer, Dialect
 from .streamload.http import HttpClient, HttpConnectionError, HttpError, HttpStatusError, api_path, excerpt
-from .streamload.target import SharedOptions, StreamLoadTarget
+from .streamload.target import LabelRetention, SharedOptions, StreamLoadTarget
 
 log = logging.getLogger(__name__)
 
@@ -280,8 +280,8 @@ class DorisTarget(StreamLoadTarget):
 
     kind = "doris"
     display_name = "Doris"
-    label_retention = ("streaming_label_keep_max_second, 12 h by default, or more than label_num_threshold, 2000 by "
-                       "default, newer finished txns in the database")
+    label_retention = LabelRetention("streaming_label_keep_max_second", 43200.0, "label_num_threshold", 2000,
+                                     "newer finished txns in the database")
 
     options_class = DorisOptions
 
@@ -299,7 +299,6 @@ class DorisTarget(StreamLoadTarget):
         return self.outage_limits(
             "pre-committed transactions (FE default)", 3600.0,
             "raise stream_load_default_precommit_timeout_second on the FE",
-            43200.0, 2000,
             "a busy shared database finishes 2000 stream loads within minutes. Raise streaming_label_keep_max_second "
             "and label_num_threshold (-1 disables the count) on the FE, or keep outages short",
         )

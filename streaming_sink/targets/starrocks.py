@@ -37,7 +37,7 @@ from .olap_types import STARROCKS_COLUMNS
 from .streamload.accounting import RowCounts
 from .streamload.fe import HTTP_ERROR, NO_ANSWER, Answer, Dialect, FeClient, LabelState
 from .streamload.http import AuthenticationError, HttpClient, HttpConnectionError, HttpError, api_path
-from .streamload.target import SharedOptions, StreamLoadTarget
+from .streamload.target import LabelRetention, SharedOptions, StreamLoadTarget
 
 log = logging.getLogger(__name__)
 
@@ -55,10 +55,11 @@ _MANAGED_HEADERS = frozenset(
 # How the FE refuses a begin past max_running_txn_num_per_db (docs/protocol.md, StarRocks: concurrency and limits).
 _RUNNING_LIMIT = "current running txns on db"
 DEFAULT_PREPARED_TIMEOUT_S = 86400.0  # FE prepared_transaction_default_timeout_second (docs/protocol.md, StarRocks: timeouts)
-DEFAULT_LABEL_KEEP_S = 259200.0  # FE label_keep_max_second (docs/protocol.md, StarRocks: label retention)
-# The FE also forgets the oldest finished labels of a database once it holds more transactions, running and
-# finished together, than label_keep_max_num (docs/protocol.md, StarRocks: label retention; every release since 2.0/2.1).
-DEFAULT_LABEL_KEEP_NUM = 1000
+# The FE forgets a finished label after label_keep_max_second, and the oldest finished labels of a database once it
+# holds more transactions, running and finished together, than label_keep_max_num (docs/protocol.md, StarRocks:
+# label retention; every release since 2.0/2.1).
+LABEL_RETENTION = LabelRetention("label_keep_max_second", 259200.0, "label_keep_max_num", 1000,
+                                 "transactions in the database, running ones included")
 
 
 #: The option names shared with Doris (docs/configuration.md maps them to the connectors' names) ->
@@ -177,8 +178,7 @@ class StarRocksTarget(StreamLoadTarget):
 
     kind = "starrocks"
     display_name = "StarRocks"
-    label_retention = ("label_keep_max_second, 3 days by default, or more than label_keep_max_num transactions, 1000 "
-                       "by default, in the database")
+    label_retention = LABEL_RETENTION
 
     options_class = StarRocksOptions
 
@@ -191,11 +191,10 @@ class StarRocksTarget(StreamLoadTarget):
     def expiry_limits(self) -> list[ExpiryLimit]:
         """Server defaults unless configured: PREPARED lives `prepared_timeout` (FE default 86400 s); a
         finished label is remembered `label_keep_max_second` (FE default 3 days), and only while the
-        database holds at most DEFAULT_LABEL_KEEP_NUM transactions, running ones included."""
+        database holds at most `label_keep_max_num` transactions, running ones included (LABEL_RETENTION)."""
         return self.outage_limits(
             "prepared transactions", float(self.options.prepared_timeout or DEFAULT_PREPARED_TIMEOUT_S),
             "raise the prepared_timeout option (StarRocks 3.5.4+) or prepared_transaction_default_timeout_second on the FE",
-            DEFAULT_LABEL_KEEP_S, DEFAULT_LABEL_KEEP_NUM,
             "raise label_keep_max_second on the FE, or keep outages short. The FE also forgets the oldest labels once "
             "running + finished transactions in the database exceed label_keep_max_num (1000 by default): raise it too",
         )

@@ -25,6 +25,23 @@ log = logging.getLogger(__name__)
 _HTTP_SETTINGS = {"connect_timeout": "connect_timeout_s", "read_timeout": "read_timeout_s", "retries": "retries",
                   "backoff_s": "backoff_s", "backoff_max_s": "backoff_max_s"}
 
+@dataclass(frozen=True)
+class LabelRetention:
+    """How a product's FE forgets a finished label: `seconds` after it finished (FE setting `seconds_setting`),
+    or sooner once the database holds more than `count` transactions of the kind `counted` says (`count_setting`)."""
+
+    seconds_setting: str
+    seconds: float
+    count_setting: str
+    count: int
+    counted: str
+
+    def __str__(self) -> str:
+        days, hours = self.seconds / 86400, self.seconds / 3600
+        span = f"{days:g} days" if days.is_integer() else f"{hours:g} h" if hours.is_integer() else f"{self.seconds:g} s"
+        return f"{self.seconds_setting} ({span} by default), or more than {self.count_setting} ({self.count} by default) {self.counted}"
+
+
 #: Why a server forgetting finished labels matters, for both products' `expiry_limits` notes.
 _FORGOTTEN_LABELS = ("a batch whose commit was cut off (driver killed between commit and its record) can no longer be told "
                     "committed from lost, and the job stops for an operator instead of risking duplicates; ")
@@ -102,7 +119,7 @@ class StreamLoadTarget(Target):
 
     display_name: ClassVar[str]
     options_class: Any  # a SharedOptions dataclass
-    label_retention: ClassVar[str]  # how the FE forgets finished labels, and the settings that say when
+    label_retention: ClassVar[LabelRetention]  # the FE's defaults
 
     def __init__(
         self, fe_url: str = "http://127.0.0.1:8030", database: str = "db", user: str | None = "root", password: str = "",
@@ -157,19 +174,16 @@ class StreamLoadTarget(Target):
         """
         return None
 
-    @staticmethod
-    def outage_limits(prepared: str, prepared_s: float, raise_prepared: str,
-                      labels_kept_s: float, labels_kept: int, raise_labels: str) -> list[ExpiryLimit]:
+    def outage_limits(self, prepared: str, prepared_s: float, raise_prepared: str, raise_labels: str) -> list[ExpiryLimit]:
         """The two limits both products put on an outage (docs/protocol.md, StarRocks: label retention; Doris:
         timeouts and label retention): `prepared` transactions are rolled back after `prepared_s`; a finished
-        label is forgotten after `labels_kept_s`, or once `labels_kept` more transactions exist. `raise_…`: the
-        settings that raise them."""
-        state = prepared.split()[0]  # "prepared" or "pre-committed"
+        label is forgotten as `label_retention` says. `raise_…`: the settings that raise them."""
+        state, kept = prepared.split()[0], self.label_retention  # "prepared" or "pre-committed"
         return [
             ExpiryLimit(prepared, prepared_s, kind=ExpiryKind.PREPARED,
                         note=f"{state} data of a job that is down longer is rolled back by the server and loaded again "
                              f"from Kafka (retention permitting); {raise_prepared}"),
-            ExpiryLimit("label history (FE default)", labels_kept_s, labels_kept, kind=ExpiryKind.LABELS,
+            ExpiryLimit("label history (FE default)", kept.seconds, kept.count, kind=ExpiryKind.LABELS,
                         note=_FORGOTTEN_LABELS + raise_labels),
         ]
 
