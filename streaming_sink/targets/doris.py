@@ -31,18 +31,17 @@ from typing import Any, Callable, Iterable
 import pyarrow as pa
 
 from ..committable import Committable, TxnRef
+from ..errors import CommittedNotChosenError, ConfigurationError, TargetError, TransactionLimitError
 from ..retry import RetryPolicy, wait
-from .base import (
-    CommitOutcome, CommittedNotChosenError, ConfigurationError, ExpiryLimit, NewRef, PreparedPart, RecordIntent,
-    TableTransaction, TargetError, TransactionLimitError,
-)
+from .base import CommitOutcome, ExpiryLimit, NewRef, PreparedPart, RecordIntent, TableTransaction
 from .descriptor import TargetDescriptor
-from .encoding import ArrowFormat, CsvFormat, JsonFormat, WireFormat, columns_header, encode_chunks, header_safe
+from .encoding import CsvFormat, JsonFormat, WireFormat, columns_entry, encode_chunks
 from .olap_types import DORIS_COLUMNS
 from .streamload.accounting import RowCounts
+from .streamload.doris_arrow import ArrowFormat, table_arrow_type
 from .streamload.fe import NO_ANSWER, Answer, Dialect
 from .streamload.http import HttpClient, HttpConnectionError, HttpError, HttpStatusError, api_path, excerpt
-from .streamload.target import SharedOptions, StreamLoadTarget
+from .streamload.target import LabelRetention, SharedOptions, StreamLoadTarget
 
 log = logging.getLogger(__name__)
 
@@ -95,7 +94,8 @@ class DorisOptions(SharedOptions):
     * `abort_by_label`: None detects whether the server takes labels on `_stream_load_2pc` (2.1+);
       False always uses the empty-body probe of older servers.
     * `piece_bytes`: Arrow bytes encoded at a time while a load's body streams (memory bound).
-    * `connect_timeout_s`, `request_timeout_s`, `retries`, `backoff_s`: the HTTP client's.
+    * `connect_timeout_s`, `request_timeout_s`, `retries`, `backoff_s`, `backoff_max_s`: the HTTP client's, whose
+      policy also repeats write-lock timeouts and commits whose answer was lost.
     """
 
     target = "DorisTarget"
@@ -113,6 +113,7 @@ class DorisOptions(SharedOptions):
     request_timeout_s: float = 600.0
     retries: int = 3
     backoff_s: float = 0.5
+    backoff_max_s: float = 8.0
 
     def _validate(self) -> None:
         if self.format not in ("csv", "json", "arrow"):
@@ -271,12 +272,18 @@ class LoadApi:
 
 
 class DorisTarget(StreamLoadTarget):
+    """Apache Doris through 2PC stream loads (`two_phase_commit`; abort by label needs 2.1+, `format: arrow` 2.1+).
+
+    The target tables must exist: the sink never creates Doris tables. Picklable: writers run in Spark tasks,
+    one pre-committed transaction per chunk written.
+    """
+
     kind = "doris"
     display_name = "Doris"
+    label_retention = LabelRetention("streaming_label_keep_max_second", 43200.0, "label_num_threshold", 2000,
+                                     "newer finished txns in the database")
 
     options_class = DorisOptions
-    http_options = dict(connect_timeout="connect_timeout_s", read_timeout="request_timeout_s", retries="retries",
-                        backoff_s="backoff_s")
 
     def _started(self) -> None:
         self.api = LoadApi(self.http, self.options)
@@ -292,7 +299,6 @@ class DorisTarget(StreamLoadTarget):
         return self.outage_limits(
             "pre-committed transactions (FE default)", 3600.0,
             "raise stream_load_default_precommit_timeout_second on the FE",
-            43200.0, 2000,
             "a busy shared database finishes 2000 stream loads within minutes. Raise streaming_label_keep_max_second "
             "and label_num_threshold (-1 disables the count) on the FE, or keep outages short",
         )
@@ -312,7 +318,7 @@ class DorisTarget(StreamLoadTarget):
         if table not in self._arrow_types:
             columns = self.table_columns(table) or {}
             self._arrow_types[table] = {
-                name.lower(): kind for name, spelling in columns.items() if (kind := _arrow_type(spelling)) is not None
+                name.lower(): kind for name, spelling in columns.items() if (kind := table_arrow_type(spelling)) is not None
             }
         types = self._arrow_types[table]
         return pa.schema([f.with_type(types.get(f.name.lower(), f.type)) for f in schema])
@@ -361,14 +367,8 @@ class DorisTarget(StreamLoadTarget):
         if state.committed:
             return CommitOutcome.COMMITTED
         if state.gone:
-            log.warning(
-                "Doris txn %s (label %s) is unknown to the server (%s; label state %s): it never committed, or it "
-                "finished and was forgotten (streaming_label_keep_max_second, 12 h by default, or more than "
-                "label_num_threshold, 2000 by default, newer finished txns in the database). Whether it was "
-                "committed cannot be told here: the coordinator decides.",
-                committable.txn_id, committable.label, answer.message, state,
-            )
-            return CommitOutcome.LOST_AFTER_SEND if unclear else CommitOutcome.LOST
+            return self.forgotten(f"Doris txn {committable.txn_id} (label {committable.label}) is unknown to the server "
+                                  f"({answer.message}; label state {state})", unclear)
         raise TargetError(
             f"Doris says txn {committable.txn_id} is not found but its label {committable.label} is {state}; "
             "refusing to guess whether it holds this committable's data"
@@ -430,8 +430,7 @@ class _DorisTransaction(TableTransaction):
         ref, options = part.ref, self._options
         fmt = options.wire_format(self._arrow_schema(ref.table, chunk.schema) if options.format == "arrow" else None)
         headers = {"Expect": "100-continue", "label": ref.label, "two_phase_commit": "true", **options.load_headers()}
-        if isinstance(fmt, CsvFormat) or all(header_safe(name) for name in chunk.schema.names):
-            headers["columns"] = columns_header(chunk.schema)  # JSON and Arrow bodies name their columns themselves
+        headers.update(columns_entry(chunk.schema, fmt))
         piece_bytes = options.piece_bytes
 
         def body() -> Iterable[bytes]:
@@ -495,26 +494,9 @@ class _DorisTransaction(TableTransaction):
             self._api.abort(ref)
 
 
-_ARROW_TYPES = {
-    "BOOLEAN": pa.bool_(), "TINYINT": pa.int8(), "SMALLINT": pa.int16(), "INT": pa.int32(), "BIGINT": pa.int64(),
-    "FLOAT": pa.float32(), "DOUBLE": pa.float64(), "DATE": pa.date32(), "CHAR": pa.string(), "VARCHAR": pa.string(),
-    "STRING": pa.string(),
-}
-
-
-def _arrow_type(spelling: str) -> pa.DataType | None:
-    """The Arrow type whose buffers Doris reads as a column of this type (None: send the value's own)."""
-    base = spelling.removesuffix(" NOT NULL")
-    decimal = re.fullmatch(r"DECIMAL\((\d+),(\d+)\)", base)
-    if decimal:
-        precision, scale = int(decimal.group(1)), int(decimal.group(2))
-        return pa.decimal128(precision, scale) if precision <= 38 else pa.decimal256(precision, scale)
-    return _ARROW_TYPES.get(base)
-
-
 DESCRIPTOR = TargetDescriptor(
     product=DorisTarget.kind,
-    display_name="Doris",
+    display_name=DorisTarget.display_name,
     schemes={"doris": "http", "doriss": "https"},
     url_forms=("doris://fe:8030", "doriss://fe:8443"),
     factory=lambda url, database, user, password, options: DorisTarget(

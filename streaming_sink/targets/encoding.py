@@ -1,4 +1,4 @@
-"""Arrow tables -> the wire formats of Stream Load: CSV (enclose/escape), JSON, Arrow IPC (Doris).
+"""Arrow tables -> the text wire formats of Stream Load: CSV (enclose/escape) and JSON.
 
 Rows never become Python objects on the common path: every flat column is rendered to a string
 array with `pyarrow.compute` (cast, escape, enclose), the columns are joined element-wise, and the
@@ -27,14 +27,14 @@ nothing is altered silently. Conventions, chosen to round-trip through StarRocks
 * nested values are JSON: lists -> arrays, structs -> objects, maps -> objects keyed by the key's
   text (duplicate keys refused), decimals as exact JSON numbers, dates/timestamps as strings
   rendered as at top level; binary inside a nested value is refused;
-* `ArrowFormat` sends the columns as Arrow IPC, normalised to what Doris' arrow reader reads (its
-  docstring has the details and sources).
+* Doris' Arrow IPC format is in streamload/doris_arrow.py: it writes no text, but checks values
+  with the helpers here, so the choice of wire format never changes what lands.
 """
 from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import Callable, Iterator, Union
+from typing import Callable, Iterator, Protocol, Union
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -49,7 +49,7 @@ DEFAULT_CHUNK_BYTES = 8 * 1024 * 1024
 # StarRocks and Doris.
 _MIN_EPOCH_S = -719_528 * 86_400
 _END_EPOCH_S = 2_932_897 * 86_400
-_PER_SECOND = {"s": 1, "ms": 1_000, "us": 1_000_000, "ns": 1_000_000_000}
+PER_SECOND = {"s": 1, "ms": 1_000, "us": 1_000_000, "ns": 1_000_000_000}
 
 # Characters the encoder writes outside enclosure: numbers, booleans, dates, times (a separator made
 # of one of them would split those values).
@@ -124,46 +124,13 @@ class JsonFormat:
         return encode_json(data, lines=self.lines)
 
 
-@dataclass(frozen=True)
-class ArrowFormat:
-    """An Arrow IPC *stream* per piece, for Doris Stream Load `format: arrow`.
+class WireFormat(Protocol):
+    """A Stream Load body format: each slice of rows encoded as one complete piece (CSV and JSON here, Doris'
+    Arrow IPC in streamload/doris_arrow.py)."""
 
-    What Doris' arrow reader does (read in apache/doris, be/src/vec/exec/format/arrow/
-    arrow_stream_reader.cpp and be/src/vec/data_types/serde/*_serde.cpp, 2.1-3.x, and the newer
-    be/src/format/arrow/arrow_stream_reader.cpp + be/src/core/data_type_serde/):
-    * it opens one IPC stream reader after another until the body ends, so pieces that are each a
-      complete stream can be concatenated into one body (`encode_chunks`);
-    * it matches body columns to the load's columns by name (older) or by position with a name check
-      (newer), so the body's columns are the `columns` header's, in its order;
-    * numbers and decimals are copied as raw buffers into the table column's C type: the Arrow type
-      must have the table type's width (int32 for INT, int64 for BIGINT...) and a decimal the table's
-      scale, or the values are silently wrong. Pass the table's types as `schema` and the columns are
-      cast to them first (refused when a value does not fit);
-    * strings: only `string`/`binary`/`fixed_size_binary` are read (large, view and dictionary
-      variants are not), so they are normalised to `string`/`binary`; dates: only `date32`;
-      lists: `list`;
-    * DATETIME from `timestamp`: every unit is accepted; a timestamp with a zone is rendered in the
-      fixed zone `+08:00` (`TimezoneUtils::default_time_zone`; the load's `timezone` header is not
-      used), a zone-less one in `+08:00` too on older versions (in UTC on newer ones), and older
-      versions read the value as *unsigned* (negative values break). So every timestamp is sent with
-      zone `+08:00` holding the instant whose `+08:00` wall time is the value the text formats write
-      (the UTC wall time, or the zone-less value), which lands the same DATETIME on every version;
-      values before 1970-01-01 08:00:00 are refused (use JSON or CSV for them).
-    There are no unsigned, float16, time, duration or interval columns in Doris tables; they are
-    refused unless `schema` casts them. NaN/infinity are refused as in the text formats, so the
-    choice of wire format never changes what lands.
-    """
-
-    schema: pa.Schema | None = None
-
-    def headers(self) -> dict[str, str]:
-        return {"format": "arrow"}
-
-    def encode(self, data: Tabular) -> bytes:
-        return encode_arrow(data, self)
+    def encode(self, data: Tabular) -> bytes: ...
 
 
-WireFormat = Union[CsvFormat, JsonFormat, ArrowFormat]
 
 
 def header_safe(name: str) -> bool:
@@ -193,6 +160,14 @@ def columns_header(schema: pa.Schema) -> str:
     return ",".join("`" + name.replace("`", "``") + "`" for name in schema.names)
 
 
+def columns_entry(schema: pa.Schema, fmt: WireFormat) -> dict[str, str]:
+    """The `columns` header a load sends: always for CSV, which needs it to map fields to columns; for JSON and
+    Arrow bodies, which name their columns themselves, only when every name can travel in it."""
+    if isinstance(fmt, CsvFormat) or all(header_safe(name) for name in schema.names):
+        return {"columns": columns_header(schema)}
+    return {}
+
+
 def encode_chunks(data: Tabular, fmt: WireFormat, chunk_bytes: int = DEFAULT_CHUNK_BYTES) -> Iterator[bytes]:
     """Encode `data` in row slices of about `chunk_bytes` (Arrow size) each; every piece is complete.
 
@@ -218,13 +193,13 @@ def encode_csv(data: Tabular, fmt: CsvFormat = CsvFormat()) -> bytes:
     """Every row of `data` as CSV records, each ending with the row delimiter."""
     if data.num_rows == 0:
         return b""
-    columns = [_csv_column(name, column, fmt) for name, column in _columns(data)]
+    columns = [_csv_column(name, column, fmt) for name, column in named_columns(data)]
     return _join_rows(columns, fmt.column_separator, fmt.row_delimiter)
 
 
 def _csv_column(name: str, column: pa.Array, fmt: CsvFormat) -> pa.Array:
     if _is_string_like(column.type) or _is_nested(column.type):
-        text = _nested_as_json(name, column) if _is_nested(column.type) else _as_utf8(name, column)
+        text = _nested_as_json(name, column) if _is_nested(column.type) else as_utf8(name, column)
         text = _csv_escape(name, text, fmt)
         if fmt.enclose is not None:
             text = pc.binary_join_element_wise(fmt.enclose, text, fmt.enclose, "")
@@ -263,7 +238,7 @@ def encode_json(data: Tabular, lines: bool = False) -> bytes:
     if data.num_rows == 0:
         return b"" if lines else b"[]"
     parts: list[pa.Array | str] = []
-    for index, (name, column) in enumerate(_columns(data)):
+    for index, (name, column) in enumerate(named_columns(data)):
         parts.append(("{" if index == 0 else ",") + _json_key(name) + ":")
         parts.append(pc.fill_null(_json_value(name, column), "null"))
     parts.append("}")
@@ -284,7 +259,7 @@ def _json_value(name: str, column: pa.Array) -> pa.Array:
         return _nested_as_json(name, column)
     if pa.types.is_boolean(kind) or pa.types.is_integer(kind) or pa.types.is_floating(kind):
         return _scalar_text(name, column)
-    text = _as_utf8(name, column) if _is_string_like(kind) else _scalar_text(name, column)
+    text = as_utf8(name, column) if _is_string_like(kind) else _scalar_text(name, column)
     return pc.binary_join_element_wise('"', _json_escape(text), '"', "")
 
 
@@ -318,7 +293,7 @@ def _json_texts(name: str, path: str, array: pa.Array) -> list[str | None]:
         try:  # list views and the like: a plain list holds the same values
             return _json_list(name, path, pc.cast(array, pa.large_list(kind.value_type)))
         except (pa.ArrowNotImplementedError, pa.ArrowInvalid, AttributeError):
-            raise EncodingError(f"{_where(name, path)} has type {kind}, which has no JSON rendering here") from None
+            raise EncodingError(f"{column_at(name, path)} has type {kind}, which has no JSON rendering here") from None
     if pa.types.is_struct(kind):
         return _json_struct(name, path, array)
     rendered: list[str | None] = _json_leaf(name, path, array).to_pylist()
@@ -329,13 +304,13 @@ def _json_leaf(name: str, path: str, array: pa.Array) -> pa.Array:
     kind = array.type
     if pa.types.is_null(kind):
         return pa.nulls(len(array), pa.string())
-    if pa.types.is_binary(kind) or pa.types.is_large_binary(kind) or pa.types.is_fixed_size_binary(kind) or _is_view(kind, "binary"):
+    if pa.types.is_binary(kind) or pa.types.is_large_binary(kind) or pa.types.is_fixed_size_binary(kind) or is_view(kind, "binary"):
         raise EncodingError(
-            f"{_where(name, path)} holds binary inside a nested value, which JSON cannot carry as bytes: "
+            f"{column_at(name, path)} holds binary inside a nested value, which JSON cannot carry as bytes: "
             "encode it explicitly (e.g. base64 into a string field) before the sink"
         )
-    if pa.types.is_string(kind) or pa.types.is_large_string(kind) or _is_view(kind, "string"):
-        text = _as_utf8(name, array, path)
+    if pa.types.is_string(kind) or pa.types.is_large_string(kind) or is_view(kind, "string"):
+        text = as_utf8(name, array, path)
         return pc.binary_join_element_wise('"', _json_escape(text), '"', "")
     if pa.types.is_decimal(kind):
         return _decimal_text(array)  # exact digits: a JSON number with no float rounding
@@ -363,7 +338,7 @@ def _json_struct(name: str, path: str, array: pa.Array) -> list[str | None]:
     kind = array.type
     names = [kind.field(i).name for i in range(kind.num_fields)]
     if len(set(names)) != len(names):
-        raise EncodingError(f"{_where(name, path)} is a struct with duplicate field names {names}, which a JSON object cannot hold")
+        raise EncodingError(f"{column_at(name, path)} is a struct with duplicate field names {names}, which a JSON object cannot hold")
     children = array.flatten()  # the parent's NULLs merged in: values under them are not looked at
     fields = [
         [_json_key(field) + ":" + ("null" if text is None else text) for text in _json_texts(name, f"{path}.{field}", child)]
@@ -385,11 +360,11 @@ def _json_map(name: str, path: str, array: pa.Array) -> list[str | None]:
     if pa.types.is_dictionary(key_kind):
         keys, key_kind = keys.dictionary_decode(), key_kind.value_type
     if _is_nested(key_kind):
-        raise EncodingError(f"{_where(name, path)} is a map with keys of type {key_kind}; JSON object keys must be text")
+        raise EncodingError(f"{column_at(name, path)} is a map with keys of type {key_kind}; JSON object keys must be text")
     if keys.null_count:
-        raise EncodingError(f"{_where(name, path)} is a map with a NULL key, which a JSON object cannot hold")
-    if pa.types.is_string(key_kind) or pa.types.is_large_string(key_kind) or _is_view(key_kind, "string"):
-        key_texts = _as_utf8(name, keys, path + "{key}")
+        raise EncodingError(f"{column_at(name, path)} is a map with a NULL key, which a JSON object cannot hold")
+    if pa.types.is_string(key_kind) or pa.types.is_large_string(key_kind) or is_view(key_kind, "string"):
+        key_texts = as_utf8(name, keys, path + "{key}")
     elif _is_string_like(key_kind) or pa.types.is_fixed_size_binary(key_kind):
         _json_leaf(name, path + "{key}", keys)  # refuses binary, with the reason
         raise AssertionError("binary map keys were not refused")
@@ -408,7 +383,7 @@ def _json_map(name: str, path: str, array: pa.Array) -> list[str | None]:
         if len(set(raw_keys[position:end])) != length:
             duplicates = sorted({k for k in raw_keys[position:end] if raw_keys[position:end].count(k) > 1})
             raise EncodingError(
-                f"{_where(name, path)} has a map with duplicate keys {duplicates!r}; a JSON object keeps only one "
+                f"{column_at(name, path)} has a map with duplicate keys {duplicates!r}; a JSON object keeps only one "
                 "of them (which one is up to the parser), so the map is refused: de-duplicate it before the sink"
             )
         out.append("{" + ",".join(k + ":" + v for k, v in zip(quoted[position:end], values[position:end])) + "}")
@@ -416,93 +391,11 @@ def _json_map(name: str, path: str, array: pa.Array) -> list[str | None]:
     return out
 
 
-# -- Arrow IPC (Doris) -----------------------------------------------------------------------------
-
-_DORIS_ARROW_ZONE = "+08:00"  # TimezoneUtils::default_time_zone, which Doris' arrow reader renders in
-_DORIS_ARROW_ZONE_S = 8 * 3600
+# -- shared by every format, Doris' Arrow IPC too (streamload/doris_arrow.py) ----------------------
 
 
-def encode_arrow(data: Tabular, fmt: ArrowFormat = ArrowFormat()) -> bytes:
-    """`data` as one Arrow IPC stream (schema, one record batch, end of stream), normalised for Doris."""
-    if data.num_rows == 0:
-        return b""
-    names, arrays = [], []
-    for name, column in _columns(data):
-        if fmt.schema is not None and name in fmt.schema.names:
-            target = fmt.schema.field(name).type
-            try:
-                column = pc.cast(column, target, safe=True)
-            except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as error:
-                raise EncodingError(f"column {name!r} of type {column.type} does not fit the table type {target}: {error}") from None
-        names.append(name)
-        arrays.append(_for_doris(name, name, column))
-    batch = pa.RecordBatch.from_arrays(arrays, names=names)
-    sink = pa.BufferOutputStream()
-    with pa.ipc.new_stream(sink, batch.schema) as writer:
-        writer.write_batch(batch)
-    stream: bytes = sink.getvalue().to_pybytes()
-    return stream
-
-
-def _for_doris(name: str, path: str, array: pa.Array) -> pa.Array:
-    """`array` in the Arrow types Doris' reader reads as the value sent (see `ArrowFormat`)."""
-    kind = array.type
-    if pa.types.is_dictionary(kind):
-        return _for_doris(name, path, array.dictionary_decode())
-    if pa.types.is_string(kind) or pa.types.is_large_string(kind) or _is_view(kind, "string"):
-        return _as_utf8(name, array, path)
-    if pa.types.is_binary(kind) or pa.types.is_large_binary(kind) or _is_view(kind, "binary"):
-        return pc.cast(array, pa.binary())
-    if pa.types.is_fixed_size_binary(kind) or pa.types.is_boolean(kind) or pa.types.is_decimal(kind):
-        return array
-    if pa.types.is_signed_integer(kind) or pa.types.is_float32(kind) or pa.types.is_float64(kind):
-        if pa.types.is_floating(kind):
-            _check_finite(name, array, path)
-        return array
-    if pa.types.is_date(kind):
-        _check_date_range(name, array, path)
-        return pc.cast(array, pa.date32())
-    if pa.types.is_timestamp(kind):
-        wall = _wall_time(name, array, path)
-        unit = wall.type.unit
-        shifted = pc.subtract(wall.view(pa.int64()), _DORIS_ARROW_ZONE_S * _PER_SECOND[unit])
-        if pc.any(pc.less(shifted, 0)).as_py():
-            raise EncodingError(
-                f"{_where(name, path)} has timestamps before 1970-01-01 08:00:00, which Doris' arrow reader "
-                "cannot take (it reads the value as unsigned); use the JSON or CSV format for this table"
-            )
-        return shifted.view(pa.timestamp(unit, _DORIS_ARROW_ZONE))
-    if pa.types.is_map(kind):
-        entries = array.view(pa.list_(pa.struct([kind.key_field, kind.item_field]))).flatten()
-        offsets = _offsets(array.view(pa.list_(entries.type)))
-        keys = _for_doris(name, path + "{key}", entries.field(0))
-        items = _for_doris(name, path + "{}", entries.field(1))
-        return pa.MapArray.from_arrays(offsets, keys, items, mask=array.is_null())
-    if pa.types.is_list(kind) or pa.types.is_large_list(kind) or pa.types.is_fixed_size_list(kind):
-        values = _for_doris(name, path + "[]", array.flatten())
-        return pa.ListArray.from_arrays(_offsets(array), values, mask=array.is_null())
-    if pa.types.is_struct(kind):
-        fields = [kind.field(i) for i in range(kind.num_fields)]
-        children = [_for_doris(name, f"{path}.{field.name}", child) for field, child in zip(fields, array.flatten())]
-        return pa.StructArray.from_arrays(
-            children, fields=[pa.field(f.name, c.type, f.nullable) for f, c in zip(fields, children)], mask=array.is_null()
-        )
-    raise EncodingError(
-        f"{_where(name, path)} has Arrow type {kind}, which no Doris column reads as sent; cast it in the query "
-        "or pass the table's types as ArrowFormat(schema=...)"
-    )
-
-
-def _offsets(array: pa.Array) -> pa.Array:
-    """int32 offsets of a list array's flattened (NULL-free) values."""
-    lengths = pc.fill_null(pc.list_value_length(array), 0)
-    return pa.concat_arrays([pa.array([0], pa.int64()), pc.cumulative_sum(pc.cast(lengths, pa.int64()))]).cast(pa.int32())
-
-
-# -- shared ----------------------------------------------------------------------------------------
-
-
-def _columns(data: Tabular) -> list[tuple[str, pa.Array]]:
+def named_columns(data: Tabular) -> list[tuple[str, pa.Array]]:
+    """(name, column) of every column, dictionaries decoded: what an encoder walks."""
     batch = data.combine_chunks().to_batches()[0] if isinstance(data, pa.Table) else data
     return [(name, _decoded(batch.column(i))) for i, name in enumerate(batch.schema.names)]
 
@@ -513,7 +406,7 @@ def _decoded(column: pa.Array) -> pa.Array:
     return column
 
 
-def _is_view(kind: pa.DataType, which: str) -> bool:
+def is_view(kind: pa.DataType, which: str) -> bool:
     check: Callable[[pa.DataType], bool] = getattr(pa.types, f"is_{which}_view", lambda _: False)
     return check(kind)
 
@@ -524,8 +417,8 @@ def _is_string_like(kind: pa.DataType) -> bool:
         or pa.types.is_large_string(kind)
         or pa.types.is_binary(kind)
         or pa.types.is_large_binary(kind)
-        or _is_view(kind, "string")
-        or _is_view(kind, "binary")
+        or is_view(kind, "string")
+        or is_view(kind, "binary")
     )
 
 
@@ -533,14 +426,15 @@ def _is_nested(kind: pa.DataType) -> bool:
     return bool(pa.types.is_nested(kind))
 
 
-def _where(name: str, path: str) -> str:
+def column_at(name: str, path: str) -> str:
+    """Where a value is, for messages: the column, and inside a nested one the path to it."""
     return f"column {name!r}" if path == name else f"column {name!r} (at {path})"
 
 
-def _as_utf8(name: str, column: pa.Array, path: str | None = None) -> pa.Array:
+def as_utf8(name: str, column: pa.Array, path: str | None = None) -> pa.Array:
     """The column as `string`, refusing bytes that are not UTF-8 (Spark does not check string columns)."""
-    where = _where(name, path or name)
-    if pa.types.is_binary(column.type) or pa.types.is_large_binary(column.type) or _is_view(column.type, "binary"):
+    where = column_at(name, path or name)
+    if pa.types.is_binary(column.type) or pa.types.is_large_binary(column.type) or is_view(column.type, "binary"):
         try:
             return pc.cast(column, pa.string())  # validates UTF-8
         except pa.ArrowInvalid:
@@ -558,10 +452,10 @@ def _as_utf8(name: str, column: pa.Array, path: str | None = None) -> pa.Array:
     return column if pa.types.is_string(column.type) else pc.cast(column, pa.string())
 
 
-def _check_finite(name: str, column: pa.Array, path: str | None = None) -> None:
+def check_finite(name: str, column: pa.Array, path: str | None = None) -> None:
     if pc.any(pc.and_kleene(pc.invert(pc.is_finite(column)), pc.is_valid(column))).as_py():
         raise EncodingError(
-            f"{_where(name, path or name)} has NaN or infinite values, which StarRocks/Doris cannot load from text; "
+            f"{column_at(name, path or name)} has NaN or infinite values, which StarRocks/Doris cannot load from text; "
             "filter or replace them before the sink"
         )
 
@@ -574,19 +468,19 @@ def _check_range(name: str, path: str, values: pa.Array, low: int, high: int, wh
     smallest, largest = bounds["min"], bounds["max"]
     if smallest is not None and largest is not None and (smallest < low or largest >= high):
         raise EncodingError(
-            f"{_where(name, path)} has {what} outside 0000-01-01 .. 9999-12-31 (e.g. a negative year), which "
+            f"{column_at(name, path)} has {what} outside 0000-01-01 .. 9999-12-31 (e.g. a negative year), which "
             "DATE/DATETIME cannot hold; filter or fix them before the sink"
         )
 
 
-def _check_date_range(name: str, column: pa.Array, path: str) -> None:
+def check_date_range(name: str, column: pa.Array, path: str) -> None:
     if pa.types.is_date32(column.type):
         _check_range(name, path, column.view(pa.int32()).cast(pa.int64()), _MIN_EPOCH_S // 86_400, _END_EPOCH_S // 86_400, "dates")
     else:
         _check_range(name, path, column.view(pa.int64()), _MIN_EPOCH_S * 1000, _END_EPOCH_S * 1000, "dates")
 
 
-def _wall_time(name: str, column: pa.Array, path: str) -> pa.Array:
+def wall_time(name: str, column: pa.Array, path: str) -> pa.Array:
     """A zone-less timestamp: UTC wall time for a zoned one, at most microseconds, range checked."""
     kind = column.type
     if kind.tz is not None:
@@ -596,10 +490,10 @@ def _wall_time(name: str, column: pa.Array, path: str) -> pa.Array:
             column = pc.cast(column, pa.timestamp("us"))  # safe cast: refuses to drop non-zero nanoseconds
         except pa.ArrowInvalid:
             raise EncodingError(
-                f"{_where(name, path)} has timestamps with nanoseconds, which DATETIME (microseconds) cannot hold; "
+                f"{column_at(name, path)} has timestamps with nanoseconds, which DATETIME (microseconds) cannot hold; "
                 "truncate or round them to microseconds before the sink"
             ) from None
-    per_second = _PER_SECOND[column.type.unit]
+    per_second = PER_SECOND[column.type.unit]
     _check_range(name, path, column.view(pa.int64()), _MIN_EPOCH_S * per_second, _END_EPOCH_S * per_second, "timestamps")
     return column
 
@@ -620,23 +514,23 @@ def _scalar_text(name: str, column: pa.Array, path: str | None = None) -> pa.Arr
     kind = column.type
     path = path or name
     if pa.types.is_floating(kind):
-        _check_finite(name, column, path)
+        check_finite(name, column, path)
         text = pc.cast(column, pa.string())
         return pc.if_else(pc.equal(text, "-0"), "-0.0", text)  # "-0" would parse as the integer 0, losing the sign
     if pa.types.is_timestamp(kind):
-        column = _wall_time(name, column, path)
+        column = wall_time(name, column, path)
     elif pa.types.is_date(kind):
-        _check_date_range(name, column, path)
+        check_date_range(name, column, path)
     elif pa.types.is_decimal(kind):
         return _decimal_text(column)
     elif pa.types.is_null(kind):
         return pa.nulls(len(column), pa.string())
     elif pa.types.is_duration(kind) or pa.types.is_interval(kind):
-        raise EncodingError(f"{_where(name, path)} of type {kind} has no StarRocks/Doris column type; cast it in the query")
+        raise EncodingError(f"{column_at(name, path)} of type {kind} has no StarRocks/Doris column type; cast it in the query")
     try:
         return pc.cast(column, pa.string())
     except (pa.ArrowNotImplementedError, pa.ArrowInvalid) as error:
-        raise EncodingError(f"{_where(name, path)} of type {kind} cannot be written as text: {error}") from None
+        raise EncodingError(f"{column_at(name, path)} of type {kind} cannot be written as text: {error}") from None
 
 
 def _join_rows(columns: list[pa.Array], separator: str, delimiter: str) -> bytes:

@@ -28,18 +28,16 @@ from typing import Any, Callable
 import pyarrow as pa
 
 from ..committable import Committable, TxnRef
+from ..errors import CommittedNotChosenError, ConfigurationError, TargetError, TransactionLimitError
 from ..retry import RetryPolicy, wait
-from .base import (
-    CommitOutcome, CommittedNotChosenError, ConfigurationError, ExpiryLimit, NewRef, PreparedPart, RecordIntent,
-    TableTransaction, TargetError, TransactionLimitError,
-)
+from .base import CommitOutcome, ExpiryLimit, NewRef, PreparedPart, RecordIntent, TableTransaction
 from .descriptor import TargetDescriptor
-from .encoding import DEFAULT_CHUNK_BYTES, CsvFormat, JsonFormat, WireFormat, columns_header, encode_chunks, header_safe
+from .encoding import DEFAULT_CHUNK_BYTES, CsvFormat, JsonFormat, WireFormat, columns_entry, encode_chunks
 from .olap_types import STARROCKS_COLUMNS
 from .streamload.accounting import RowCounts
 from .streamload.fe import HTTP_ERROR, NO_ANSWER, Answer, Dialect, FeClient, LabelState
 from .streamload.http import AuthenticationError, HttpClient, HttpConnectionError, HttpError, api_path
-from .streamload.target import SharedOptions, StreamLoadTarget
+from .streamload.target import LabelRetention, SharedOptions, StreamLoadTarget
 
 log = logging.getLogger(__name__)
 
@@ -57,10 +55,11 @@ _MANAGED_HEADERS = frozenset(
 # How the FE refuses a begin past max_running_txn_num_per_db (docs/protocol.md, StarRocks: concurrency and limits).
 _RUNNING_LIMIT = "current running txns on db"
 DEFAULT_PREPARED_TIMEOUT_S = 86400.0  # FE prepared_transaction_default_timeout_second (docs/protocol.md, StarRocks: timeouts)
-DEFAULT_LABEL_KEEP_S = 259200.0  # FE label_keep_max_second (docs/protocol.md, StarRocks: label retention)
-# The FE also forgets the oldest finished labels of a database once it holds more transactions, running and
-# finished together, than label_keep_max_num (docs/protocol.md, StarRocks: label retention; every release since 2.0/2.1).
-DEFAULT_LABEL_KEEP_NUM = 1000
+# The FE forgets a finished label after label_keep_max_second, and the oldest finished labels of a database once it
+# holds more transactions, running and finished together, than label_keep_max_num (docs/protocol.md, StarRocks:
+# label retention; every release since 2.0/2.1).
+LABEL_RETENTION = LabelRetention("label_keep_max_second", 259200.0, "label_keep_max_num", 1000,
+                                 "transactions in the database, running ones included")
 
 
 #: The option names shared with Doris (docs/configuration.md maps them to the connectors' names) ->
@@ -94,7 +93,6 @@ class StarRocksOptions(SharedOptions):
     read_timeout: float = 300.0
     http_retries: int = 3  # for requests that never reached the server, and idempotent ones
     busy_retries: int = 20  # TXN_IN_PROCESSING, write-lock timeouts, FE routing misses
-    backoff_max_s: float = 5.0
 
     @classmethod
     def _adjusted(cls, values: dict[str, Any]) -> dict[str, Any]:
@@ -127,8 +125,7 @@ class StarRocksOptions(SharedOptions):
             headers = wire.headers()
         else:  # one JSON array per request, as the StarRocks connectors send it
             headers = {"format": "json", "strip_outer_array": "true", "ignore_json_size": "true"}
-        if isinstance(wire, CsvFormat) or all(header_safe(name) for name in schema.names):
-            headers["columns"] = columns_header(schema)  # a JSON body names its columns itself
+        headers.update(columns_entry(schema, wire))
         headers["strict_mode"] = "true" if self.strict_mode else "false"
         headers.update(dict(self.properties))
         return headers
@@ -181,10 +178,9 @@ class StarRocksTarget(StreamLoadTarget):
 
     kind = "starrocks"
     display_name = "StarRocks"
+    label_retention = LABEL_RETENTION
 
     options_class = StarRocksOptions
-    http_options = dict(connect_timeout="connect_timeout", read_timeout="read_timeout", retries="http_retries",
-                        backoff_s="backoff_s", backoff_max_s="backoff_max_s")
 
     def _started(self) -> None:
         busy_retry = RetryPolicy(self.options.busy_retries, self.options.backoff_s, self.options.backoff_max_s)
@@ -195,11 +191,10 @@ class StarRocksTarget(StreamLoadTarget):
     def expiry_limits(self) -> list[ExpiryLimit]:
         """Server defaults unless configured: PREPARED lives `prepared_timeout` (FE default 86400 s); a
         finished label is remembered `label_keep_max_second` (FE default 3 days), and only while the
-        database holds at most DEFAULT_LABEL_KEEP_NUM transactions, running ones included."""
+        database holds at most `label_keep_max_num` transactions, running ones included (LABEL_RETENTION)."""
         return self.outage_limits(
             "prepared transactions", float(self.options.prepared_timeout or DEFAULT_PREPARED_TIMEOUT_S),
             "raise the prepared_timeout option (StarRocks 3.5.4+) or prepared_transaction_default_timeout_second on the FE",
-            DEFAULT_LABEL_KEEP_S, DEFAULT_LABEL_KEEP_NUM,
             "raise label_keep_max_second on the FE, or keep outages short. The FE also forgets the oldest labels once "
             "running + finished transactions in the database exceed label_keep_max_num (1000 by default): raise it too",
         )
@@ -227,14 +222,8 @@ class StarRocksTarget(StreamLoadTarget):
                             label, answer.brief, reason or "no reason given")
                 return CommitOutcome.ABORTED
             if state == LabelState.UNKNOWN:
-                log.warning(
-                    "commit of %s answered %s; the label is unknown to the server: it never began, or it finished and "
-                    "was forgotten (label_keep_max_second, 3 days by default, or more than label_keep_max_num "
-                    "transactions, 1000 by default, in the database)%s. Whether it was committed cannot be told here: "
-                    "the coordinator decides", label, answer.brief,
-                    "; a commit of it this call sent may have landed just before" if unclear else "",
-                )
-                return CommitOutcome.LOST_AFTER_SEND if unclear else CommitOutcome.LOST
+                return self.forgotten(f"commit of {label} answered {answer.brief}; the label is unknown to the server",
+                                      unclear)
             attempts += 1  # PREPARED (write-lock timeout, routing miss) or PREPARE: commit again
             pause = next(pauses, None)
             if pause is None:
@@ -451,7 +440,7 @@ class _StarRocksTransaction(TableTransaction):
 
 DESCRIPTOR = TargetDescriptor(
     product=StarRocksTarget.kind,
-    display_name="StarRocks",
+    display_name=StarRocksTarget.display_name,
     schemes={"starrocks": "http", "starrockss": "https"},
     url_forms=("starrocks://fe:8030", "starrockss://fe:8443"),
     factory=lambda url, database, user, password, options: StarRocksTarget(

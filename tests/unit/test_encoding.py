@@ -16,9 +16,9 @@ import pyarrow as pa
 import pytest
 
 from streaming_sink.targets.encoding import (
-    ArrowFormat, CsvFormat, EncodingError, JsonFormat, check_header_names, columns_header, encode_arrow, encode_chunks, encode_csv,
-    encode_json, header_safe,
+    CsvFormat, EncodingError, JsonFormat, check_header_names, columns_header, encode_chunks, encode_csv, encode_json, header_safe,
 )
+from streaming_sink.targets.streamload.doris_arrow import ArrowFormat, encode_arrow
 from tests.emulators.load_formats import LoadFormat, split_csv
 
 NASTY = ["plain", "", "a,b", 'say "hi"', "back\\slash", "two\nlines", "cr\rlf\r\n", "\\N", "tab\there", "ünïcødé ✓",

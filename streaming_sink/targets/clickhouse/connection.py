@@ -10,6 +10,7 @@ from urllib.parse import urlparse
 
 from ...retry import RetryPolicy
 from ..base import TargetError
+from ..per_thread import PerThread
 
 _T = TypeVar("_T")
 _CHDB_CLIENTS: dict[str, Any] = {}  # one embedded engine per path per process
@@ -30,7 +31,7 @@ def literal(value: str) -> str:
     return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
 
 
-class Connection:
+class Connection(PerThread):
     """The server of one target database: clients, repeats, and the few questions every part asks of it.
 
     Pickled to Spark tasks without its clients (each thread opens its own)."""
@@ -46,16 +47,7 @@ class Connection:
         # repeated after a transport error or an error answer of the server (each repeat resumes where it stopped)
         self.connect_timeout_s, self.read_timeout_s = connect_timeout_s, read_timeout_s
         self.retries, self.backoff_s, self.backoff_max_s = retries, backoff_s, backoff_max_s
-        self._local = threading.local()
-
-    def __getstate__(self) -> dict[str, Any]:
-        state = self.__dict__.copy()
-        state.pop("_local")
-        return state
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__dict__.update(state)
-        self._local = threading.local()
+        super().__init__()  # this thread's client, left behind by pickling
 
     @property
     def embedded(self) -> bool:

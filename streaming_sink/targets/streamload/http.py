@@ -26,7 +26,6 @@ import logging
 import os
 import socket
 import ssl
-import threading
 import time
 import warnings
 from dataclasses import dataclass, field
@@ -38,6 +37,7 @@ from requests.structures import CaseInsensitiveDict
 
 from ...errors import ExitCode, StreamingSinkError
 from ...retry import RetryPolicy, wait
+from ..per_thread import PerThread
 
 log = logging.getLogger(__name__)
 
@@ -138,7 +138,7 @@ def basic_auth_header(user: str, password: str) -> str:
     return f"Basic {token}"
 
 
-class HttpClient:
+class HttpClient(PerThread):
     """One service (base URL + credentials). Thread-safe: one `requests.Session` per thread. Picklable.
 
     `base_url` may list several addresses of one service, comma-separated (StarRocks or Doris FEs):
@@ -184,23 +184,12 @@ class HttpClient:
         self.verify = verify  # https: True (the CAs `requests` trusts), a CA bundle's path, or False (no check)
         self.allow_plain_redirect = allow_plain_redirect
         self.continue_timeout = continue_timeout
-        self._local = threading.local()
+        super().__init__()  # this thread's session and SSL context, left behind by pickling
 
     @property
     def uses_https(self) -> bool:
         """Whether any of the service's addresses is https."""
         return any(url.startswith("https://") for url in self.base_urls)
-
-    # -- pickling: sessions stay behind ---------------------------------------------------------
-
-    def __getstate__(self) -> dict[str, Any]:
-        state = self.__dict__.copy()
-        state.pop("_local")
-        return state
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__dict__.update(state)
-        self._local = threading.local()
 
     def __repr__(self) -> str:  # never shows the password
         return f"HttpClient({self.base_url!r}, user={self.user!r})"

@@ -5,6 +5,7 @@ lives here, so a change to it is made once.
 """
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, fields
 from typing import Any, ClassVar, Mapping, Self
 
@@ -14,8 +15,31 @@ from ..encoding import EncodingError, check_header_names
 from ...errors import ConfigurationError
 from .fe import FeClient
 from .http import HttpClient
-from ..base import ExpiryKind, ExpiryLimit, Target, own_names
+from ..base import CommitOutcome, ExpiryKind, ExpiryLimit, Target, own_names
 from .table_schema import fetch_table_columns
+
+
+log = logging.getLogger(__name__)
+
+#: HttpClient keyword -> the shared option that sets it (`common_names` maps it to a product's own older name).
+_HTTP_SETTINGS = {"connect_timeout": "connect_timeout_s", "read_timeout": "read_timeout_s", "retries": "retries",
+                  "backoff_s": "backoff_s", "backoff_max_s": "backoff_max_s"}
+
+@dataclass(frozen=True)
+class LabelRetention:
+    """How a product's FE forgets a finished label: `seconds` after it finished (FE setting `seconds_setting`),
+    or sooner once the database holds more than `count` transactions of the kind `counted` says (`count_setting`)."""
+
+    seconds_setting: str
+    seconds: float
+    count_setting: str
+    count: int
+    counted: str
+
+    def __str__(self) -> str:
+        days, hours = self.seconds / 86400, self.seconds / 3600
+        span = f"{days:g} days" if days.is_integer() else f"{hours:g} h" if hours.is_integer() else f"{self.seconds:g} s"
+        return f"{self.seconds_setting} ({span} by default), or more than {self.count_setting} ({self.count} by default) {self.counted}"
 
 
 #: Why a server forgetting finished labels matters, for both products' `expiry_limits` notes.
@@ -42,7 +66,8 @@ class SharedOptions:
     # A value its column cannot hold filters its row (counted against max_filter_ratio, 0 unless set)
     # instead of becoming NULL and counting as loaded (docs/protocol.md, Common: strict mode).
     strict_mode: bool = True
-    backoff_s: float = 0.2
+    backoff_s: float = 0.2  # the first pause before a repeat (streaming_sink/retry.py); each next one doubles
+    backoff_max_s: float = 5.0  # no pause is longer
     commit_parallelism: int = 8
     verify: bool = True  # https: check the server's certificate
     ca_bundle: str | None = None  # https: a PEM file of the CAs to trust instead of the system's
@@ -88,13 +113,13 @@ class SharedOptions:
 class StreamLoadTarget(Target):
     """A target whose FE answers at `http` and whose loads use `options.wire_format()`.
 
-    Subclasses name their product for messages (`display_name`) and their options class, say which of
-    their options set the HTTP client (`http_options`), and set up their own state in `_started`.
+    Subclasses name their product for messages (`display_name`) and their options class, and set up their
+    own state in `_started`.
     """
 
     display_name: ClassVar[str]
     options_class: Any  # a SharedOptions dataclass
-    http_options: Mapping[str, str] = {}  # HttpClient keyword (timeouts, retries, backoff) -> this target's option
+    label_retention: ClassVar[LabelRetention]  # the FE's defaults
 
     def __init__(
         self, fe_url: str = "http://127.0.0.1:8030", database: str = "db", user: str | None = "root", password: str = "",
@@ -125,7 +150,8 @@ class StreamLoadTarget(Target):
 
     def http_settings(self) -> dict[str, Any]:
         """The HTTP client's timeouts, retries and backoff, from this target's options."""
-        return {setting: getattr(self.options, option) for setting, option in self.http_options.items()}
+        own = self.options.common_names
+        return {setting: getattr(self.options, own.get(shared, shared)) for setting, shared in _HTTP_SETTINGS.items()}
 
     def _started(self) -> None:
         """Per-target state, once the options and the client exist."""
@@ -148,21 +174,29 @@ class StreamLoadTarget(Target):
         """
         return None
 
-    @staticmethod
-    def outage_limits(prepared: str, prepared_s: float, raise_prepared: str,
-                      labels_kept_s: float, labels_kept: int, raise_labels: str) -> list[ExpiryLimit]:
+    def outage_limits(self, prepared: str, prepared_s: float, raise_prepared: str, raise_labels: str) -> list[ExpiryLimit]:
         """The two limits both products put on an outage (docs/protocol.md, StarRocks: label retention; Doris:
         timeouts and label retention): `prepared` transactions are rolled back after `prepared_s`; a finished
-        label is forgotten after `labels_kept_s`, or once `labels_kept` more transactions exist. `raise_…`: the
-        settings that raise them."""
-        state = prepared.split()[0]  # "prepared" or "pre-committed"
+        label is forgotten as `label_retention` says. `raise_…`: the settings that raise them."""
+        state, kept = prepared.split()[0], self.label_retention  # "prepared" or "pre-committed"
         return [
             ExpiryLimit(prepared, prepared_s, kind=ExpiryKind.PREPARED,
                         note=f"{state} data of a job that is down longer is rolled back by the server and loaded again "
                              f"from Kafka (retention permitting); {raise_prepared}"),
-            ExpiryLimit("label history (FE default)", labels_kept_s, labels_kept, kind=ExpiryKind.LABELS,
+            ExpiryLimit("label history (FE default)", kept.seconds, kept.count, kind=ExpiryKind.LABELS,
                         note=_FORGOTTEN_LABELS + raise_labels),
         ]
+
+    def forgotten(self, what: str, unclear: bool) -> CommitOutcome:
+        """The outcome of a commit whose label the FE no longer knows (`what` says which, as the server answered):
+        it never committed, or it finished and was forgotten, which cannot be told apart here, so the coordinator
+        decides. `unclear`: a commit this call sent may have landed just before (LOST_AFTER_SEND)."""
+        log.warning(
+            "%s: it never committed, or it finished and was forgotten (%s)%s. Whether it was committed cannot be "
+            "told here: the coordinator decides", what, self.label_retention,
+            "; a commit of it this call sent may have landed just before" if unclear else "",
+        )
+        return CommitOutcome.LOST_AFTER_SEND if unclear else CommitOutcome.LOST
 
     def close(self) -> None:
         self.http.close()
