@@ -17,7 +17,7 @@ import threading
 import time
 from collections.abc import Iterator
 from decimal import Decimal
-from typing import Any
+from typing import Any, Callable
 
 import pytest
 import requests
@@ -33,11 +33,8 @@ AUTH = ("root", "")
 
 
 @pytest.fixture
-def sr(tmp_path: Any) -> Iterator[StarRocksEmulator]:
-    with StarRocksEmulator(tmp_path / "sr") as emu:
-        emu.create_database(DB)
-        emu.create_table(DB, TABLE, [("id", "INT"), ("name", "VARCHAR(20)")])
-        yield emu
+def sr(starrocks_emulator: Callable[..., StarRocksEmulator]) -> StarRocksEmulator:
+    return starrocks_emulator(password="", columns=[("id", "INT"), ("name", "VARCHAR(20)")])
 
 
 def txn(emu: StarRocksEmulator, op: str, label: str, data: bytes = b"", *, db: str = DB,

@@ -20,7 +20,7 @@ from streaming_sink.targets import target_from_url
 from streaming_sink.targets import clickhouse as clickhouse_module
 from streaming_sink.targets.clickhouse import INSERT_CRASH_POINT, LEDGER_TABLE, ClickHouseTarget
 from tests.clickhouse_front import ClickHouseFront
-from tests.infra.tls import issue_certificates
+from tests.support.tls import issue_certificates
 
 DB, TABLE, ROWS = "analytics", "orders", 10
 # Two partitions, so a commit moves twice and can be cut between the moves.

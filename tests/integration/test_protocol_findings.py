@@ -6,7 +6,7 @@ Each test failed on the code before its fix (see the notes of issue 9).
 """
 from __future__ import annotations
 
-from typing import Any, Iterator
+from typing import Any
 
 import pyarrow as pa
 import pytest
@@ -20,6 +20,7 @@ from streaming_sink.targets.starrocks import StarRocksTarget
 from streaming_sink.writer import PartitionResult, PartitionWriter, WriteContext
 from tests.emulators.starrocks import StarRocksEmulator
 from tests.recording_target import RecordingTarget
+from tests.support.targets.starrocks import starrocks_target
 
 DB, TABLE, JOB, QUERY = "db", "t", "job", "query-1"
 ROWS_PER_PARTITION = 100
@@ -29,17 +30,9 @@ class Crash(BaseException):
     """kill -9 of the driver, as seen by the code that was running."""
 
 
-@pytest.fixture
-def sr(tmp_path: Any) -> Iterator[StarRocksEmulator]:
-    with StarRocksEmulator(tmp_path / "sr", password="pw") as emu:
-        emu.create_table(DB, TABLE, [("id", "INT"), ("name", "VARCHAR(32)")])
-        yield emu
-
-
 def target_of(sr: StarRocksEmulator) -> StarRocksTarget:
-    """Commits one at a time, so a crash after the first commit leaves exactly one visible."""
-    return StarRocksTarget(sr.fe_url, DB, "root", "pw", backoff_s=0.0, backoff_max_s=0.0, read_timeout=5.0,
-                           commit_parallelism=1)
+    """Commits one at a time, so a crash after the first commit leaves exactly one visible (`sr`: tests/support/fixtures.py)."""
+    return starrocks_target(sr, commit_parallelism=1)
 
 
 def source(batch_id: int, partitions: int = 2) -> list[list[pa.RecordBatch]]:

@@ -291,7 +291,7 @@ def test_redis_url_is_redacted_but_still_connects(tmp_path):
     """S1: the password stays out of `url`, repr and errors; the raw URL still connects, in tasks too (pickled)."""
     import pickle
 
-    from devstack.redis import RedisServer
+    from tests.support.services.redis import RedisServer
     from streaming_sink.state import StateStoreError
     from streaming_sink.state.redis import redact_url
 

@@ -6,8 +6,8 @@ SIGKILL it and restart it on the same checkpoint), and verifies the target row b
 source: sorted row lists, counts and an order-independent checksum per table, nothing left behind
 in the target (staging tables, open transactions), no intents left, every batch record COMMITTED.
 
-The target is reached through a `TargetAdapter`: ClickHouse on chdb here (the default); tests
-bring others (the StarRocks emulator adapter lives in tests/, since the emulator is a test double).
+The target is reached through its adapter (tests/support/targets/<product>.py, one class per target, which the crash
+matrix drives too): ClickHouse on chdb under the pipeline's root by default.
 """
 from __future__ import annotations
 
@@ -22,17 +22,20 @@ import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator, Protocol
+from typing import TYPE_CHECKING, Iterator
 
-from devstack.spark import local_spark_conf, spark_env
+from tests.support.services.spark import local_spark_conf, spark_env
 from streaming_sink.state import open_store
 from streaming_sink.committable import BatchState
 from streaming_sink.targets.clickhouse import ClickHouseTarget
 
+if TYPE_CHECKING:
+    from tests.support.targets.base import TargetAdapter
+
 DB = "analytics"
 TABLES = ["orders", "payments"]
 SCHEMA = "id BIGINT, table STRING, name STRING, amount DOUBLE"
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 TABLE_DDL = (
     "CREATE TABLE IF NOT EXISTS {db}.{table} (id Int64, name String, amount Float64, "
     "kafka_partition Int32, kafka_offset Int64) ENGINE = MergeTree PARTITION BY id % 4 ORDER BY (kafka_partition, kafka_offset)"
@@ -65,55 +68,6 @@ def table_rows(target: ClickHouseTarget, table: str) -> list[tuple]:
 
 
 
-class TargetAdapter(Protocol):
-    """How a pipeline sets up, reads and inspects one kind of target (outside the driver process)."""
-
-    def target_url(self) -> str:
-        """The job spec's `target_url`."""
-
-    def target_options(self) -> dict[str, Any]:
-        """The job spec's `target_options`."""
-
-    def env(self) -> dict[str, str]:
-        """Extra environment for the driver (e.g. credentials)."""
-
-    def create_tables(self, database: str, tables: list[str]) -> None:
-        """Tables with columns id, name, amount, kafka_partition, kafka_offset."""
-
-    def rows(self, database: str, table: str) -> list[tuple]:
-        """Visible rows as sorted (id, name, amount, kafka_partition, kafka_offset) tuples."""
-
-    def problems(self, database: str) -> list[str]:
-        """Anything left behind or inconsistent in the target (empty when clean)."""
-
-
-@dataclass
-class ClickHouseAdapter:
-    """Embedded ClickHouse (chdb) at a path; opened and closed per call so the driver can open it too."""
-
-    path: Path
-
-    def target_url(self) -> str:
-        return f"chdb://{self.path}"
-
-    def target_options(self) -> dict[str, Any]:
-        return {}
-
-    def env(self) -> dict[str, str]:
-        return {}
-
-    def create_tables(self, database: str, tables: list[str]) -> None:
-        create_tables(self.path, database, tables)
-
-    def rows(self, database: str, table: str) -> list[tuple]:
-        with open_target(self.path, database) as target:
-            return table_rows(target, table)
-
-    def problems(self, database: str) -> list[str]:
-        with open_target(self.path, database) as target:
-            return [f"staging table left: {name}" for name in target.staging_tables()]
-
-
 def row_checksum(rows: list[tuple]) -> int:
     """Order-independent: sum of per-row digests modulo 2**64 (duplicates and losses both change it)."""
     total = 0
@@ -125,7 +79,7 @@ def row_checksum(rows: list[tuple]) -> int:
 @dataclass
 class LocalPipeline:
     root: Path
-    broker: object  # devstack.kafka.KafkaBroker
+    broker: object  # tests.support.services.kafka.KafkaBroker
     state_url: str
     job_id: str = "orders-ingest"
     partitions: int = 3
@@ -133,7 +87,7 @@ class LocalPipeline:
     max_offsets_per_trigger: int = 150
     topic: str = ""
     source: dict[str, list[tuple]] = field(default_factory=dict)
-    adapter: TargetAdapter | None = None  # default: ClickHouse on chdb under root/ch
+    adapter: "TargetAdapter | None" = None  # default: ClickHouse on chdb under root/ch
     spark_conf: dict[str, str] = field(default_factory=dict)  # overrides of the local Spark conf
     driver_module: str = "streaming_sink.job"  # tests may wrap the job to inject faults in tasks
     driver_env: dict[str, str] = field(default_factory=dict)
@@ -143,6 +97,8 @@ class LocalPipeline:
         self.topic = self.topic or f"events-{self.root.name}"
         self.chdb_path = self.root / "ch"
         if self.adapter is None:
+            from tests.support.targets.clickhouse import ClickHouseAdapter
+
             self.adapter = ClickHouseAdapter(self.chdb_path)
         self.spec_path = self.root / "spec.json"
         self.logs = self.root / "logs"

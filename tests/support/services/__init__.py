@@ -11,14 +11,14 @@ __all__ = ["KafkaBroker", "RedisServer"]
 
 
 def __getattr__(name: str) -> object:
-    # Lazy so that `import devstack.jars` (used by scripts/setup.sh before kafka-python or
+    # Lazy so that `import tests.support.services.jars` (used by scripts/setup.sh before kafka-python or
     # redis-py are importable) does not pull in the client libraries.
     if name == "KafkaBroker":
-        from devstack.kafka import KafkaBroker
+        from tests.support.services.kafka import KafkaBroker
 
         return KafkaBroker
     if name == "RedisServer":
-        from devstack.redis import RedisServer
+        from tests.support.services.redis import RedisServer
 
         return RedisServer
     raise AttributeError(name)

@@ -1,26 +1,99 @@
-"""The packaged job end to end, from a TOML file: good and bad messages in, tables and dead letters out.
+"""job.toml for tests, the demo and the soak, written in one place; and the packaged job end to end.
 
-Used by the README's main-job command (scripts/demo.sh) and by the job's end-to-end tests. It
-produces messages whose fate is known in advance (a row of `orders` or `payments`, or a dead
-letter with a known reason), runs `streaming-sink run --config job.toml` in a child process
-(its own process group, so a kill takes the Spark JVM too), and compares every table and the
-dead letters with the source, row by row.
+* `job_toml(**overrides)`: the text of a job.toml. Each keyword replaces one top-level key or section of
+  `DEFAULTS` (a job `job` reading topic `events` on 127.0.0.1:9092 into table `orders`); `None` drops it.
+  A dict is a section, a dict inside it a sub-table (`tables={"orders": {...}}` is `[tables.orders]`).
+  `write_job_toml(directory, **overrides)` writes it to `directory/job.toml`; `local_spark()` is the
+  `spark` section with the local services' Spark conf, `secured_kafka(...)` the `kafka` section of the
+  secured broker.
+* `ConfigJob`: the packaged job end to end, from a TOML file: good and bad messages in, tables and dead
+  letters out. Used by the README's main-job command (scripts/demo.sh) and by the job's end-to-end tests.
+  It produces messages whose fate is known in advance (a row of `orders` or `payments`, or a dead
+  letter with a known reason), runs `streaming-sink run --config job.toml` in a child process
+  (its own process group, so a kill takes the Spark JVM too), and compares every table and the
+  dead letters with the source, row by row.
 """
 from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable, Mapping
 
-from devstack.pipeline import REPO, open_target, row_checksum
-from devstack.spark import local_spark_conf, spark_env
+from tests.support.pipeline import REPO, open_target, row_checksum
+from tests.support.services.spark import local_spark_conf, spark_env
 from streaming_sink.state import open_store
 from streaming_sink.committable import BatchState
+
+#: the job every `job_toml` starts from
+DEFAULTS: dict[str, Any] = {
+    "job_id": "job",
+    "kafka": {"bootstrap_servers": "127.0.0.1:9092", "topics": ["events"]},
+    "routing": {"table": "orders"},
+    "tables": {"orders": {"schema": "id BIGINT NOT NULL, name STRING"}},
+}
+_BARE_KEY = re.compile(r"^[A-Za-z0-9_-]+$")
+
+
+def job_toml(**overrides: Any) -> str:
+    """The text of a job.toml: `DEFAULTS` with each keyword replacing its top-level key or section (`None`: left out)."""
+    document = {key: value for key, value in {**DEFAULTS, **overrides}.items() if value is not None}
+    return "\n".join(_table([], document)).strip() + "\n"
+
+
+def write_job_toml(directory: Path, **overrides: Any) -> Path:
+    """`job_toml(**overrides)` written to `directory/job.toml`; returns the path."""
+    path = Path(directory) / "job.toml"
+    path.write_text(job_toml(**overrides))
+    return path
+
+
+def local_spark(**conf: str) -> dict[str, Any]:
+    """The `spark` section: the local services' Spark conf (its Kafka source jars), `conf` added."""
+    return {"conf": {**local_spark_conf(), **conf}}
+
+
+def secured_kafka(broker: Any, topic: str, jaas_env: str, user: str) -> dict[str, Any]:
+    """The `kafka` section for the broker's SASL_SSL listener as `user`, the JAAS config read from `jaas_env`."""
+    options = {k: v for k, v in broker.spark_kafka_options(user, "unused").items()
+               if k not in ("kafka.bootstrap.servers", "kafka.sasl.jaas.config")}
+    return {"bootstrap_servers": broker.secure_bootstrap, "topics": [topic],
+            "options": {**options, "kafka.sasl.jaas.config": {"env": jaas_env}}}
+
+
+def _key(key: str) -> str:
+    return key if _BARE_KEY.match(key) else json.dumps(key)
+
+
+def _value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float, str)):
+        return json.dumps(value)  # a JSON string is a TOML basic string
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(_value(v) for v in value) + "]"
+    if isinstance(value, Mapping):
+        return "{ " + ", ".join(f"{_key(k)} = {_value(v)}" for k, v in value.items()) + " }"
+    raise TypeError(f"no TOML for {value!r}")
+
+
+def _table(path: list[str], values: Mapping[str, Any]) -> list[str]:
+    """A table's keys, then its sub-tables (a header only where the table has keys of its own)."""
+    scalars = {k: v for k, v in values.items() if not isinstance(v, Mapping)}
+    lines = [f"[{'.'.join(_key(p) for p in path)}]"] if path and (scalars or not values) else []
+    lines += [f"{_key(k)} = {_value(v)}" for k, v in scalars.items()]
+    for key, value in values.items():
+        if isinstance(value, Mapping):
+            lines += ["", *_table([*path, key], value)]
+    return lines
+
+
+# -- the packaged job end to end ---------------------------------------------------------------------------------------
 
 DB = "default"
 SCHEMAS = {
@@ -47,7 +120,7 @@ class ConfigJob:
     messages_per_partition: int = 1000
     bad_every: int = 37
     max_offsets_per_trigger: int = 600
-    target_toml: str = ""  # a [target] section; empty: the embedded default (chdb)
+    target: dict[str, Any] | None = None  # the [target] section; None: the embedded default (chdb)
     state: str | None = None  # a state store URL; None: the embedded default (file store)
     env: dict[str, str] = field(default_factory=dict)
     expected: dict[str, list[tuple]] = field(default_factory=dict)
@@ -57,15 +130,14 @@ class ConfigJob:
         self.config_path = self.root / "job.toml"
         self.logs = self.root / "logs"
         self.logs.mkdir(exist_ok=True)
-        spark = "\n".join(f'"{k}" = "{v}"' for k, v in local_spark_conf().items())
-        tables = "\n".join(f'[tables.{name}]\nschema = "{ddl}"\n' for name, ddl in SCHEMAS.items())
-        self.config_path.write_text(
-            f'job_id = "demo-ingest"\ndata_dir = "data"\n\n[kafka]\nbootstrap_servers = "{self.bootstrap}"\n'
-            f'topics = ["{self.topic}"]\nmax_offsets_per_trigger = {self.max_offsets_per_trigger}\n\n'
-            f'[routing]\nfield = "table"\n\n{tables}\n[dead_letters]\ntable = "{DEAD_LETTERS}"\n\n'
-            f"{self.target_toml}\n\n" + (f'[state]\nurl = "{self.state}"\n\n' if self.state else "")
-            + f"[spark.conf]\n{spark}\n"
-        )
+        self.config_path.write_text(job_toml(
+            job_id="demo-ingest", data_dir="data",
+            kafka={"bootstrap_servers": self.bootstrap, "topics": [self.topic],
+                   "max_offsets_per_trigger": self.max_offsets_per_trigger},
+            routing={"field": "table"}, tables={name: {"schema": ddl} for name, ddl in SCHEMAS.items()},
+            dead_letters={"table": DEAD_LETTERS}, target=self.target, state={"url": self.state} if self.state else None,
+            spark=local_spark(),
+        ))
 
     @property
     def data_dir(self) -> Path:

@@ -1,6 +1,6 @@
 """A real single-node Apache Kafka broker (KRaft, combined broker+controller) for tests/demos.
 
-Runs ``kafka.Kafka`` from the Maven Central jars (see :mod:`devstack.jars`) on free loopback
+Runs ``kafka.Kafka`` from the Maven Central jars (see :mod:`tests.support.services.jars`) on free loopback
 ports, with its data and log in a directory the caller owns. Clients are kafka-python.
 
 With ``security=SaslSsl(...)`` the broker also has a SASL_SSL client listener (users and
@@ -23,8 +23,8 @@ from pathlib import Path
 from types import TracebackType
 from typing import Iterable, Mapping
 
-from devstack import jars
-from devstack._proc import (
+from tests.support.services import jars
+from tests.support.services._proc import (
     ProcessGuard,
     ServiceError,
     exit_problem,
@@ -35,7 +35,7 @@ from devstack._proc import (
     stop_process,
     wait_until,
 )
-from devstack.ports import free_ports, port_accepts
+from tests.support.services.ports import free_ports, port_accepts
 
 HOST = "127.0.0.1"
 

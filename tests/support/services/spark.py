@@ -1,7 +1,7 @@
 """Configuration for a local Spark (tests and demos) that can read Kafka.
 
 Spark is started by pyspark in-process (py4j); these settings keep it small (2 cores, modest
-memory), on loopback only, and give it the Kafka source jars from :mod:`devstack.jars`.
+memory), on loopback only, and give it the Kafka source jars from :mod:`tests.support.services.jars`.
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import os
 import sys
 from typing import Any
 
-from devstack import jars
+from tests.support.services import jars
 
 
 def spark_env() -> dict[str, str]:

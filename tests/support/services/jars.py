@@ -1,6 +1,6 @@
 """Jars for the local Kafka broker and for Spark's Kafka source, fetched from Maven Central.
 
-The jars are resolved by Maven from the small poms in ``devstack/poms`` (so transitive versions
+The jars are resolved by Maven from the small poms in ``tests/support/services/poms`` (so transitive versions
 are Maven's, not hand-written lists) and copied into
 ``~/.cache/streaming-sink/jars/<name>-<version>/``. A ``classpath.txt`` manifest is written last,
 into a directory that is renamed into place atomically, so an interrupted fetch is redone rather
@@ -223,7 +223,7 @@ def spark_kafka_jars_conf(spark_version: str | None = None) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m devstack.jars``: fetch both jar sets (used by scripts/setup.sh)."""
+    """``python -m tests.support.services.jars``: fetch both jar sets (used by scripts/setup.sh)."""
     del argv
     broker = kafka_broker_jars()
     spark = spark_kafka_jars()

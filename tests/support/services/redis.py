@@ -16,7 +16,7 @@ from pathlib import Path
 from types import TracebackType
 from urllib.parse import quote
 
-from devstack._proc import (
+from tests.support.services._proc import (
     ProcessGuard,
     ServiceError,
     exit_problem,
@@ -26,7 +26,7 @@ from devstack._proc import (
     stop_process,
     wait_until,
 )
-from devstack.ports import free_port
+from tests.support.services.ports import free_port
 
 HOST = "127.0.0.1"
 

@@ -13,8 +13,8 @@ import sys
 from pathlib import Path
 from typing import Iterator
 
-from devstack._proc import wait_until
-from devstack.ports import free_port
+from tests.support.services._proc import wait_until
+from tests.support.services.ports import free_port
 
 WORKER_HOSTS = ("127.0.0.2", "127.0.0.3")
 
