@@ -19,21 +19,9 @@ from typing import Any, Iterator
 
 import pytest
 
-docker = pytest.importorskip("docker", reason="the docker SDK is not installed")
-testcontainers_core = pytest.importorskip("testcontainers.core.container", reason="testcontainers is not installed")
+from tests.support.real_cluster import skip_without_docker
 
-
-def _docker_unavailable() -> str | None:
-    try:
-        docker.from_env().ping()
-    except Exception as error:  # any failure to reach the engine means: skip, saying why
-        return f"no Docker engine answers ({type(error).__name__}: {error})"
-    return None
-
-
-_REASON = _docker_unavailable()
-if _REASON:
-    pytest.skip(_REASON, allow_module_level=True)
+skip_without_docker()
 
 from tests.support.pipeline import DB, TABLES  # noqa: E402
 from streaming_sink.committable import TxnRef  # noqa: E402

@@ -25,8 +25,8 @@ from streaming_sink.targets import target_from_url
 from streaming_sink.targets.base import CommitOutcome
 from streaming_sink.targets.clickhouse import _INSERT_SETTINGS, LEDGER_TABLE, ClickHouseTarget
 from streaming_sink.targets.clickhouse_engines import DATABASE_FACTS_QUERY, FACTS_QUERY
-from tests.clickhouse_front import ClickHouseFront
-from tests.clickhouse_front.twin import Twin, outcome
+from tests.support.doubles.clickhouse_front import ClickHouseFront
+from tests.support.doubles.clickhouse_front.twin import Twin, outcome
 
 DB, TABLE = "analytics", "orders"
 STAGING = "ss_job_q_7_orders_0_e1w0t0_0123456789ab"

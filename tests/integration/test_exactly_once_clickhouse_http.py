@@ -2,7 +2,7 @@
 
 Real Kafka (3 partitions) -> the packaged job in a child process (local Spark, 2 cores, retries allowed:
 `local[2,3]`; the writers run in the tasks, one staging table per (table, task attempt)) -> ClickHouse's
-HTTP interface served by the test front over the real engine (tests/clickhouse_front, in this process)
+HTTP interface served by the test front over the real engine (tests/support/doubles/clickhouse_front, in this process)
 -> the Redis state store. The front injects server faults (a connection dropped after a MOVE was
 applied, 5xx, answers held beyond the client's timeout); tasks die after prepare and a twin attempt
 loses its race; a prepared staging table is dropped by hand and its part is replayed from the re-run
@@ -32,7 +32,7 @@ from tests.support.pipeline import DB, LocalPipeline
 from streaming_sink.committable import Committable, TxnRef, make_label
 from streaming_sink.targets.base import CommitAmbiguousError, CommitOutcome, CommittedNotChosenError
 from streaming_sink.targets.clickhouse import COMMITTED, LEDGER_TABLE, ClickHouseTarget
-from tests.clickhouse_front import ClickHouseFront
+from tests.support.doubles.clickhouse_front import ClickHouseFront
 from tests.support.targets.clickhouse import DIE_AFTER_PREPARE, TWIN, ClickHouseHttpAdapter
 
 CRASH_BATCH = 2

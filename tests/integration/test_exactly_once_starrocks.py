@@ -21,7 +21,7 @@ import pytest
 
 from tests.support.pipeline import DB, TABLES
 from streaming_sink.committable import BatchState
-from tests.emulators.starrocks import StarRocksEmulator
+from tests.support.doubles.emulators.starrocks import StarRocksEmulator
 from tests.support.targets.starrocks import DIE_AFTER_PREPARE, PASSWORD, TWIN, StarRocksAdapter
 
 pytestmark = pytest.mark.slow

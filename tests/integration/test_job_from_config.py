@@ -25,7 +25,7 @@ def test_embedded_defaults_with_dead_letters_through_a_kill(tmp_path, kafka_brok
 
 def test_into_starrocks_with_redis_through_a_kill(tmp_path, kafka_broker, redis_server):
     from streaming_sink.targets import PASSWORD_ENV, USER_ENV
-    from tests.emulators.starrocks import StarRocksEmulator
+    from tests.support.doubles.emulators.starrocks import StarRocksEmulator
 
     columns = {
         "orders": [("id", "BIGINT"), ("name", "VARCHAR(64)"), ("amount", "DOUBLE"), ("kafka_partition", "INT"), ("kafka_offset", "BIGINT")],

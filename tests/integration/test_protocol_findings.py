@@ -18,8 +18,8 @@ from streaming_sink.routing import Router
 from streaming_sink.sink import ExactlyOnceSink
 from streaming_sink.targets.starrocks import StarRocksTarget
 from streaming_sink.writer import PartitionResult, PartitionWriter, WriteContext
-from tests.emulators.starrocks import StarRocksEmulator
-from tests.recording_target import RecordingTarget
+from tests.support.doubles.emulators.starrocks import StarRocksEmulator
+from tests.support.doubles.recording import RecordingTarget
 from tests.support.targets.starrocks import starrocks_target
 
 DB, TABLE, JOB, QUERY = "db", "t", "job", "query-1"
@@ -127,7 +127,7 @@ def test_a_doris_label_evicted_by_newer_loads_stops_the_job_instead_of_duplicati
     """Doris forgets finished labels past label_num_threshold (2000 per database) within minutes on a
     busy database, long before its 12 h: the same loud stop, no clock needed."""
     from streaming_sink.targets.doris import DorisTarget
-    from tests.emulators.doris import DorisEmulator
+    from tests.support.doubles.emulators.doris import DorisEmulator
     from tests.integration.test_doris_target import COLUMNS, other_jobs_finish_loads
 
     with DorisEmulator(tmp_path / "doris") as doris:

@@ -13,7 +13,7 @@ import pytest
 
 from tests.support.services.redis import RedisServer
 from tests.support.services.spark import spark_env
-from tests.emulators.starrocks import StarRocksEmulator
+from tests.support.doubles.emulators.starrocks import StarRocksEmulator
 from tests.support.fixtures import SECURE_PASSWORD, SECURE_USER
 from tests.support.jobs import local_spark, secured_kafka, write_job_toml
 

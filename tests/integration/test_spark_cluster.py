@@ -6,7 +6,7 @@ to one prepare, so Spark launches a speculative copy of that task on the other h
 and the slow original's prepared transaction must be aborted, never committed. Two batches later an
 executor is SIGKILLed at an instant drawn from a seed. The target must equal the source row by row.
 
-The same run into ClickHouse over HTTP (the test front over the real engine, tests/clickhouse_front): the
+The same run into ClickHouse over HTTP (the test front over the real engine, tests/support/doubles/clickhouse_front): the
 executors on both hosts write one staging table per (table, task attempt); the front holds back the
 answer to one prepare (its row count), the copy wins, the original's staging table is dropped and never
 committed, then an executor dies mid-batch.
@@ -28,8 +28,8 @@ from tests.support.services._proc import wait_until
 from tests.support.pipeline import DB, REPO, LocalPipeline
 from tests.support.services.spark_cluster import executor_pids, standalone_cluster
 from streaming_sink.targets.clickhouse import LEDGER_TABLE
-from tests.clickhouse_front import ClickHouseFront
-from tests.emulators.starrocks import StarRocksEmulator
+from tests.support.doubles.clickhouse_front import ClickHouseFront
+from tests.support.doubles.emulators.starrocks import StarRocksEmulator
 from tests.support.targets.clickhouse import ClickHouseHttpAdapter
 from tests.support.targets.starrocks import StarRocksAdapter
 

@@ -18,7 +18,7 @@ from streaming_sink.committable import Committable, TxnRef
 from streaming_sink.targets import ConfigurationError, target_from_url
 from streaming_sink.targets.base import CommitOutcome, TargetError
 from streaming_sink.targets.starrocks import StarRocksTarget
-from tests.emulators.starrocks import StarRocksEmulator
+from tests.support.doubles.emulators.starrocks import StarRocksEmulator
 from tests.support.targets.starrocks import starrocks_target
 
 DB, TABLE, PASSWORD = "db", "t", "pw"

@@ -26,8 +26,8 @@ from streaming_sink.targets import PASSWORD_ENV, USER_ENV, ConfigurationError
 from streaming_sink.targets.base import CommitOutcome
 from streaming_sink.targets.doris import DorisTarget
 from streaming_sink.targets.starrocks import StarRocksTarget
-from tests.emulators.doris import DorisEmulator
-from tests.emulators.starrocks import StarRocksEmulator
+from tests.support.doubles.emulators.doris import DorisEmulator
+from tests.support.doubles.emulators.starrocks import StarRocksEmulator
 from tests.support.tls import issue_certificates
 
 DB, TABLE, PASSWORD = "db", "t", "pw"

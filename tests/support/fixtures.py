@@ -44,7 +44,7 @@ from typing import Any, Callable, Iterator
 import pytest
 
 from streaming_sink.targets.clickhouse import ClickHouseTarget
-from tests.clickhouse_front.server import ClickHouseFront
+from tests.support.doubles.clickhouse_front.server import ClickHouseFront
 from tests.support.services.kafka import KafkaBroker, SaslSsl
 from tests.support.services.redis import RedisClusterGroup, RedisSentinelGroup, RedisServer
 
@@ -60,12 +60,8 @@ SECURE_PASSWORD = "alice-secret"
 @pytest.fixture(scope="session")
 def kafka_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KafkaBroker]:
     """A real Kafka broker shared by the session; its log is in the fixture's tmp dir."""
-    broker = KafkaBroker(tmp_path_factory.mktemp("kafka"))
-    broker.start()
-    try:
+    with KafkaBroker(tmp_path_factory.mktemp("kafka")) as broker:
         yield broker
-    finally:
-        broker.stop()
 
 
 @pytest.fixture(scope="session")
@@ -75,15 +71,9 @@ def secured_kafka_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[K
     Its own broker rather than the shared one, so tests that do not need TLS pay nothing
     for it. The PLAINTEXT helpers (``create_topic``, ``produce``...) work on it as well.
     """
-    broker = KafkaBroker(
-        tmp_path_factory.mktemp("kafka-secured"),
-        security=SaslSsl(users={SECURE_USER: SECURE_PASSWORD}, mechanism="SCRAM-SHA-512"),
-    )
-    broker.start()
-    try:
+    security = SaslSsl(users={SECURE_USER: SECURE_PASSWORD}, mechanism="SCRAM-SHA-512")
+    with KafkaBroker(tmp_path_factory.mktemp("kafka-secured"), security=security) as broker:
         yield broker
-    finally:
-        broker.stop()
 
 
 @pytest.fixture
@@ -102,12 +92,8 @@ def new_topic(kafka_broker: KafkaBroker, request: pytest.FixtureRequest) -> Call
 @pytest.fixture
 def redis_server(tmp_path: Path) -> Iterator[RedisServer]:
     """A redis-server (appendonly, appendfsync always) for one test, data in tmp_path/redis."""
-    server = RedisServer(tmp_path / "redis")
-    server.start()
-    try:
+    with RedisServer(tmp_path / "redis") as server:
         yield server
-    finally:
-        server.stop()
 
 
 @pytest.fixture(scope="module")
@@ -170,11 +156,8 @@ def spark(spark_session: Any, request: pytest.FixtureRequest) -> Iterator[Any]:
 @pytest.fixture
 def clickhouse_front(tmp_path: Path) -> Iterator[ClickHouseFront]:
     """A ClickHouse HTTP server on 127.0.0.1 (free port) executing in chdb; `.url`, `.target_url`, `.faults`."""
-    front = ClickHouseFront(tmp_path / "clickhouse-front").start()
-    try:
+    with ClickHouseFront(tmp_path / "clickhouse-front") as front:
         yield front
-    finally:
-        front.stop()
 
 
 @pytest.fixture(params=["chdb", "http"])
@@ -208,7 +191,7 @@ EMULATOR_COLUMNS = [("id", "INT"), ("name", "VARCHAR(32)")]
 def starrocks_emulator(tmp_path: Path) -> Iterator[Callable[..., Any]]:
     """Factory: `starrocks_emulator(password="pw", columns=EMULATOR_COLUMNS, table="t", database="db")`, a started
     StarRocks emulator at tmp_path/sr holding that table (`columns=None`: only the database); stopped at the end."""
-    from tests.emulators.starrocks import StarRocksEmulator
+    from tests.support.doubles.emulators.starrocks import StarRocksEmulator
 
     started: list[StarRocksEmulator] = []
 

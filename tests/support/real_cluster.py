@@ -14,7 +14,7 @@ from streaming_sink.targets import PASSWORD_ENV, USER_ENV
 from tests.support.pipeline import DB, TABLES
 from tests.support.targets.base import TargetAdapter
 
-__all__ = ["COLUMNS_DDL", "FE_URL", "RealCluster", "RealClusterAdapter", "RealDoris", "RealStarRocks"]
+__all__ = ["COLUMNS_DDL", "FE_URL", "RealCluster", "RealClusterAdapter", "RealDoris", "RealStarRocks", "skip_without_docker"]
 
 FE_URL = "http://127.0.0.1:8030"
 COLUMNS_DDL = "id BIGINT, name VARCHAR(64), amount DOUBLE, kafka_partition INT, kafka_offset BIGINT"
@@ -25,6 +25,18 @@ STARROCKS_IMAGE = os.environ.get("STARROCKS_IMAGE", f"starrocks/allin1-ubuntu:{S
 DORIS_VERSION = os.environ.get("DORIS_VERSION", "4.0.8")  # as docker-compose.yml; needs 2.1.8+ (SKIP_CHECK_ULIMIT)
 DORIS_FE_IMAGE = os.environ.get("DORIS_FE_IMAGE", f"apache/doris:fe-{DORIS_VERSION}")
 DORIS_BE_IMAGE = os.environ.get("DORIS_BE_IMAGE", f"apache/doris:be-{DORIS_VERSION}")
+
+
+def skip_without_docker() -> None:
+    """Skip the calling test module, saying why, unless the docker SDK, testcontainers and a Docker engine are there."""
+    import pytest
+
+    docker = pytest.importorskip("docker", reason="the docker SDK is not installed")
+    pytest.importorskip("testcontainers.core.container", reason="testcontainers is not installed")
+    try:
+        docker.from_env().ping()
+    except Exception as error:  # any failure to reach the engine means: skip, saying why
+        pytest.skip(f"no Docker engine answers ({type(error).__name__}: {error})", allow_module_level=True)
 
 
 def _container(image: str, **env: str) -> Any:

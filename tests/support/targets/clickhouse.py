@@ -1,6 +1,6 @@
 """ClickHouse in the tests: `ClickHouseAdapter`, the one adapter of the pipeline and the crash matrix, on the real
 engine embedded (chdb, writers in the driver) or behind the test front (ClickHouse's HTTP interface over chdb,
-tests/clickhouse_front; writers in Spark tasks).
+tests/support/doubles/clickhouse_front; writers in Spark tasks).
 
 The front runs in the pytest process; the driver child and its Spark tasks (local, or executors on the standalone
 cluster's hosts 127.0.0.2/127.0.0.3) reach it over loopback as they would a server, and its fault knobs act on
@@ -23,7 +23,7 @@ from typing import Any, ClassVar, Iterator
 from streaming_sink.targets import clickhouse
 from streaming_sink.targets.base import NewRef, RecordIntent, TableTransaction
 from streaming_sink.targets.clickhouse import COMMITTED as LEDGER_COMMITTED, LEDGER_TABLE, ClickHouseTarget
-from tests.clickhouse_front import ClickHouseFront
+from tests.support.doubles.clickhouse_front import ClickHouseFront
 from tests.support.crash import DIE_AFTER_PREPARE, TWIN, hooked_begin, hooked_descriptor
 from tests.support.pipeline import DB, TABLE_DDL, LocalPipeline, table_rows
 from tests.support.targets.base import COMMITTED, OPEN, TargetAdapter, label_batch

@@ -1,7 +1,7 @@
 """Doris in the tests: the emulator with faults aimed by label pattern, a flush per Arrow batch, and `DorisAdapter`,
 the one adapter of the pipeline and the crash matrix.
 
-The emulator (tests/emulators/doris.py) runs in the pytest process, so a test can move its clock
+The emulator (tests/support/doubles/emulators/doris.py) runs in the pytest process, so a test can move its clock
 while the driver is down, restart it, and arm faults. Every flush is its own Doris transaction here
 (flush_bytes=1, small Arrow batches), so each (table, partition) of a batch spans several
 PRECOMMITTED transactions, as a large partition would in production.
@@ -14,9 +14,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tests.emulators.doris import DorisEmulator
-from tests.emulators.faults import Call
-from tests.emulators.http_server import Response
+from tests.support.doubles.emulators.doris import DorisEmulator
+from tests.support.doubles.emulators.faults import Call
+from tests.support.doubles.emulators.http_server import Response
 from tests.support.pipeline import DB, LocalPipeline
 from tests.support.targets.base import LABEL, EmulatorAdapter, label_batch
 

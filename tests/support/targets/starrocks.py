@@ -17,7 +17,7 @@ from typing import Any, ClassVar
 from streaming_sink.targets import starrocks
 from streaming_sink.targets.base import NewRef, RecordIntent, TableTransaction
 from streaming_sink.targets.starrocks import StarRocksTarget
-from tests.emulators.starrocks import StarRocksEmulator
+from tests.support.doubles.emulators.starrocks import StarRocksEmulator
 from tests.support.crash import DIE_AFTER_PREPARE, TWIN, hooked_begin, hooked_descriptor
 from tests.support.pipeline import DB
 from tests.support.targets.base import EmulatorAdapter
@@ -32,7 +32,7 @@ FAST = {"backoff_s": 0.0, "backoff_max_s": 0.0, "read_timeout": 5.0}
 
 
 def starrocks_target(emulator: Any, database: str = "db", **options: Any) -> StarRocksTarget:
-    """A StarRocksTarget on `emulator` (tests/emulators/starrocks.py) as its user, with `FAST` under `options`."""
+    """A StarRocksTarget on `emulator` (tests/support/doubles/emulators/starrocks.py) as its user, with `FAST` under `options`."""
     return StarRocksTarget(emulator.fe_url, database, emulator.user, emulator.password, **{**FAST, **options})
 
 

@@ -18,7 +18,7 @@ import struct
 from dataclasses import dataclass
 from typing import Any, Optional
 
-from tests.emulators.column_types import INT_BITS, NESTED, ColumnType
+from tests.support.doubles.emulators.column_types import INT_BITS, NESTED, ColumnType
 
 
 class ConversionError(ValueError):

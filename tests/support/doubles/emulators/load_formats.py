@@ -12,8 +12,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Iterator, Optional
 
-from tests.emulators.column_types import ColumnType
-from tests.emulators.conversion import (
+from tests.support.doubles.emulators.column_types import ColumnType
+from tests.support.doubles.emulators.conversion import (
     STARROCKS_RULES, ConversionError, ConversionRules, TooLong, convert_value, reject_json_constant,
 )
 

@@ -19,8 +19,8 @@ import pyarrow as pa
 import pytest
 import requests
 
-from tests.emulators.client import Exchange, send
-from tests.emulators.doris import DorisEmulator, DorisProfile
+from tests.support.doubles.emulators.client import Exchange, send
+from tests.support.doubles.emulators.doris import DorisEmulator, DorisProfile
 
 DB, TABLE = "db", "t"
 

@@ -22,11 +22,11 @@ from typing import Any, Callable
 import pytest
 import requests
 
-from tests.emulators.client import Exchange, send
-from tests.emulators.column_types import ColumnType
-from tests.emulators.conversion import ConversionError, convert_value
-from tests.emulators.load_formats import LoadFormat, split_csv
-from tests.emulators.starrocks import StarRocksEmulator
+from tests.support.doubles.emulators.client import Exchange, send
+from tests.support.doubles.emulators.column_types import ColumnType
+from tests.support.doubles.emulators.conversion import ConversionError, convert_value
+from tests.support.doubles.emulators.load_formats import LoadFormat, split_csv
+from tests.support.doubles.emulators.starrocks import StarRocksEmulator
 
 DB, TABLE = "db", "t"
 AUTH = ("root", "")
@@ -802,7 +802,7 @@ def test_admin_api(sr: StarRocksEmulator) -> None:
 
 def test_runs_as_a_separate_process(tmp_path: Any) -> None:
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    proc = subprocess.Popen([sys.executable, "-m", "tests.emulators.starrocks", "--data-dir",
+    proc = subprocess.Popen([sys.executable, "-m", "tests.support.doubles.emulators.starrocks", "--data-dir",
                              str(tmp_path), "--profile", '{"version": "3.3.0"}'],
                             cwd=root, stdout=subprocess.PIPE, text=True)
     try:

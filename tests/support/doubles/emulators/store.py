@@ -14,9 +14,9 @@ import sqlite3
 from dataclasses import dataclass, field, fields
 from typing import Any, Iterator, Optional
 
-from tests.emulators.clock import Clock
-from tests.emulators.conversion import STARROCKS_RULES, ConversionRules, encode_cell, from_storage
-from tests.emulators.load_formats import TableSchema
+from tests.support.doubles.emulators.clock import Clock
+from tests.support.doubles.emulators.conversion import STARROCKS_RULES, ConversionRules, encode_cell, from_storage
+from tests.support.doubles.emulators.load_formats import TableSchema
 
 COMMITTED, VISIBLE, ABORTED = "COMMITTED", "VISIBLE", "ABORTED"
 FINAL_STATES = frozenset({VISIBLE, ABORTED})

@@ -13,7 +13,7 @@ Usage::
         ... talk HTTP to sr.fe_url ...
         sr.visible_rows("db", "t")
 
-Run standalone: ``python -m tests.emulators.starrocks --data-dir DIR``.
+Run standalone: ``python -m tests.support.doubles.emulators.starrocks --data-dir DIR``.
 """
 from __future__ import annotations
 
@@ -22,14 +22,14 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
-from tests.emulators.base_emulator import BaseEmulator, run_main
-from tests.emulators.column_types import schema_properties
-from tests.emulators.conversion import STARROCKS_RULES
-from tests.emulators.faults import Call
-from tests.emulators.http_server import Request, Response, redirect
-from tests.emulators.load_formats import LoadError, LoadFormat, ParseResult, parse_payload
-from tests.emulators.profiles import profile_fields, version_tuple
-from tests.emulators.store import ABORTED, COMMITTED, VISIBLE, Txn
+from tests.support.doubles.emulators.base_emulator import BaseEmulator, run_main
+from tests.support.doubles.emulators.column_types import schema_properties
+from tests.support.doubles.emulators.conversion import STARROCKS_RULES
+from tests.support.doubles.emulators.faults import Call
+from tests.support.doubles.emulators.http_server import Request, Response, redirect
+from tests.support.doubles.emulators.load_formats import LoadError, LoadFormat, ParseResult, parse_payload
+from tests.support.doubles.emulators.profiles import profile_fields, version_tuple
+from tests.support.doubles.emulators.store import ABORTED, COMMITTED, VISIBLE, Txn
 
 PREPARE, PREPARED = "PREPARE", "PREPARED"
 TXN_OPS = ("begin", "load", "prepare", "commit", "rollback")

@@ -7,7 +7,7 @@ or aborts it by ``txn_id`` (or by ``label`` from 2.1). The FE 307-redirects both
 answers them, as in D-LA / D-2PC. The wire facts are in docs/protocol.md, the "Doris: ..."
 sections; their names and source keys are cited next to each behaviour.
 
-Run standalone: ``python -m tests.emulators.doris --data-dir DIR``.
+Run standalone: ``python -m tests.support.doubles.emulators.doris --data-dir DIR``.
 """
 from __future__ import annotations
 
@@ -15,14 +15,14 @@ import uuid
 from dataclasses import dataclass
 from typing import Any, Optional
 
-from tests.emulators.base_emulator import BaseEmulator, run_main
-from tests.emulators.column_types import schema_properties
-from tests.emulators.conversion import DORIS_RULES, ConversionRules
-from tests.emulators.faults import Call
-from tests.emulators.http_server import Request, Response, redirect
-from tests.emulators.load_formats import LoadError, LoadFormat, parse_payload
-from tests.emulators.profiles import profile_fields, version_tuple
-from tests.emulators.store import ABORTED, COMMITTED, VISIBLE, Txn
+from tests.support.doubles.emulators.base_emulator import BaseEmulator, run_main
+from tests.support.doubles.emulators.column_types import schema_properties
+from tests.support.doubles.emulators.conversion import DORIS_RULES, ConversionRules
+from tests.support.doubles.emulators.faults import Call
+from tests.support.doubles.emulators.http_server import Request, Response, redirect
+from tests.support.doubles.emulators.load_formats import LoadError, LoadFormat, parse_payload
+from tests.support.doubles.emulators.profiles import profile_fields, version_tuple
+from tests.support.doubles.emulators.store import ABORTED, COMMITTED, VISIBLE, Txn
 
 PREPARE, PRECOMMITTED = "PREPARE", "PRECOMMITTED"
 

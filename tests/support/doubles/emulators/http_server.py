@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, Optional
 from urllib.parse import parse_qs, unquote, urlsplit
 
 if TYPE_CHECKING:
-    from tests.emulators.base_emulator import BaseEmulator
+    from tests.support.doubles.emulators.base_emulator import BaseEmulator
 
 
 class Request:

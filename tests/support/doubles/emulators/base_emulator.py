@@ -18,12 +18,12 @@ import traceback
 import uuid
 from typing import Any, Callable, Iterable, Optional
 
-from tests.emulators.clock import Clock
-from tests.emulators.conversion import STARROCKS_RULES, ConversionRules, to_storage
-from tests.emulators.faults import GENERIC_KNOBS, Call, Faults
-from tests.emulators.http_server import Listener, Request, RequestHandler, Response
-from tests.emulators.load_formats import ParseResult
-from tests.emulators.store import ABORTED, COMMITTED, TIMEOUT_REASON, VISIBLE, Store, Txn
+from tests.support.doubles.emulators.clock import Clock
+from tests.support.doubles.emulators.conversion import STARROCKS_RULES, ConversionRules, to_storage
+from tests.support.doubles.emulators.faults import GENERIC_KNOBS, Call, Faults
+from tests.support.doubles.emulators.http_server import Listener, Request, RequestHandler, Response
+from tests.support.doubles.emulators.load_formats import ParseResult
+from tests.support.doubles.emulators.store import ABORTED, COMMITTED, TIMEOUT_REASON, VISIBLE, Store, Txn
 
 
 class BaseEmulator:

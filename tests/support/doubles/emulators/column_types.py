@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Optional
 
 if TYPE_CHECKING:
-    from tests.emulators.load_formats import TableSchema
+    from tests.support.doubles.emulators.load_formats import TableSchema
 
 INT_BITS = {"TINYINT": 8, "SMALLINT": 16, "INT": 32, "BIGINT": 64, "LARGEINT": 128}
 # Spellings both products accept for one type, mapped to the name the emulator reasons with.

@@ -1,0 +1,1 @@
+"""HTTP emulators of the StarRocks and Doris load protocols (test doubles)."""
