@@ -31,7 +31,7 @@ def record(batch: int, state: BatchState = BatchState.PREPARED, epoch: int = 1, 
     return BatchRecord(Q, batch, state, epoch, committables, checksums={i: f"{i}:x" for i in range(n)})
 
 
-#: Redis topologies (tests/infra/fixtures.py), each shared by this module's tests and emptied before each one:
+#: Redis topologies (tests/support/fixtures.py), each shared by this module's tests and emptied before each one:
 #: a Sentinel-watched primary whose writes wait for its replica, a three-master Cluster, a TLS-only server.
 _SHARED_REDIS = {"redis-sentinel": "redis_sentinels", "redis-cluster": "redis_cluster", "rediss": "redis_tls_server"}
 

@@ -133,7 +133,7 @@ def fetch_jars(
         staging = root / f".{name}-{version}.partial"
         shutil.rmtree(staging, ignore_errors=True)
         staging.mkdir(parents=True)
-        print(f"devstack: fetching {name}-{version} jars with Maven into {dest}", file=sys.stderr)
+        print(f"tests/support/services: fetching {name}-{version} jars with Maven into {dest}", file=sys.stderr)
         _run_maven(pom, staging, properties)
         kept: list[Path] = []
         for jar in sorted(staging.rglob("*.jar")):
