@@ -374,7 +374,7 @@ def top_entries(files: list[Path], count: int = 14) -> dict[str, Any]:
 def machine() -> dict[str, Any]:
     import importlib.metadata as meta
 
-    from devstack import jars
+    from tests.support.services import jars
 
     mem_kb = next(int(line.split()[1]) for line in Path("/proc/meminfo").read_text().splitlines() if line.startswith("MemTotal"))
     model = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
@@ -442,8 +442,8 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         parser.error(f"unknown modes {sorted(unknown)}; known: {THROUGHPUT_MODES}")
 
-    from devstack.kafka import KafkaBroker
-    from devstack.redis import RedisServer
+    from tests.support.services.kafka import KafkaBroker
+    from tests.support.services.redis import RedisServer
 
     from bench import micro, report
 

@@ -153,7 +153,7 @@ def _batch_function(spec: dict[str, Any], reports: list[dict[str, Any]]) -> Call
 
 
 def run(spec: dict[str, Any]) -> dict[str, Any]:
-    from devstack.spark import local_spark_session
+    from tests.support.services.spark import local_spark_session
     from pyspark.sql import functions as F
 
     spark = local_spark_session(f"bench-{spec['mode']}", {"spark.sql.streaming.numRecentProgressUpdates": "1000"})

@@ -1,6 +1,6 @@
 """A fast *null* Stream Load server: StarRocks' transaction API and Doris' two-phase commit, data discarded.
 
-Why: the emulators in tests/emulators parse every row in Python, so a benchmark against them measures
+Why: the emulators in tests/support/doubles/emulators parse every row in Python, so a benchmark against them measures
 the emulator. This server speaks just enough of both protocols (docs/protocol.md; the calls
 streaming_sink/targets/starrocks.py and doris.py make) to let the real targets begin, load, prepare,
 commit and abort, and only counts what arrives: bytes, and rows as row delimiters (the bench's rows

@@ -15,8 +15,8 @@ import signal
 import sys
 from pathlib import Path
 
-from devstack.config_job import DEAD_LETTERS, ConfigJob
-from devstack.kafka import KafkaBroker
+from tests.support.jobs import DEAD_LETTERS, ConfigJob
+from tests.support.services.kafka import KafkaBroker
 
 ROOT = Path(__file__).resolve().parents[1]
 

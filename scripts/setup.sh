@@ -86,7 +86,7 @@ else
 fi
 
 # --- jars (Kafka broker, Spark Kafka source) ---------------------------------------------------
-# Run from the repo so `devstack` is importable even before the editable install exists.
-PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}" "$VENV/bin/python" -m devstack.jars >/dev/null
+# Run from the repo so `tests.support.services` is importable even before the editable install exists.
+PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}" "$VENV/bin/python" -m tests.support.services.jars >/dev/null
 
 log "ready in $((SECONDS - start))s"

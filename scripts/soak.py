@@ -27,12 +27,12 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from devstack.kafka import KafkaBroker  # noqa: E402
-from devstack.pipeline import LocalPipeline  # noqa: E402
-from devstack.redis import RedisServer  # noqa: E402
-from devstack.spark_cluster import executor_pids, standalone_cluster  # noqa: E402
-from tests.emulators.starrocks import StarRocksEmulator  # noqa: E402
-from tests.integration.starrocks_harness import StarRocksEmulatorAdapter  # noqa: E402
+from tests.support.services.kafka import KafkaBroker  # noqa: E402
+from tests.support.pipeline import LocalPipeline  # noqa: E402
+from tests.support.services.redis import RedisServer  # noqa: E402
+from tests.support.services.spark_cluster import executor_pids, standalone_cluster  # noqa: E402
+from tests.support.doubles.emulators.starrocks import StarRocksEmulator  # noqa: E402
+from tests.support.targets.starrocks import StarRocksAdapter  # noqa: E402
 
 FAULTS = ("publish_timeout", "write_lock_timeout", "drop_connection_after_commit", "http_5xx")
 
@@ -69,7 +69,7 @@ def soak(events: int, kills: int, seed: int, minutes: float, work: Path) -> dict
             partitions=partitions,
             messages_per_partition=events // partitions,
             max_offsets_per_trigger=max(1000, events // 100),
-            adapter=StarRocksEmulatorAdapter(emulator, {"commit_parallelism": 4}),
+            adapter=StarRocksAdapter(emulator, {"commit_parallelism": 4}),
             spark_conf={
                 "spark.master": master,
                 "spark.executor.cores": "1",

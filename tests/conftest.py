@@ -1,6 +1,5 @@
-"""Shared fixtures: real local services (Kafka, Redis) come from tests/infra/fixtures.py."""
-from tests.infra.fixtures import *  # noqa: F401,F403
-from tests.clickhouse_front.fixtures import *  # noqa: F401,F403
+"""Shared fixtures come from one module, tests/support/fixtures.py."""
+from tests.support.fixtures import *  # noqa: F401,F403
 
 
 def pytest_addoption(parser) -> None:  # type: ignore[no-untyped-def]

@@ -13,7 +13,6 @@ the sink itself only speaks HTTP.
 """
 from __future__ import annotations
 
-import os
 import signal
 import time
 from pathlib import Path
@@ -21,93 +20,19 @@ from typing import Any, Iterator
 
 import pytest
 
-docker = pytest.importorskip("docker", reason="the docker SDK is not installed")
-pytest.importorskip("testcontainers.core.container", reason="testcontainers is not installed")
+from tests.support.real_cluster import skip_without_docker
 
-
-def _docker_unavailable() -> str | None:
-    try:
-        docker.from_env().ping()
-    except Exception as error:  # any failure to reach the engine means: skip, saying why
-        return f"no Docker engine answers ({type(error).__name__}: {error})"
-    return None
-
-
-_REASON = _docker_unavailable()
-if _REASON:
-    pytest.skip(_REASON, allow_module_level=True)
+skip_without_docker()
 
 import pyarrow as pa  # noqa: E402
 
-from devstack.pipeline import DB, TABLES, LocalPipeline  # noqa: E402
+from tests.support.pipeline import DB, TABLES, LocalPipeline  # noqa: E402
+from tests.support.real_cluster import FE_URL, STARROCKS_ENV, RealStarRocks  # noqa: E402
 from streaming_sink.committable import TxnRef  # noqa: E402
 from streaming_sink.targets.base import CommitOutcome, TargetError  # noqa: E402
 from streaming_sink.targets.starrocks import StarRocksTarget  # noqa: E402
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
-
-VERSION = os.environ.get("STARROCKS_VERSION", "4.0.13")  # as docker-compose.yml; needs 3.5.4+ (prepared_timeout)
-IMAGE = os.environ.get("STARROCKS_IMAGE", f"starrocks/allin1-ubuntu:{VERSION}")
-FE_URL = "http://127.0.0.1:8030"
-COLUMNS_DDL = "id BIGINT, name VARCHAR(64), amount DOUBLE, kafka_partition INT, kafka_offset BIGINT"
-START_DEADLINE_S = 600
-
-
-class RealStarRocks:
-    """One all-in-one container (FE + BE), and SQL through its mysql client."""
-
-    def __init__(self) -> None:
-        from testcontainers.core.container import DockerContainer
-
-        self.container = DockerContainer(IMAGE).with_kwargs(network_mode="host")
-
-    def start(self) -> "RealStarRocks":
-        self.container.start()
-        deadline = time.monotonic() + START_DEADLINE_S
-        while time.monotonic() < deadline:  # readiness poll of a starting server, not a synchronisation sleep
-            try:
-                if "true" in self.sql("SHOW BACKENDS", database=None).lower().split():
-                    return self
-            except RuntimeError:
-                pass
-            time.sleep(2)
-        raise RuntimeError(f"StarRocks did not report an alive BE within {START_DEADLINE_S}s")
-
-    def stop(self) -> None:
-        try:
-            self.container.stop()
-        except Exception as error:  # teardown: report, do not mask the test's own failure
-            print(f"stopping {self.container} failed: {error}")
-
-    def sql(self, statement: str, database: str | None = DB) -> str:
-        command = ["mysql", "-h127.0.0.1", "-P9030", "-uroot", "--batch", "--raw", "--skip-column-names"]
-        if database:
-            command.append(f"-D{database}")
-        code, output = self.container.exec(command + ["-e", statement])
-        text = output.decode("utf-8", errors="replace") if isinstance(output, bytes) else str(output)
-        if code != 0:
-            raise RuntimeError(f"SQL failed ({code}): {statement}: {text}")
-        return text
-
-    def create_table(self, table: str) -> None:
-        self.sql(f"CREATE DATABASE IF NOT EXISTS {DB}", database=None)
-        self.sql(
-            f"CREATE TABLE IF NOT EXISTS {table} ({COLUMNS_DDL}) DUPLICATE KEY(id) "
-            'DISTRIBUTED BY HASH(id) BUCKETS 1 PROPERTIES ("replication_num" = "1")'
-        )
-
-    def rows(self, table: str) -> list[tuple]:
-        text = self.sql(f"SELECT id, name, amount, kafka_partition, kafka_offset FROM {table}")
-        out = []
-        for line in text.splitlines():
-            ident, name, amount, partition, offset = line.split("\t")
-            out.append((int(ident), name, float(amount), int(partition), int(offset)))
-        return sorted(out)
-
-    def open_transactions(self) -> list[str]:
-        db_id = next(line.split("\t")[0] for line in self.sql("SHOW PROC '/dbs'", None).splitlines()
-                     if line.split("\t")[1:2] == [DB])
-        return [line for line in self.sql(f"SHOW PROC '/transactions/{db_id}/running'", None).splitlines() if line]
 
 
 @pytest.fixture(scope="module")
@@ -152,27 +77,7 @@ def test_begin_load_prepare_commit_rollback_against_the_real_server(starrocks: R
 
 
 def test_kill_at_the_commit_point_then_restart_is_exact(starrocks: RealStarRocks, tmp_path: Path, kafka_broker: Any) -> None:
-    class RealAdapter:
-        def target_url(self) -> str:
-            return "starrocks://127.0.0.1:8030"
-
-        def target_options(self) -> dict[str, Any]:
-            return {"tables": TABLES, "backoff_s": 0.2}
-
-        def env(self) -> dict[str, str]:
-            return {"STREAMING_SINK_TARGET_USER": "root", "STREAMING_SINK_TARGET_PASSWORD": ""}
-
-        def create_tables(self, database: str, tables: list[str]) -> None:
-            for table in tables:
-                starrocks.sql(f"TRUNCATE TABLE {table}")
-
-        def rows(self, database: str, table: str) -> list[tuple]:
-            return starrocks.rows(table)
-
-        def problems(self, database: str) -> list[str]:
-            return [f"open transaction left: {line}" for line in starrocks.open_transactions()]
-
-    pipeline = LocalPipeline(tmp_path, kafka_broker, f"file://{tmp_path / 'state'}", adapter=RealAdapter(),
+    pipeline = LocalPipeline(tmp_path, kafka_broker, f"file://{tmp_path / 'state'}", adapter=starrocks.adapter(STARROCKS_ENV),
                              messages_per_partition=200, max_offsets_per_trigger=120)
     pipeline.produce()
     assert pipeline.run_driver(crash_at="after-prepared-record@2", run=0) == -signal.SIGKILL, pipeline.log_tail(0)

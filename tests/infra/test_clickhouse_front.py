@@ -25,10 +25,10 @@ from streaming_sink.labels import make_label
 from streaming_sink.targets import target_from_url
 from streaming_sink.targets.base import CommitOutcome
 from streaming_sink.targets.clickhouse import LEDGER_TABLE, ClickHouseError, ClickHouseTarget
-from streaming_sink.targets.clickhouse.insert_commit import INSERT_SETTINGS
 from streaming_sink.targets.clickhouse.engines import DATABASE_FACTS_QUERY, FACTS_QUERY
-from tests.clickhouse_front import ClickHouseFront
-from tests.clickhouse_front.twin import Twin, outcome
+from streaming_sink.targets.clickhouse.insert_commit import INSERT_SETTINGS
+from tests.support.doubles.clickhouse_front import ClickHouseFront
+from tests.support.doubles.clickhouse_front.twin import Twin, outcome
 
 DB, TABLE = "analytics", "orders"
 STAGING = "ss_job_q_7_orders_0_e1w0t0_0123456789ab"

@@ -13,10 +13,10 @@ from typing import Callable
 
 import pytest
 
-from devstack import jars
-from devstack._proc import ServiceError
-from devstack.kafka import KafkaBroker
-from devstack.redis import RedisServer
+from tests.support.services import jars
+from tests.support.services._proc import ServiceError
+from tests.support.services.kafka import KafkaBroker
+from tests.support.services.redis import RedisServer
 
 N_MESSAGES = 1000
 PARTITIONS = 3
@@ -180,8 +180,8 @@ def test_redis_retries_on_a_taken_port(tmp_path: Path, monkeypatch: pytest.Monke
     """The free-port race (port taken between choosing and binding) costs a retry, not a failure."""
     import socket
 
-    import devstack.redis as devstack_redis
-    from devstack.ports import free_port
+    import tests.support.services.redis as devstack_redis
+    from tests.support.services.ports import free_port
 
     with socket.socket() as squatter:
         squatter.bind(("127.0.0.1", 0))

@@ -17,12 +17,10 @@ from streaming_sink.records import BatchState
 from streaming_sink.errors import SourceReplannedError
 from streaming_sink.recovery import Recovery, ReplayAmbiguousError, apply_recovery, plan_recovery
 from streaming_sink.state import MemoryStateStore, StateStoreLostError
-from tests.integration import test_protocol_findings as findings
 from tests.integration.test_protocol_findings import (
     DB, JOB, QUERY, Crash, CrashingStore, expected_ids, ids, sink_of, source, target_of,
 )
 
-sr = findings.sr  # the StarRocks emulator fixture, shared
 
 
 def plan(checkpoint: Path, batch_id: int, ends: dict[str, int], stamp: int = 0) -> str:

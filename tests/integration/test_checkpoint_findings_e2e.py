@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from devstack.pipeline import DB, REPO, TABLES, LocalPipeline
+from tests.support.pipeline import DB, REPO, TABLES, LocalPipeline
 from streaming_sink.checkpoint import CheckpointFolder, delete_log_entry, latest_batch
 
 pytestmark = pytest.mark.slow

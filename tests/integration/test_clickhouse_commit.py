@@ -1,7 +1,7 @@
 """The ClickHouse commit is one idempotent, verifiable step, whatever interleaves with it (review R3, R6, R7, O4).
 
 The real engine, one data path per test, reached both ways the target reaches ClickHouse (the
-`clickhouse_url` fixture): embedded (chdb), and over HTTP through the test front (tests/clickhouse_front),
+`clickhouse_url` fixture): embedded (chdb), and over HTTP through the test front (tests/support/doubles/clickhouse_front),
 where every statement and answer crosses clickhouse-connect's HTTP client. Interleavings are injected by
 wrapping the target's own helpers or the client's `command`, never by timing.
 """
@@ -20,8 +20,8 @@ from streaming_sink.targets.base import CommitAmbiguousError, CommitOutcome, Con
 from streaming_sink.targets import target_from_url
 from streaming_sink.targets.clickhouse import target as clickhouse_module
 from streaming_sink.targets.clickhouse import INSERT_CRASH_POINT, LEDGER_TABLE, ClickHouseTarget
-from tests.clickhouse_front import ClickHouseFront
-from tests.infra.tls import issue_certificates
+from tests.support.doubles.clickhouse_front import ClickHouseFront
+from tests.support.tls import issue_certificates
 
 DB, TABLE, ROWS = "analytics", "orders", 10
 # Two partitions, so a commit moves twice and can be cut between the moves.

@@ -1,6 +1,6 @@
 """ClickHouse behind a load balancer over replicas (issue 23 item 7; conformance review 2026-11-24, C2 and C5).
 
-A replicated cluster cannot run here, so the test front plays one (tests/clickhouse_front/server.py,
+A replicated cluster cannot run here, so the test front plays one (tests/support/doubles/clickhouse_front/server.py,
 "Replicas"): it presents the ledger as a Replicated (or Shared) table over the real engine and keeps one
 replica whose replication queue for the ledger stalled. A restarted driver whose session lands there sees
 the ledger as it was before the commit, while the staging table the commit dropped is gone everywhere.
@@ -20,7 +20,7 @@ from streaming_sink.committable import Committable, TxnRef
 from streaming_sink.labels import make_label
 from streaming_sink.targets.base import CommitOutcome, CommittedNotChosenError
 from streaming_sink.targets.clickhouse import LEDGER_TABLE, ClickHouseError, ClickHouseTarget
-from tests.clickhouse_front import ClickHouseFront
+from tests.support.doubles.clickhouse_front import ClickHouseFront
 
 DB, TABLE, ROWS = "analytics", "orders", 10
 LEDGER = f"{DB}.{LEDGER_TABLE}"

@@ -16,13 +16,13 @@ from typing import Any, Iterator
 
 import pytest
 
-from devstack.pipeline import DB, TABLES, ClickHouseAdapter
-from devstack.pipeline import LocalPipeline as Scenario
+from tests.support.pipeline import DB, TABLES
+from tests.support.pipeline import LocalPipeline as Scenario
 from streaming_sink.crash import TARGET_POINTS
 from streaming_sink.targets import target_from_url
 from streaming_sink.targets.base import CommitOutcome
 from streaming_sink.targets.clickhouse import LEDGER_TABLE, ClickHouseTarget
-from tests.integration.clickhouse_http_harness import ClickHouseFrontAdapter, clickhouse_adapter
+from tests.support.targets.clickhouse import ClickHouseAdapter, ClickHouseHttpAdapter, clickhouse_adapter
 
 pytestmark = pytest.mark.slow
 
@@ -39,7 +39,7 @@ class ViewsAdapter:
     The totals live in another database: the job routes by a field, so every loadable table of its own
     database is one it may write (and checks the columns of)."""
 
-    base: ClickHouseAdapter | ClickHouseFrontAdapter
+    base: ClickHouseAdapter | ClickHouseHttpAdapter
     mode: str = "insert"
 
     def target_url(self) -> str:
@@ -92,7 +92,7 @@ class ViewsAdapter:
 
 # What views see is the engine's doing, the same behind either client: CI runs chdb, the HTTP variant is extended.
 @pytest.fixture(params=["chdb", pytest.param("http", marks=pytest.mark.extended)])
-def base(request, tmp_path) -> Iterator[ClickHouseAdapter | ClickHouseFrontAdapter]:
+def base(request, tmp_path) -> Iterator[ClickHouseAdapter | ClickHouseHttpAdapter]:
     with clickhouse_adapter(request.param, tmp_path / "ch") as adapter:
         yield adapter
 

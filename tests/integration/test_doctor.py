@@ -5,7 +5,8 @@ import json
 import subprocess
 import sys
 
-from devstack.pipeline import open_target
+from tests.support.jobs import write_job_toml
+from tests.support.pipeline import open_target
 from streaming_sink.doctor import expiry_checks, render
 from streaming_sink.targets.doris import DorisTarget
 from streaming_sink.targets.starrocks import StarRocksTarget
@@ -13,25 +14,10 @@ from streaming_sink.targets.starrocks import StarRocksTarget
 DB = "analytics"
 
 
-def write_config(tmp_path, bootstrap: str, topic: str, extra: str = "") -> str:
-    path = tmp_path / "job.toml"
-    path.write_text(f"""
-job_id = "doc"
-[kafka]
-bootstrap_servers = "{bootstrap}"
-topics = ["{topic}"]
-[routing]
-table = "orders"
-[tables.orders]
-schema = "id BIGINT NOT NULL, name STRING"
-[target]
-url = "chdb://{tmp_path / 'ch'}"
-database = "{DB}"
-[state]
-url = "file://{tmp_path / 'state'}"
-{extra}
-""")
-    return str(path)
+def write_config(tmp_path, bootstrap: str, topic: str) -> str:
+    return str(write_job_toml(tmp_path, job_id="doc", kafka={"bootstrap_servers": bootstrap, "topics": [topic]},
+                              target={"url": f"chdb://{tmp_path / 'ch'}", "database": DB},
+                              state={"url": f"file://{tmp_path / 'state'}"}))
 
 
 def doctor(config: str, tolerance: str) -> tuple[int, dict[str, dict]]:

@@ -26,8 +26,8 @@ from streaming_sink.targets import PASSWORD_ENV, USER_ENV, ConfigurationError, t
 from streaming_sink.targets.base import CommitOutcome, TargetError
 from streaming_sink.targets.doris import DorisTarget
 from streaming_sink.writer import PartitionWriter, WriteContext
-from tests.emulators.client import send
-from tests.emulators.doris import DorisEmulator
+from tests.support.doubles.emulators.client import send
+from tests.support.doubles.emulators.doris import DorisEmulator
 
 DB = "db"
 COLUMNS = [("id", "BIGINT NOT NULL"), ("name", "VARCHAR(64)"), ("amount", "DOUBLE")]

@@ -26,7 +26,7 @@ from streaming_sink.routing import Router
 from streaming_sink.targets.clickhouse import ClickHouseTarget
 from streaming_sink.targets.memory import MemoryTarget
 from streaming_sink.writer import ContentChecksum, PartitionWriter, WriteContext
-from devstack.pipeline import create_tables, open_target, table_rows
+from tests.support.pipeline import create_tables, open_target, table_rows
 
 DB = "analytics"
 TYPES = (
@@ -46,12 +46,8 @@ def typed_frame(spark, n: int, partitions: int = 3):
     return spark.createDataFrame(rows, TYPES).repartition(partitions, "small")
 
 
-@pytest.fixture
-def spark(spark_session):
-    previous = spark_session.conf.get("spark.sql.execution.arrow.maxRecordsPerBatch")
-    spark_session.conf.set("spark.sql.execution.arrow.maxRecordsPerBatch", "700")  # several batches per partition
-    yield spark_session
-    spark_session.conf.set("spark.sql.execution.arrow.maxRecordsPerBatch", previous)
+# several Arrow batches per partition, for the `spark` fixture (tests/support/fixtures.py)
+pytestmark = pytest.mark.spark_conf({"spark.sql.execution.arrow.maxRecordsPerBatch": "700"})
 
 
 def digests_of(pairs) -> dict[int, str]:

@@ -2,7 +2,7 @@
 
 The kills at every protocol point (on the file and the Redis store, Redis restarted after the
 commit point) and at random instants are the shared matrix's (test_exactly_once_matrix.py, on
-`ClickHouseCrashTarget`). The test ends with `verify()`: both tables equal the source row by row
+`ClickHouseAdapter`). The test ends with `verify()`: both tables equal the source row by row
 (count and order-independent checksum), no staging table and no intent is left, every batch is COMMITTED.
 """
 from __future__ import annotations
@@ -11,8 +11,8 @@ import signal
 
 import pytest
 
-from devstack.pipeline import DB, open_target
-from tests.integration.crash_targets import ClickHouseCrashTarget
+from tests.support.pipeline import DB, open_target
+from tests.support.targets.clickhouse import ClickHouseAdapter
 
 pytestmark = pytest.mark.slow
 
@@ -22,7 +22,7 @@ CRASH_BATCH = 2
 @pytest.mark.extended  # CI: the same loss over HTTP, replayed by the tasks (test_exactly_once_clickhouse_http.py)
 def test_lost_staging_is_replayed_from_the_rerun_batch(tmp_path, kafka_broker):
     """A prepared part that can no longer be committed is loaded again from the re-run batch, exactly."""
-    scenario = ClickHouseCrashTarget().pipeline(tmp_path, kafka_broker, f"file://{tmp_path / 'state'}")
+    scenario = ClickHouseAdapter().pipeline(tmp_path, kafka_broker, f"file://{tmp_path / 'state'}")
     assert scenario.run_driver(crash_at=f"after-prepared-record@{CRASH_BATCH}", run=0) == -signal.SIGKILL
     record, _, _ = scenario.batch_state(CRASH_BATCH)
     victim = record.committables[0]

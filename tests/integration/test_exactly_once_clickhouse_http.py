@@ -2,12 +2,12 @@
 
 Real Kafka (3 partitions) -> the packaged job in a child process (local Spark, 2 cores, retries allowed:
 `local[2,3]`; the writers run in the tasks, one staging table per (table, task attempt)) -> ClickHouse's
-HTTP interface served by the test front over the real engine (tests/clickhouse_front, in this process)
+HTTP interface served by the test front over the real engine (tests/support/doubles/clickhouse_front, in this process)
 -> the Redis state store. The front injects server faults (a connection dropped after a MOVE was
 applied, 5xx, answers held beyond the client's timeout); tasks die after prepare and a twin attempt
 loses its race; a prepared staging table is dropped by hand and its part is replayed from the re-run
 batch. The SIGKILLs at every protocol point and at random instants on this path are the shared
-matrix's (test_exactly_once_matrix.py, adapter `ClickHouseHttpCrashTarget`).
+matrix's (test_exactly_once_matrix.py, adapter `ClickHouseHttpAdapter`).
 
 Every pipeline test ends with `verify()`: both tables equal the source row by row (count, checksum,
 sorted rows), no staging table is left, every commit the ledger says began finished, no intent is
@@ -28,13 +28,13 @@ from typing import Any, Callable, Iterable, Iterator
 import pyarrow as pa
 import pytest
 
-from devstack.pipeline import DB, LocalPipeline
+from tests.support.pipeline import DB, LocalPipeline
 from streaming_sink.committable import Committable, TxnRef
 from streaming_sink.labels import make_label
 from streaming_sink.targets.base import CommitAmbiguousError, CommitOutcome, CommittedNotChosenError
 from streaming_sink.targets.clickhouse import COMMITTED, LEDGER_TABLE, ClickHouseTarget
-from tests.clickhouse_front import ClickHouseFront
-from tests.integration.clickhouse_http_harness import DIE_AFTER_PREPARE, TWIN, ClickHouseHttpCrashTarget
+from tests.support.doubles.clickhouse_front import ClickHouseFront
+from tests.support.targets.clickhouse import DIE_AFTER_PREPARE, TWIN, ClickHouseHttpAdapter
 
 CRASH_BATCH = 2
 STAGING = r"`ss_orders_ingest_\w+`"  # a staging table of the pipeline's job, as statements name it
@@ -48,7 +48,7 @@ def front(tmp_path: Path) -> Iterator[ClickHouseFront]:
 
 def _scenario(tmp_path, kafka_broker, redis_server, front, options=None, **overrides) -> LocalPipeline:
     """The matrix adapter's pipeline over this test's front, 45 messages a trigger (3 tasks and 4 batches)."""
-    return ClickHouseHttpCrashTarget(front).pipeline(tmp_path, kafka_broker, redis_server.url, options,
+    return ClickHouseHttpAdapter(front).pipeline(tmp_path, kafka_broker, redis_server.url, options,
                                                      max_offsets_per_trigger=45, **overrides)
 
 

@@ -1,9 +1,9 @@
-"""Exactly-once from a real Kafka topic into the Doris emulator: its own scenarios (tests/integration/doris_harness.py).
+"""Exactly-once from a real Kafka topic into the Doris emulator: its own scenarios (tests/support/targets/doris.py).
 
 The packaged job runs in a child process with its writers in the Spark tasks; the emulator runs in
 this process, so a test can move its clock while the driver is down, restart it, and arm faults
 (aimed by label pattern: `Rule`). The kills at every protocol point and at random instants are the
-shared matrix's (test_exactly_once_matrix.py, on `DorisCrashTarget`).
+shared matrix's (test_exactly_once_matrix.py, on `DorisAdapter`).
 
 Every test ends with `verify`: both tables equal the source row by row (count, order-independent
 checksum, sorted rows), no transaction is left PREPARE/PRECOMMITTED/COMMITTED, no label holds two
@@ -18,9 +18,9 @@ from typing import Any
 
 import pytest
 
-from devstack.pipeline import DB, TABLES
-from tests.integration.crash_targets import COLUMNS, LABEL
-from tests.integration.doris_harness import PASSWORD, USER, DorisCrashTarget, DorisPipeline, Rule, ScriptedDoris, batch_txns
+from tests.support.pipeline import DB, TABLES
+from tests.support.targets.base import COLUMNS, LABEL
+from tests.support.targets.doris import PASSWORD, USER, DorisAdapter, DorisPipeline, Rule, ScriptedDoris, batch_txns
 
 pytestmark = pytest.mark.slow
 
@@ -31,15 +31,15 @@ class RowsDuplicated(AssertionError):
     """A table holds more rows than the source: a replay loaded committed rows again."""
 
 
-target = pytest.fixture(DorisCrashTarget.for_test)
+target = pytest.fixture(DorisAdapter.for_test)
 
 
 @pytest.fixture
-def emulator(target: DorisCrashTarget) -> ScriptedDoris:
+def emulator(target: DorisAdapter) -> ScriptedDoris:
     return target.emulator
 
 
-def make_pipeline(tmp_path, kafka_broker, state_url: str, target: DorisCrashTarget, options: dict[str, Any] | None = None,
+def make_pipeline(tmp_path, kafka_broker, state_url: str, target: DorisAdapter, options: dict[str, Any] | None = None,
                   spark_conf: dict[str, str] | None = None) -> DorisPipeline:
     pipeline = target.pipeline(tmp_path, kafka_broker, state_url, options, spark_conf)
     assert isinstance(pipeline, DorisPipeline)

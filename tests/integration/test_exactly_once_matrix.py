@@ -1,4 +1,4 @@
-"""The crash scenarios every target must pass, run on one adapter per target (tests/integration/crash_targets.py).
+"""The crash scenarios every target must pass, run on one adapter per target (tests/support/targets/<product>.py).
 
 Real Kafka (3 partitions) -> the packaged job in a child process -> the target (embedded chdb, ClickHouse's
 HTTP interface served by the test front over chdb, or an emulator in this process) -> a file or Redis state
@@ -19,15 +19,15 @@ from typing import Iterator
 import pytest
 
 from streaming_sink.crash import POINTS
-from tests.integration.clickhouse_http_harness import ClickHouseHttpCrashTarget
-from tests.integration.crash_targets import ClickHouseCrashTarget, CrashTarget
-from tests.integration.doris_harness import DorisCrashTarget
-from tests.integration.exactly_once import kill_seeds
-from tests.integration.starrocks_harness import StarRocksCrashTarget
+from tests.support.targets.base import TargetAdapter
+from tests.support.targets.clickhouse import ClickHouseAdapter, ClickHouseHttpAdapter
+from tests.support.targets.doris import DorisAdapter
+from tests.support.crash import kill_seeds
+from tests.support.targets.starrocks import StarRocksAdapter
 
 pytestmark = pytest.mark.slow
 
-TARGETS: list[type[CrashTarget]] = [ClickHouseCrashTarget, ClickHouseHttpCrashTarget, StarRocksCrashTarget, DorisCrashTarget]
+TARGETS: list[type[TargetAdapter]] = [ClickHouseAdapter, ClickHouseHttpAdapter, StarRocksAdapter, DorisAdapter]
 
 # One job life, killed once at each protocol point (one per batch) and restarted each time. Not
 # after-committed-record in the last batch: its re-run only finds the batch COMMITTED, and the
@@ -42,7 +42,7 @@ def _state_url(store: str, tmp_path: Path, request: pytest.FixtureRequest) -> st
 
 
 @pytest.fixture
-def target(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[CrashTarget]:
+def target(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[TargetAdapter]:
     with request.param.started(tmp_path) as running:
         yield running
 

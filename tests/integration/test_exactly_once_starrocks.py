@@ -1,7 +1,7 @@
 """Exactly-once from a real Kafka topic, through Spark tasks, into the StarRocks emulator: its own scenarios.
 
 The kills at every protocol point and at random instants are the shared matrix's
-(test_exactly_once_matrix.py, on `StarRocksCrashTarget`); these are the faults only StarRocks has.
+(test_exactly_once_matrix.py, on `StarRocksAdapter`); these are the faults only StarRocks has.
 
 Real Kafka (3 partitions) -> the packaged job in a child process (local Spark, 2 cores, retries
 allowed: `local[2,3]`; the writers run in the tasks) -> the StarRocks emulator running in this
@@ -19,21 +19,21 @@ import signal
 
 import pytest
 
-from devstack.pipeline import DB, TABLES
+from tests.support.pipeline import DB, TABLES
 from streaming_sink.records import BatchState
-from tests.emulators.starrocks import StarRocksEmulator
-from tests.integration.starrocks_harness import DIE_AFTER_PREPARE, PASSWORD, TWIN, StarRocksCrashTarget
+from tests.support.doubles.emulators.starrocks import StarRocksEmulator
+from tests.support.targets.starrocks import DIE_AFTER_PREPARE, PASSWORD, TWIN, StarRocksAdapter
 
 pytestmark = pytest.mark.slow
 
 CRASH_BATCH = 2
 
 
-target = pytest.fixture(StarRocksCrashTarget.for_test)
+target = pytest.fixture(StarRocksAdapter.for_test)
 
 
 @pytest.fixture
-def emulator(target: StarRocksCrashTarget) -> StarRocksEmulator:
+def emulator(target: StarRocksAdapter) -> StarRocksEmulator:
     return target.emulator
 
 
@@ -170,7 +170,7 @@ def test_a_state_store_wiped_mid_commit_stops_the_job_loudly_and_loads_nothing_t
         assert scenario.adapter.rows(DB, table) == rows, f"{table} changed after the store was wiped"
 
 
-class _SmallLabelMemory(StarRocksCrashTarget):
+class _SmallLabelMemory(StarRocksAdapter):
     """label_keep_max_num 4 (running and finished counted, as StarRocks does): each batch (2 tables x 3 writers = 6
     transactions) is larger than the server's label memory, so it forgets its own first labels while it commits."""
 

@@ -37,10 +37,10 @@ from streaming_sink.targets.clickhouse import ClickHouseTarget
 from streaming_sink.targets.doris import DorisTarget
 from streaming_sink.targets.starrocks import StarRocksTarget
 from streaming_sink.writer import PartitionResult, PartitionWriter, WriteContext
-from tests.clickhouse_front.server import ClickHouseFront
-from tests.emulators.base_emulator import BaseEmulator
-from tests.emulators.doris import DorisEmulator
-from tests.emulators.starrocks import StarRocksEmulator
+from tests.support.doubles.clickhouse_front.server import ClickHouseFront
+from tests.support.doubles.emulators.base_emulator import BaseEmulator
+from tests.support.doubles.emulators.doris import DorisEmulator
+from tests.support.doubles.emulators.starrocks import StarRocksEmulator
 
 pytestmark = pytest.mark.slow
 

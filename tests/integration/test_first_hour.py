@@ -66,7 +66,7 @@ def test_doctor_reports_the_tables_run_will_create_and_creates_none(tmp_path, ka
     assert checks["tables"]["verdict"] == "OK", checks["tables"]
     assert checks["tables"]["detail"] == ("table(s) ['dead_letters', 'orders', 'payments'] do not exist yet: `run` "
                                           "creates them from the job's schemas (target.create_tables)")
-    from devstack.pipeline import open_target
+    from tests.support.pipeline import open_target
 
     with open_target(tmp_path / "data" / "first-hour" / "clickhouse", "default") as target:  # doctor only reads
         tables = {name for (name,) in target.client().query("SHOW TABLES FROM default").result_rows}
@@ -106,7 +106,7 @@ def test_a_misspelt_kafka_consumer_setting_is_refused_with_the_right_name(spark_
 
 
 def test_run_with_clickhouse_unreachable_is_one_line(tmp_path, kafka_broker, new_topic):
-    from devstack.ports import free_port
+    from tests.support.services.ports import free_port
 
     target = f'[target]\nurl = "clickhouse://127.0.0.1:{free_port()}"\ndatabase = "default"\noptions = {{ retries = 0 }}'
     config = embedded_config(tmp_path, kafka_broker.bootstrap, new_topic(), target)
@@ -115,7 +115,7 @@ def test_run_with_clickhouse_unreachable_is_one_line(tmp_path, kafka_broker, new
 
 
 def test_run_with_a_wrong_redis_password_is_one_line(tmp_path, kafka_broker, new_topic):
-    from devstack.redis import RedisServer
+    from tests.support.services.redis import RedisServer
 
     config = embedded_config(tmp_path, kafka_broker.bootstrap, new_topic())
     with RedisServer(tmp_path / "redis", password="right-password") as server:

@@ -15,7 +15,7 @@ from streaming_sink import retry as retry_module
 from streaming_sink.targets.streamload.http import (
     AuthenticationError, HttpClient, HttpConnectionError, HttpProtocolError, HttpStatusError,
 )
-from tests.infra.tls import issue_certificates
+from tests.support.tls import issue_certificates
 
 AUTH = "Basic " + base64.b64encode(b"root:pw").decode()
 

@@ -5,7 +5,7 @@ import signal
 
 import pytest
 
-from devstack.config_job import DEAD_LETTERS, ConfigJob
+from tests.support.jobs import DEAD_LETTERS, ConfigJob
 
 pytestmark = pytest.mark.slow
 
@@ -25,7 +25,7 @@ def test_embedded_defaults_with_dead_letters_through_a_kill(tmp_path, kafka_brok
 
 def test_into_starrocks_with_redis_through_a_kill(tmp_path, kafka_broker, redis_server):
     from streaming_sink.targets import PASSWORD_ENV, USER_ENV
-    from tests.emulators.starrocks import StarRocksEmulator
+    from tests.support.doubles.emulators.starrocks import StarRocksEmulator
 
     columns = {
         "orders": [("id", "BIGINT"), ("name", "VARCHAR(64)"), ("amount", "DOUBLE"), ("kafka_partition", "INT"), ("kafka_offset", "BIGINT")],
@@ -38,12 +38,10 @@ def test_into_starrocks_with_redis_through_a_kill(tmp_path, kafka_broker, redis_
         emulator.create_database("analytics")
         for table, cols in columns.items():
             emulator.create_table("analytics", table, cols)
-        target = (
-            f'[target]\nurl = "starrocks://127.0.0.1:{emulator.fe_port}"\ndatabase = "analytics"\n'
-            f'options = {{ tables = ["orders", "payments", "{DEAD_LETTERS}"], backoff_s = 0.05 }}\n'
-        )
+        target = {"url": f"starrocks://127.0.0.1:{emulator.fe_port}", "database": "analytics",
+                  "options": {"tables": ["orders", "payments", DEAD_LETTERS], "backoff_s": 0.05}}
         job = ConfigJob(tmp_path / "job", kafka_broker.bootstrap, f"events-{tmp_path.name}", messages_per_partition=300,
-                        max_offsets_per_trigger=300, target_toml=target, state=redis_server.url,
+                        max_offsets_per_trigger=300, target=target, state=redis_server.url,
                         env={USER_ENV: "root", PASSWORD_ENV: "s3cret"})
         job.produce(kafka_broker)
         assert job.run(0, crash_at="after-first-commit@1") == -signal.SIGKILL, job.log_tail(0)

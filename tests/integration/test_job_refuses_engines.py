@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from devstack.pipeline import open_target
+from tests.support.pipeline import open_target
 from streaming_sink.errors import ConfigurationError
 from streaming_sink.job import run
 from streaming_sink.job_spec import JobSpec

@@ -20,12 +20,10 @@ import pytest
 from streaming_sink.cli import ExitCode, main
 from streaming_sink.records import BatchState
 from streaming_sink.state import FileStateStore
-from tests.integration import test_protocol_findings as findings
 from tests.integration.test_protocol_findings import (
     DB, JOB, QUERY, TABLE, Crash, CrashingStore, expected_ids, ids, sink_of, source, target_of,
 )
 
-sr = findings.sr  # the StarRocks emulator fixture, shared
 
 DRIVER = textwrap.dedent("""
     import sys, time

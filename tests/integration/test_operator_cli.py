@@ -13,9 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from devstack.pipeline import DB, LocalPipeline
+from tests.support.pipeline import DB, LocalPipeline
 from streaming_sink.records import BatchState
-from tests.integration.clickhouse_http_harness import clickhouse_adapter
+from tests.support.targets.clickhouse import clickhouse_adapter
+from tests.support.jobs import write_job_toml
 
 pytestmark = pytest.mark.slow
 
@@ -30,24 +31,12 @@ def cli(pipeline: LocalPipeline, *args: str, target: bool = True) -> subprocess.
 def operator_config(pipeline: LocalPipeline) -> Path:
     """The job's TOML, whose `target.options` (TLS ones included) the commands take: flags give the rest."""
     assert pipeline.adapter is not None
-    options = ", ".join(f"{name} = {json.dumps(value)}" for name, value in pipeline.adapter.target_options().items())
-    path = pipeline.root / "job.toml"
-    path.write_text(f"""job_id = "{pipeline.job_id}"
-[kafka]
-bootstrap_servers = "{pipeline.broker.bootstrap}"
-topics = ["{pipeline.topic}"]
-[routing]
-field = "table"
-[tables.orders]
-schema = "id BIGINT NOT NULL, name STRING, amount DOUBLE"
-[target]
-url = "{pipeline.adapter.target_url()}"
-database = "{DB}"
-options = {{ {options} }}
-[state]
-url = "{pipeline.state_url}"
-""")
-    return path
+    return write_job_toml(
+        pipeline.root, job_id=pipeline.job_id, kafka={"bootstrap_servers": pipeline.broker.bootstrap, "topics": [pipeline.topic]},
+        routing={"field": "table"}, tables={"orders": {"schema": "id BIGINT NOT NULL, name STRING, amount DOUBLE"}},
+        target={"url": pipeline.adapter.target_url(), "database": DB, "options": pipeline.adapter.target_options()},
+        state={"url": pipeline.state_url},
+    )
 
 
 # The operator commands' logic is the same on every target: CI runs them on chdb; the HTTPS variant (whose commit

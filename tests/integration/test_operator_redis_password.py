@@ -16,11 +16,12 @@ from typing import Iterator
 
 import pytest
 
-from devstack.redis import RedisServer
+from tests.support.services.redis import RedisServer
 from streaming_sink.state import BatchRecord, RedisStateStore
 from streaming_sink.state.redis import RedisKeys
 from streaming_sink.committable import Committable
 from streaming_sink.records import BatchState
+from tests.support.jobs import write_job_toml
 
 SECRET = "s3cr3t-pw-Hx7"
 JOB = "orders-ingest"
@@ -56,21 +57,8 @@ def test_the_redis_password_is_never_shown(server: RedisServer, tmp_path: Path) 
     assert json.loads(as_json.stdout)["state_store"] == redacted
 
     # the way the runbook asks for it: the URL with the password in the environment, the rest from the TOML
-    config = tmp_path / "job.toml"
-    config.write_text(f"""
-job_id = "{JOB}"
-[kafka]
-bootstrap_servers = "127.0.0.1:9092"
-topics = ["events"]
-[routing]
-table = "orders"
-[tables.orders]
-schema = "id BIGINT NOT NULL"
-[target]
-url = "chdb://{tmp_path / 'ch'}"
-[state]
-url = "redis://127.0.0.1:{server.port}/0"
-""")
+    config = write_job_toml(tmp_path, job_id=JOB, tables={"orders": {"schema": "id BIGINT NOT NULL"}},
+                            target={"url": f"chdb://{tmp_path / 'ch'}"}, state={"url": f"redis://127.0.0.1:{server.port}/0"})
     from_config = cli("status", "--config", str(config), "--json", env={"STREAMING_SINK_STATE_URL": server.url})
     assert from_config.returncode == 0 and json.loads(from_config.stdout)["state_store"] == redacted, from_config.stderr
 

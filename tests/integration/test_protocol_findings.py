@@ -6,7 +6,7 @@ Each test failed on the code before its fix (see the notes of issue 9).
 """
 from __future__ import annotations
 
-from typing import Any, Iterator
+from typing import Any
 
 import pyarrow as pa
 import pytest
@@ -19,8 +19,9 @@ from streaming_sink.routing import Router
 from streaming_sink.sink import ExactlyOnceSink
 from streaming_sink.targets.starrocks import StarRocksTarget
 from streaming_sink.writer import PartitionResult, PartitionWriter, WriteContext
-from tests.emulators.starrocks import StarRocksEmulator
-from tests.recording_target import RecordingTarget
+from tests.support.doubles.emulators.starrocks import StarRocksEmulator
+from tests.support.doubles.recording import RecordingTarget
+from tests.support.targets.starrocks import starrocks_target
 
 DB, TABLE, JOB, QUERY = "db", "t", "job", "query-1"
 ROWS_PER_PARTITION = 100
@@ -30,17 +31,9 @@ class Crash(BaseException):
     """kill -9 of the driver, as seen by the code that was running."""
 
 
-@pytest.fixture
-def sr(tmp_path: Any) -> Iterator[StarRocksEmulator]:
-    with StarRocksEmulator(tmp_path / "sr", password="pw") as emu:
-        emu.create_table(DB, TABLE, [("id", "INT"), ("name", "VARCHAR(32)")])
-        yield emu
-
-
 def target_of(sr: StarRocksEmulator) -> StarRocksTarget:
-    """Commits one at a time, so a crash after the first commit leaves exactly one visible."""
-    return StarRocksTarget(sr.fe_url, DB, "root", "pw", backoff_s=0.0, backoff_max_s=0.0, read_timeout=5.0,
-                           commit_parallelism=1)
+    """Commits one at a time, so a crash after the first commit leaves exactly one visible (`sr`: tests/support/fixtures.py)."""
+    return starrocks_target(sr, commit_parallelism=1)
 
 
 def source(batch_id: int, partitions: int = 2) -> list[list[pa.RecordBatch]]:
@@ -135,7 +128,7 @@ def test_a_doris_label_evicted_by_newer_loads_stops_the_job_instead_of_duplicati
     """Doris forgets finished labels past label_num_threshold (2000 per database) within minutes on a
     busy database, long before its 12 h: the same loud stop, no clock needed."""
     from streaming_sink.targets.doris import DorisTarget
-    from tests.emulators.doris import DorisEmulator
+    from tests.support.doubles.emulators.doris import DorisEmulator
     from tests.integration.test_doris_target import COLUMNS, other_jobs_finish_loads
 
     with DorisEmulator(tmp_path / "doris") as doris:

@@ -23,7 +23,7 @@ from streaming_sink.routing import Router
 from streaming_sink.sink import ExactlyOnceSink
 from streaming_sink.targets.base import CommitOutcome, TargetError
 from streaming_sink.writer import ContentChecksum, PartitionWriter, WriteContext
-from devstack.pipeline import create_tables, open_target, table_rows
+from tests.support.pipeline import create_tables, open_target, table_rows
 
 JOB, Q, DB = "job", "query-1", "analytics"
 

@@ -1,7 +1,7 @@
 """A Sentinel failover under a running job: the journal writes wait for the replica, so the promoted one has every
 step the driver acted on and the job ends exact; without the waits, the rolled-back journal is detected and the
 job stops loudly, with nothing written twice. Real Kafka, the packaged job, ClickHouse on chdb, and a primary,
-a replica and three Sentinels from Debian's redis-server (devstack.redis.RedisSentinelGroup)."""
+a replica and three Sentinels from Debian's redis-server (tests.support.services.redis.RedisSentinelGroup)."""
 from __future__ import annotations
 
 import random
@@ -12,9 +12,9 @@ from typing import Iterator
 
 import pytest
 
-from devstack.pipeline import DB, TABLES, LocalPipeline
-from devstack.redis import RedisSentinelGroup
-from tests.integration.exactly_once import kill_seeds
+from tests.support.pipeline import DB, TABLES, LocalPipeline
+from tests.support.services.redis import RedisSentinelGroup
+from tests.support.crash import kill_seeds
 
 pytestmark = pytest.mark.slow
 

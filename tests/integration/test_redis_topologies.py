@@ -1,5 +1,5 @@
 """The Redis store on the topologies production runs: replicas it waits for, a Sentinel failover it follows, and a
-journal written under the key layout of earlier releases. Real `redis-server` processes (devstack.redis)."""
+journal written under the key layout of earlier releases. Real `redis-server` processes (tests.support.services.redis)."""
 from __future__ import annotations
 
 import pickle
@@ -9,7 +9,7 @@ from typing import Iterator
 import pytest
 import redis
 
-from devstack.redis import HOST, RedisSentinelGroup, RedisServer
+from tests.support.services.redis import HOST, RedisSentinelGroup, RedisServer
 from streaming_sink.committable import Committable, TxnRef
 from streaming_sink.records import BatchState
 from streaming_sink.state import BatchRecord, FencedError, RedisStateStore, open_store
@@ -154,7 +154,7 @@ def test_a_job_upgraded_over_a_prepared_batch_in_the_old_layout_is_not_taken_for
                                                                                            kafka_broker):
     """The driver dies with batch 1 PREPARED, its journal is laid out as the earlier release wrote it, and the job
     of this release recovers the batch from it and ends exact."""
-    from devstack.pipeline import LocalPipeline
+    from tests.support.pipeline import LocalPipeline
 
     pipeline = LocalPipeline(tmp_path, kafka_broker, redis_server.url)
     pipeline.produce()

@@ -11,11 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from devstack.redis import RedisServer
-from devstack.spark import spark_env
-from tests.emulators.starrocks import StarRocksEmulator
-from tests.infra.fixtures import SECURE_PASSWORD, SECURE_USER
-from tests.integration.test_secured_kafka_job import secured_kafka_toml
+from tests.support.services.redis import RedisServer
+from tests.support.services.spark import spark_env
+from tests.support.doubles.emulators.starrocks import StarRocksEmulator
+from tests.support.fixtures import SECURE_PASSWORD, SECURE_USER
+from tests.support.jobs import local_spark, secured_kafka, write_job_toml
 
 # Extended suite: CI keeps test_operator_redis_password.py (the Redis password through every operator command) and the
 # targets' own checks that a password never shows in a repr or an error.
@@ -28,21 +28,12 @@ SECRETS = {"target": TARGET_PASSWORD, "redis": REDIS_PASSWORD, "kafka": SECURE_P
 
 
 def write_config(tmp_path: Path, broker, topic: str, fe_port: int) -> Path:
-    path = tmp_path / "job.toml"
-    path.write_text(f"""
-job_id = "secrets"
-[routing]
-table = "orders"
-[tables.orders]
-schema = "id BIGINT NOT NULL, name STRING"
-[target]
-url = "starrocks://127.0.0.1:{fe_port}"
-database = "analytics"
-options = {{ tables = ["orders"], backoff_s = 0.05 }}
-[sink]
-metadata_columns = false
-{secured_kafka_toml(broker, topic, "KAFKA_JAAS")}""")
-    return path
+    return write_job_toml(
+        tmp_path, job_id="secrets", kafka=secured_kafka(broker, topic, "KAFKA_JAAS", SECURE_USER), spark=local_spark(),
+        target={"url": f"starrocks://127.0.0.1:{fe_port}", "database": "analytics",
+                "options": {"tables": ["orders"], "backoff_s": 0.05}},
+        sink={"metadata_columns": False},
+    )
 
 
 def errors(log: str) -> str:

@@ -11,9 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from devstack.pipeline import open_target
-from devstack.spark import local_spark_conf, spark_env
-from tests.infra.fixtures import SECURE_PASSWORD, SECURE_USER
+from tests.support.pipeline import open_target
+from tests.support.services.spark import spark_env
+from tests.support.fixtures import SECURE_PASSWORD, SECURE_USER
+from tests.support.jobs import local_spark, secured_kafka, write_job_toml
 
 pytestmark = pytest.mark.slow
 
@@ -21,27 +22,10 @@ REPO = Path(__file__).resolve().parents[2]
 JAAS_ENV = "ORDERS_KAFKA_JAAS"
 
 
-def secured_kafka_toml(broker, topic: str, jaas_env: str = JAAS_ENV) -> str:
-    """[kafka] and [kafka.options] for the broker's SASL_SSL listener, the JAAS config read from `jaas_env`;
-    plus the devstack's Spark conf (its Kafka source jars), as TOML."""
-    options = {k: v for k, v in broker.spark_kafka_options(SECURE_USER, "unused").items()
-               if k not in ("kafka.bootstrap.servers", "kafka.sasl.jaas.config")}
-    lines = [f'"{k}" = "{v}"' for k, v in options.items()] + [f'"kafka.sasl.jaas.config" = {{ env = "{jaas_env}" }}']
-    spark = "\n".join(f'"{k}" = "{v}"' for k, v in local_spark_conf().items())
-    return (f'[kafka]\nbootstrap_servers = "{broker.secure_bootstrap}"\ntopics = ["{topic}"]\n'
-            f'[kafka.options]\n{chr(10).join(lines)}\n[spark.conf]\n{spark}\n')
-
-
 def write_config(tmp_path: Path, broker, topic: str) -> Path:
-    path = tmp_path / "job.toml"
-    path.write_text(f"""
-job_id = "secured"
-[routing]
-table = "orders"
-[tables.orders]
-schema = "id BIGINT NOT NULL, name STRING"
-{secured_kafka_toml(broker, topic)}""")
-    return path
+    """Table `orders` from the broker's SASL_SSL listener, the JAAS config read from `JAAS_ENV` (tests/support/jobs.py)."""
+    return write_job_toml(tmp_path, job_id="secured", kafka=secured_kafka(broker, topic, JAAS_ENV, SECURE_USER),
+                          spark=local_spark())
 
 
 def run_job(config: Path, broker, password: str, *command: str) -> subprocess.CompletedProcess[str]:

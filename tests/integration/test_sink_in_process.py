@@ -7,15 +7,10 @@ from streaming_sink.state import FencedError, FileStateStore
 from streaming_sink import ExactlyOnceSink
 from streaming_sink.records import BatchState
 from streaming_sink.routing import UnknownTableError
-from devstack.pipeline import create_tables, open_target, table_rows
+from tests.support.pipeline import create_tables, open_target, table_rows
 
 DB = "analytics"
 SCHEMA = "id BIGINT, name STRING, amount DOUBLE, __table STRING, kafka_partition INT, kafka_offset BIGINT"
-
-
-@pytest.fixture
-def spark(spark_session):
-    return spark_session
 
 
 @pytest.fixture

@@ -6,7 +6,7 @@ to one prepare, so Spark launches a speculative copy of that task on the other h
 and the slow original's prepared transaction must be aborted, never committed. Two batches later an
 executor is SIGKILLed at an instant drawn from a seed. The target must equal the source row by row.
 
-The same run into ClickHouse over HTTP (the test front over the real engine, tests/clickhouse_front): the
+The same run into ClickHouse over HTTP (the test front over the real engine, tests/support/doubles/clickhouse_front): the
 executors on both hosts write one staging table per (table, task attempt); the front holds back the
 answer to one prepare (its row count), the copy wins, the original's staging table is dropped and never
 committed, then an executor dies mid-batch.
@@ -24,14 +24,14 @@ from pathlib import Path
 
 import pytest
 
-from devstack._proc import wait_until
-from devstack.pipeline import DB, REPO, LocalPipeline
-from devstack.spark_cluster import executor_pids, standalone_cluster
+from tests.support.services._proc import wait_until
+from tests.support.pipeline import DB, REPO, LocalPipeline
+from tests.support.services.spark_cluster import executor_pids, standalone_cluster
 from streaming_sink.targets.clickhouse import LEDGER_TABLE
-from tests.clickhouse_front import ClickHouseFront
-from tests.emulators.starrocks import StarRocksEmulator
-from tests.integration.clickhouse_http_harness import ClickHouseFrontAdapter
-from tests.integration.starrocks_harness import StarRocksEmulatorAdapter
+from tests.support.doubles.clickhouse_front import ClickHouseFront
+from tests.support.doubles.emulators.starrocks import StarRocksEmulator
+from tests.support.targets.clickhouse import ClickHouseHttpAdapter
+from tests.support.targets.starrocks import StarRocksAdapter
 
 pytestmark = pytest.mark.slow
 
@@ -93,7 +93,7 @@ def _kill_an_executor_in_the_next_batch(proc: subprocess.Popen) -> bool:
 def test_a_speculative_copy_and_a_lost_executor_leave_the_target_exact(tmp_path: Path, kafka_broker, redis_server) -> None:
     with StarRocksEmulator(tmp_path / "starrocks", password="cluster") as emulator, \
             standalone_cluster(tmp_path / "cluster") as master:
-        pipeline = _cluster_pipeline(tmp_path, kafka_broker, redis_server, master, StarRocksEmulatorAdapter(emulator, {}))
+        pipeline = _cluster_pipeline(tmp_path, kafka_broker, redis_server, master, StarRocksAdapter(emulator, {}))
         proc = pipeline.start_driver(run=0)
         try:
             pipeline.wait_for_batches(proc, count=1)  # executors and their Python workers are up
@@ -146,7 +146,7 @@ def test_clickhouse_over_http_a_speculative_copy_and_a_lost_executor_leave_the_t
 ) -> None:
     with ClickHouseFront(tmp_path / "clickhouse") as front, standalone_cluster(tmp_path / "cluster") as master:
         # the client must not give up on the held answer: the copy, not a retry, makes the second attempt
-        adapter = ClickHouseFrontAdapter(front, {"read_timeout_s": 2 * HELD_BACK_S})
+        adapter = ClickHouseHttpAdapter(front, {"read_timeout_s": 2 * HELD_BACK_S})
         pipeline = _cluster_pipeline(tmp_path, kafka_broker, redis_server, master, adapter)
         ledger_rows = f"`{DB}`.`{LEDGER_TABLE}`"
 

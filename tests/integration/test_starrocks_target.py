@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 import pickle
 import socket
-from typing import Any, Iterator
+from typing import Any
 
 import pyarrow as pa
 import pytest
@@ -18,21 +18,13 @@ from streaming_sink.committable import Committable, TxnRef
 from streaming_sink.targets import ConfigurationError, target_from_url
 from streaming_sink.targets.base import CommitOutcome, TargetError
 from streaming_sink.targets.starrocks import StarRocksTarget
-from tests.emulators.starrocks import StarRocksEmulator
+from tests.support.doubles.emulators.starrocks import StarRocksEmulator
+from tests.support.targets.starrocks import starrocks_target
 
 DB, TABLE, PASSWORD = "db", "t", "pw"
 
 
-@pytest.fixture
-def sr(tmp_path: Any) -> Iterator[StarRocksEmulator]:
-    with StarRocksEmulator(tmp_path / "sr", password=PASSWORD) as emu:
-        emu.create_table(DB, TABLE, [("id", "INT"), ("name", "VARCHAR(32)")])
-        yield emu
-
-
-def make_target(sr: StarRocksEmulator, **options: Any) -> StarRocksTarget:
-    options = {"backoff_s": 0.0, "backoff_max_s": 0.0, "read_timeout": 5.0, **options}
-    return StarRocksTarget(sr.fe_url, DB, "root", PASSWORD, **options)
+make_target = starrocks_target  # `sr` (db.t, password "pw") comes from tests/support/fixtures.py
 
 
 class Writer:

@@ -33,7 +33,7 @@ def record(batch: int, state: BatchState = BatchState.PREPARED, epoch: int = 1, 
     return BatchRecord(Q, batch, state, epoch, committables, checksums={i: f"{i}:x" for i in range(n)})
 
 
-#: Redis topologies (tests/infra/fixtures.py), each shared by this module's tests and emptied before each one:
+#: Redis topologies (tests/support/fixtures.py), each shared by this module's tests and emptied before each one:
 #: a Sentinel-watched primary whose writes wait for its replica, a three-master Cluster, a TLS-only server.
 _SHARED_REDIS = {"redis-sentinel": "redis_sentinels", "redis-cluster": "redis_cluster", "rediss": "redis_tls_server"}
 
@@ -292,7 +292,7 @@ def test_redis_url_is_redacted_but_still_connects(tmp_path):
     """S1: the password stays out of `url`, repr and errors; the raw URL still connects, in tasks too (pickled)."""
     import pickle
 
-    from devstack.redis import RedisServer
+    from tests.support.services.redis import RedisServer
     from streaming_sink.state import StateStoreError
     from streaming_sink.state.redis import redact_url
 

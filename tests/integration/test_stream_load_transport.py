@@ -15,7 +15,7 @@ import base64
 import socket
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import pyarrow as pa
 import pytest
@@ -26,9 +26,9 @@ from streaming_sink.targets import PASSWORD_ENV, USER_ENV, ConfigurationError
 from streaming_sink.targets.base import CommitOutcome
 from streaming_sink.targets.doris import DorisTarget
 from streaming_sink.targets.starrocks import StarRocksTarget
-from tests.emulators.doris import DorisEmulator
-from tests.emulators.starrocks import StarRocksEmulator
-from tests.infra.tls import issue_certificates
+from tests.support.doubles.emulators.doris import DorisEmulator
+from tests.support.doubles.emulators.starrocks import StarRocksEmulator
+from tests.support.tls import issue_certificates
 
 DB, TABLE, PASSWORD = "db", "t", "pw"
 COLUMNS = [("id", "BIGINT"), ("name", "VARCHAR(256)")]
@@ -54,10 +54,8 @@ def starrocks_load(target: StarRocksTarget, table: pa.Table, label: str = "L1") 
 
 
 @pytest.fixture
-def sr(tmp_path: Path) -> Iterator[StarRocksEmulator]:
-    with StarRocksEmulator(tmp_path / "sr", password=PASSWORD) as emu:
-        emu.create_table(DB, TABLE, COLUMNS)
-        yield emu
+def sr(starrocks_emulator: Callable[..., StarRocksEmulator]) -> StarRocksEmulator:
+    return starrocks_emulator(password=PASSWORD, columns=COLUMNS)
 
 
 @pytest.fixture

@@ -9,8 +9,8 @@ import pytest
 from streaming_sink.errors import ConfigurationError
 from streaming_sink.targets.streamload.http import HttpClient
 from streaming_sink.targets.streamload.table_schema import fetch_table_columns
-from tests.emulators.doris import DorisEmulator
-from tests.emulators.starrocks import StarRocksEmulator
+from tests.support.doubles.emulators.doris import DorisEmulator
+from tests.support.doubles.emulators.starrocks import StarRocksEmulator
 
 COLUMNS = [("id", "BIGINT NOT NULL"), ("name", "VARCHAR(10)"), ("price", "DECIMAL(10,2)"), ("big", "DECIMAL(30,4)"),
            ("ts", "DATETIME"), ("day", "DATE"), ("doc", "JSON"), ("tags", "ARRAY<INT>"), ("attrs", "MAP<VARCHAR(10),INT>"),

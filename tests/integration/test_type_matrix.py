@@ -24,8 +24,8 @@ from streaming_sink.targets.base import CommitOutcome, Target
 from streaming_sink.targets.clickhouse import ClickHouseTarget
 from streaming_sink.targets.doris import DorisTarget
 from streaming_sink.targets.starrocks import StarRocksTarget
-from tests.emulators.doris import DorisEmulator
-from tests.emulators.starrocks import StarRocksEmulator
+from tests.support.doubles.emulators.doris import DorisEmulator
+from tests.support.doubles.emulators.starrocks import StarRocksEmulator
 
 DB = "matrix"
 UTC = dt.timezone.utc

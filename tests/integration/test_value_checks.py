@@ -108,8 +108,8 @@ def test_starrocks_and_doris_columns_read_from_schema_send_misfits_to_dead_lette
     its coordinates instead of wedging the batch."""
     from streaming_sink.targets.doris import DorisTarget
     from streaming_sink.targets.starrocks import StarRocksTarget
-    from tests.emulators.doris import DorisEmulator
-    from tests.emulators.starrocks import StarRocksEmulator
+    from tests.support.doubles.emulators.doris import DorisEmulator
+    from tests.support.doubles.emulators.starrocks import StarRocksEmulator
 
     cases: list[tuple[object, str | None]] = [
         (OLAP_GOOD, None),

@@ -28,12 +28,7 @@ def _seeds(first: int, count: int) -> list[int]:
     return list(range(first, first + count))
 
 
-@pytest.fixture(autouse=True)
-def _quiet_logs():
-    """The protocol logs every recovery at WARNING; thousands of schedules would drown the report."""
-    logging.disable(logging.CRITICAL)
-    yield
-    logging.disable(logging.NOTSET)
+pytestmark = pytest.mark.usefixtures("quiet_logs")  # tests/support/fixtures.py
 
 
 @pytest.mark.parametrize("seed", _seeds(0, FAST_SEEDS))

@@ -2,7 +2,6 @@
 and the unbroken protocol passes the very same seeds."""
 from __future__ import annotations
 
-import logging
 from typing import Callable
 
 import pytest
@@ -13,11 +12,7 @@ from .harness import Config, Outcome, run_schedule
 BUDGET = 400  # seeds each broken variant gets
 
 
-@pytest.fixture(autouse=True)
-def _quiet_logs():
-    logging.disable(logging.CRITICAL)
-    yield
-    logging.disable(logging.NOTSET)
+pytestmark = pytest.mark.usefixtures("quiet_logs")  # tests/support/fixtures.py
 
 
 def _first_violation(seeds: range, config: Config | None = None) -> Outcome | None:

@@ -18,14 +18,17 @@ from typing import Any, Iterator
 
 import pytest
 
-#: Fixture name -> what it would start (tests/infra/fixtures.py, tests/clickhouse_front/fixtures.py).
+#: Fixture name -> what it would start (tests/support/fixtures.py).
 SERVICE_FIXTURES = {
     "redis_server": "a Redis server",
     "kafka_broker": "a Kafka broker",
     "secured_kafka_broker": "a Kafka broker",
     "new_topic": "a Kafka broker",
     "spark_session": "a Spark session",
+    "spark": "a Spark session",
     "clickhouse_front": "the ClickHouse HTTP front",
+    "starrocks_emulator": "the StarRocks emulator",
+    "sr": "the StarRocks emulator",
 }
 
 MOVE_IT = "unit tests start nothing: move this test to tests/integration"

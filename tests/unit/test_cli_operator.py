@@ -13,12 +13,13 @@ from pathlib import Path
 
 import pytest
 
-from devstack.ports import free_port
+from tests.support.services.ports import free_port
 from streaming_sink.state import BatchRecord, FileStateStore
 from streaming_sink.cli import EXIT_CODES_HELP, ExitCode, build_parser, main
 from streaming_sink.committable import Committable, TxnRef
 from streaming_sink.records import BatchState
 from streaming_sink.status import human_duration
+from tests.support.jobs import write_job_toml
 
 JOB = "demo-ingest"
 Q = "q1"
@@ -236,22 +237,8 @@ def test_human_durations():
 
 def test_config_supplies_job_state_and_target(capsys, tmp_path, state):
     _, url = state
-    config = tmp_path / "job.toml"
-    config.write_text(f"""
-job_id = "{JOB}"
-[kafka]
-bootstrap_servers = "127.0.0.1:9092"
-topics = ["events"]
-[routing]
-table = "orders"
-[tables.orders]
-schema = "id BIGINT NOT NULL"
-[target]
-url = "starrocks://127.0.0.1:9"
-database = "analytics"
-[state]
-url = "{url}"
-""")
+    config = write_job_toml(tmp_path, job_id=JOB, tables={"orders": {"schema": "id BIGINT NOT NULL"}},
+                            target={"url": "starrocks://127.0.0.1:9", "database": "analytics"}, state={"url": url})
     code, out, _ = run(capsys, "status", "--config", str(config), "--json")
     assert code == ExitCode.OK and json.loads(out)["job_id"] == JOB
     code, out, _ = run(capsys, "recover", "--config", str(config), "--json")

@@ -10,7 +10,7 @@ from streaming_sink.committer import Committer
 from streaming_sink.records import BatchRecord, BatchState
 from streaming_sink.state import MemoryStateStore
 from streaming_sink.targets.base import CommitOutcome, TableTransaction, Target
-from tests.recording_target import RecordingTarget
+from tests.support.doubles.recording import RecordingTarget
 
 JOB, QUERY = "job", "q"
 

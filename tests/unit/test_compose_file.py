@@ -5,7 +5,7 @@ Schema that the `check-jsonschema` package vendors (its builtin `vendor.compose-
 from the installed package, plus the project's own rules:
 
 * every service has a healthcheck, so `docker compose up --wait` means "serving clients";
-* the Kafka image tag is the broker version the tests run (`devstack.jars.KAFKA_VERSION`);
+* the Kafka image tag is the broker version the tests run (`tests.support.services.jars.KAFKA_VERSION`);
 * every `depends_on` names a service that exists and is started whenever the dependant is;
 * no lone `$` (Compose would interpolate it away; shell and awk in healthchecks need `$$`);
 * the published ports the README, the docs and the tests use stay where they are;
@@ -42,10 +42,10 @@ EXPECTED_PORTS: dict[str, set[str]] = {
     "doris-be": {"18040:8040"},
 }
 
-#: Default version in a tests/docker module -> the compose services whose image tag must carry it.
+#: Default version in tests/support/real_cluster.py (what tests/docker start) -> the compose services whose image tag must carry it.
 DOCKER_TEST_IMAGES: dict[str, tuple[str, str, dict[str, str]]] = {
-    "starrocks": ("test_real_starrocks.py", "STARROCKS_VERSION", {"starrocks": "starrocks/allin1-ubuntu:{}"}),
-    "doris": ("test_real_doris.py", "DORIS_VERSION",
+    "starrocks": ("real_cluster.py", "STARROCKS_VERSION", {"starrocks": "starrocks/allin1-ubuntu:{}"}),
+    "doris": ("real_cluster.py", "DORIS_VERSION",
               {"doris-fe": "apache/doris:fe-{}", "doris-be": "apache/doris:be-{}"}),
 }
 
@@ -114,7 +114,7 @@ def kafka_tag_problems(document: dict[str, Any], version: str) -> list[str]:
     repository, _, tag = image.rpartition(":")
     if repository != "apache/kafka" or tag != version:
         return [f"kafka image is {image!r}; the tests run Kafka {version}: use 'apache/kafka:{version}' "
-                "(or change devstack/jars.py KAFKA_VERSION together with it)"]
+                "(or change tests/support/services/jars.py KAFKA_VERSION together with it)"]
     return []
 
 
@@ -158,11 +158,10 @@ def port_problems(document: dict[str, Any]) -> list[str]:
 
 
 def docker_test_default_version(module: str, variable: str) -> str:
-    """The default of `os.environ.get(variable, "<version>")` in tests/docker/<module> (not imported:
-    those modules skip at import time where no Docker engine runs)."""
-    source = (ROOT / "tests" / "docker" / module).read_text(encoding="utf-8")
+    """The default of `os.environ.get(variable, "<version>")` in tests/support/<module> (read, not imported)."""
+    source = (ROOT / "tests" / "support" / module).read_text(encoding="utf-8")
     match = re.search(rf'os\.environ\.get\("{variable}", "([^"]+)"\)', source)
-    assert match, f"tests/docker/{module} no longer reads {variable} with a default version"
+    assert match, f"tests/support/{module} no longer reads {variable} with a default version"
     return match.group(1)
 
 
@@ -175,7 +174,7 @@ def image_drift_problems(document: dict[str, Any], versions: dict[str, str]) -> 
             expected = pattern.format(versions[product])
             actual = (services.get(service) or {}).get("image")
             if actual != expected:
-                problems.append(f"service {service!r} runs {actual!r} but tests/docker/{module} starts {expected!r} "
+                problems.append(f"service {service!r} runs {actual!r} but tests/support/{module} starts {expected!r} "
                                 f"({variable}); keep them equal")
     return problems
 
@@ -187,14 +186,14 @@ def docker_test_versions() -> dict[str, str]:
 
 
 def expected_kafka_version() -> str:
-    """devstack.jars.KAFKA_VERSION as the tests use it by default (ignoring a local env override)."""
+    """tests.support.services.jars.KAFKA_VERSION as the tests use it by default (ignoring a local env override)."""
     if KAFKA_VERSION_ENV not in os.environ:
-        from devstack.jars import KAFKA_VERSION
+        from tests.support.services.jars import KAFKA_VERSION
 
         return KAFKA_VERSION
     env = {key: value for key, value in os.environ.items() if key != KAFKA_VERSION_ENV}
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
-    result = subprocess.run([sys.executable, "-c", "from devstack.jars import KAFKA_VERSION; print(KAFKA_VERSION)"],
+    result = subprocess.run([sys.executable, "-c", "from tests.support.services.jars import KAFKA_VERSION; print(KAFKA_VERSION)"],
                             env=env, capture_output=True, text=True, check=True)
     return result.stdout.strip()
 

@@ -1,6 +1,6 @@
 """Arrow -> CSV/JSON wire formats, checked by parsing the bytes back the way the servers do.
 
-The CSV side is parsed by the emulators' Stream Load parser (tests/emulators/load_formats.py, written
+The CSV side is parsed by the emulators' Stream Load parser (tests/support/doubles/emulators/load_formats.py, written
 from protocol.md and the STREAM_LOAD docs, not from this encoder), the JSON side by `json`.
 """
 from __future__ import annotations
@@ -19,7 +19,7 @@ from streaming_sink.targets.encoding import (
     CsvFormat, EncodingError, JsonFormat, check_header_names, columns_header, encode_chunks, encode_csv, encode_json, header_safe,
 )
 from streaming_sink.targets.streamload.doris_arrow import ArrowFormat, encode_arrow
-from tests.emulators.load_formats import LoadFormat, split_csv
+from tests.support.doubles.emulators.load_formats import LoadFormat, split_csv
 
 NASTY = ["plain", "", "a,b", 'say "hi"', "back\\slash", "two\nlines", "cr\rlf\r\n", "\\N", "tab\there", "ünïcødé ✓",
          '"', "\\", '\\"', ",\n", "  padded  "]

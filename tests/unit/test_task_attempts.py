@@ -14,7 +14,7 @@ from streaming_sink.state import FileStateStore
 from streaming_sink.execution import task_writer
 from streaming_sink.routing import Router
 from streaming_sink.writer import PartitionResult, WriteContext
-from tests.recording_target import RecordingTarget
+from tests.support.doubles.recording import RecordingTarget
 
 
 @dataclass

@@ -1,0 +1,1 @@
+"""Tests of the test doubles: the Stream Load emulators (tests/support/doubles/emulators)."""
