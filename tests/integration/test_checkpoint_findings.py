@@ -15,7 +15,9 @@ import pytest
 from streaming_sink.checkpoint import CheckpointFolder, restore_offsets
 from streaming_sink.records import BatchState
 from streaming_sink.errors import SourceReplannedError
-from streaming_sink.recovery import Recovery, ReplayAmbiguousError, apply_recovery, plan_recovery
+from streaming_sink.actions import apply_recovery, plan_recovery
+from streaming_sink.committer import Committer
+from streaming_sink.errors import ReplayAmbiguousError
 from streaming_sink.state import MemoryStateStore, StateStoreLostError
 from tests.integration.test_protocol_findings import (
     DB, JOB, QUERY, Crash, CrashingStore, expected_ids, ids, sink_of, source, target_of,
@@ -122,7 +124,7 @@ def _prepared_then_forgotten(sr: Any, store: MemoryStateStore) -> None:
 def test_recover_apply_first_then_the_restart_replays_instead_of_stopping(sr) -> None:
     store = MemoryStateStore()
     _prepared_then_forgotten(sr, store)
-    recovery = Recovery(target_of(sr), store, JOB, store.take_epoch(JOB, "operator"))
+    recovery = Committer(target_of(sr), store, JOB, store.take_epoch(JOB, "operator"))
     done = apply_recovery(recovery, plan_recovery(store, JOB, recovery.target), lambda _: None)
     assert [a.action for a in done] == ["keep-for-replay"]  # the runbook: leave it, restart the job
     report = sink_of(target_of(sr), store).process(source(1), 1, QUERY)  # was ReplayAmbiguousError
@@ -164,7 +166,7 @@ def test_an_older_querys_unreplayable_batch_is_given_up_by_the_operator_and_the_
     sr, tmp_path, capsys, monkeypatch
 ) -> None:
     from streaming_sink.cli import main
-    from streaming_sink.recovery import ReplayImpossibleError
+    from streaming_sink.errors import ReplayImpossibleError
     from streaming_sink.state import FileStateStore
 
     store = FileStateStore(tmp_path / "state")

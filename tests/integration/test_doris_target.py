@@ -20,7 +20,8 @@ import pytest
 from streaming_sink.state import BatchRecord, FileStateStore
 from streaming_sink.committable import TxnRef
 from streaming_sink.records import BatchState
-from streaming_sink.recovery import Recovery, ReplayImpossibleError
+from streaming_sink.committer import Committer
+from streaming_sink.errors import ReplayImpossibleError
 from streaming_sink.routing import Router
 from streaming_sink.targets import PASSWORD_ENV, USER_ENV, ConfigurationError, target_from_url
 from streaming_sink.targets.base import CommitOutcome, TargetError
@@ -650,7 +651,7 @@ def test_recovery_commits_a_prepared_batch_exactly_once(emu: DorisEmulator, tmp_
     record = write_batch(target, store, epoch, 1)
     assert len(record.committables) > 4  # one txn per flush, not per table
     store.put_batch(JOB, epoch, record)
-    first = Recovery(target, store, JOB, epoch)
+    first = Committer(target, store, JOB, epoch)
     assert first.commit_pending(first.log_of(record)) == []
     for committable in record.committables:  # a driver that died before recording progress repeats them
         assert target.commit(committable) is CommitOutcome.COMMITTED
@@ -664,7 +665,7 @@ def test_intents_without_a_record_are_aborted(emu: DorisEmulator, tmp_path: Any)
     target, store = make_target(emu), FileStateStore(tmp_path / "state")
     epoch = store.take_epoch(JOB, "test")
     write_batch(target, store, epoch, 1)
-    Recovery(target, store, JOB, epoch).abort_intents(QUERY, 1)
+    Committer(target, store, JOB, epoch).abort_intents(QUERY, 1)
     assert {t["state"] for t in emu.transactions()} == {"ABORTED"}
     assert store.intents(JOB, QUERY, 1) == []
 
@@ -676,7 +677,7 @@ def test_expired_batch_outside_its_rerun_fails_loudly(emu: DorisEmulator, tmp_pa
     store.put_batch(JOB, epoch, record)
     emu.clock.advance(3601)
     with pytest.raises(ReplayImpossibleError, match="runbook"):
-        Recovery(target, store, JOB, epoch).finish_prepared(record)
+        Committer(target, store, JOB, epoch).finish_prepared(record)
     assert emu.visible_rows(DB, "orders") == []
 
 

@@ -7,7 +7,8 @@ import pyarrow as pa
 from streaming_sink.state import FileStateStore
 from streaming_sink.committable import TxnRef
 from streaming_sink.labels import make_label
-from streaming_sink.recovery import Recovery, apply_recovery, plan_recovery
+from streaming_sink.actions import apply_recovery, plan_recovery
+from streaming_sink.committer import Committer
 from streaming_sink.status import job_status
 from streaming_sink.targets.clickhouse import ClickHouseTarget
 
@@ -36,7 +37,7 @@ def test_a_staging_table_the_journal_forgot_is_listed_and_dropped(tmp_path, clic
     assert job_status(store, JOB, target=target)["server_leftovers"] == [forgotten]
     plan = plan_recovery(store, JOB, target)
     assert [(a.action, a.detail) for a in plan if a.action == "abort-leftovers"] == [("abort-leftovers", forgotten)]
-    apply_recovery(Recovery(target, store, JOB, store.take_epoch(JOB, "operator")), plan, lambda line: None)
+    apply_recovery(Committer(target, store, JOB, store.take_epoch(JOB, "operator")), plan, lambda line: None)
     assert set(target.staging_tables()) == {other_job}  # the named one was aborted as an intent; other jobs untouched
     assert named not in target.staging_tables()
     target.close()

@@ -14,7 +14,9 @@ import pytest
 from streaming_sink.state import BatchRecord, FencedError, MemoryStateStore, StateStoreLostError
 from streaming_sink.committable import TxnRef
 from streaming_sink.records import BatchState
-from streaming_sink.recovery import OperatorActionRefused, Recovery, ReplayAmbiguousError, abort_batch
+from streaming_sink.actions import abort_batch
+from streaming_sink.committer import Committer
+from streaming_sink.errors import OperatorActionRefused, ReplayAmbiguousError
 from streaming_sink.routing import Router
 from streaming_sink.sink import ExactlyOnceSink
 from streaming_sink.targets.starrocks import StarRocksTarget
@@ -230,8 +232,8 @@ def test_accept_empty_state_starts_a_deliberately_fresh_store_but_not_a_partly_r
 
 def test_a_fenced_driver_aborts_nothing_of_the_newer_driver() -> None:
     store, target = MemoryStateStore(), RecordingTarget()
-    old = Recovery(target, store, JOB, store.take_epoch(JOB, "a"))
-    new = Recovery(target, store, JOB, store.take_epoch(JOB, "b"))
+    old = Committer(target, store, JOB, store.take_epoch(JOB, "a"))
+    new = Committer(target, store, JOB, store.take_epoch(JOB, "b"))
     for i in range(3):
         store.add_intent(JOB, new.epoch, QUERY, 0, TxnRef("recording", DB, TABLE, f"B-{i}", i, f"e{new.epoch}w0t{i}"))
     with pytest.raises(FencedError):
@@ -257,7 +259,7 @@ def test_a_driver_fenced_during_its_commits_stops_sending_them(fenced: str) -> N
     store.put_batch(JOB, epoch, record)
     after_recorded = take_over if fenced == "after the first commit was recorded" else None
     with pytest.raises(FencedError):
-        committer = Recovery(target, store, JOB, epoch)
+        committer = Committer(target, store, JOB, epoch)
         committer.commit_pending(committer.log_of(record), on_commit=after_recorded)
     assert target.calls == [("commit", "L0")]  # the newer driver took over before any second commit
 
@@ -275,7 +277,7 @@ def test_operator_abort_refuses_a_batch_that_became_prepared_meanwhile() -> None
 
     prepared = Committable("recording", DB, TABLE, "L0", 0, ref.attempt, rows=1)
     store.put_batch(JOB, driver, BatchRecord(QUERY, 3, BatchState.PREPARED, driver, [prepared]))  # ...then this
-    operator = Recovery(target, store, JOB, store.take_epoch(JOB, "operator"))
+    operator = Committer(target, store, JOB, store.take_epoch(JOB, "operator"))
     with pytest.raises(OperatorActionRefused, match="PREPARED"):
         abort_batch(operator, QUERY, 3)
     assert target.calls == []
@@ -333,7 +335,7 @@ def test_a_late_twin_that_begins_after_the_final_abort_aborts_itself(sr) -> None
 
 def test_the_operator_settles_an_ambiguous_label_and_the_job_resumes_exactly(sr) -> None:
     """After ReplayAmbiguousError: the operator counted the rows, records the verdict, restarts."""
-    from streaming_sink.recovery import settle_label
+    from streaming_sink.actions import settle_label
 
     store = MemoryStateStore()
     with pytest.raises(Crash):
@@ -344,7 +346,7 @@ def test_the_operator_settles_an_ambiguous_label_and_the_job_resumes_exactly(sr)
     record = store.get_batch(JOB, QUERY, 0)
     forgotten = [c.label for c in record.committables if c.label in str(stopped.value)]
     assert len(forgotten) == 1  # the one whose commit landed; its twin was never sent and expired
-    operator = Recovery(target_of(sr), store, JOB, store.take_epoch(JOB, "operator"))
+    operator = Committer(target_of(sr), store, JOB, store.take_epoch(JOB, "operator"))
     settle_label(operator, QUERY, 0, forgotten[0], committed=True)  # its 100 rows are in the table
     assert sink_of(target_of(sr), store).process(source(0), 0, QUERY).action == "recovered-prepared"
     assert ids(sr) == expected_ids(0)
@@ -368,10 +370,10 @@ def test_a_file_store_with_writers_on_a_cluster_is_refused_before_any_data_moves
 
 def test_older_checkpoints_keep_only_their_newest_record_and_none_once_stale() -> None:
     from streaming_sink.committable import Committable
-    from streaming_sink.recovery import STALE_QUERY_SECONDS
+    from streaming_sink.committer import STALE_QUERY_SECONDS
 
     store, target = MemoryStateStore(), RecordingTarget()
-    recovery = Recovery(target, store, JOB, store.take_epoch(JOB, "driver"))
+    recovery = Committer(target, store, JOB, store.take_epoch(JOB, "driver"))
     for query in ("old-a", "old-b", QUERY):
         for batch in range(5):
             done = Committable("recording", DB, TABLE, f"{query}-{batch}", 0, f"e{recovery.epoch}w0t1", rows=1)

@@ -15,10 +15,9 @@ from streaming_sink.committable import Committable, TxnRef
 from streaming_sink.records import BatchState
 from streaming_sink.batch_log import BatchLog
 from streaming_sink.committer import _ProgressMarks
-from streaming_sink.recovery import (
-    OperatorActionRefused, Recovery, ReplayImpossibleError, TargetMismatchError, abort_batch, apply_recovery,
-    plan_recovery, settle_label,
-)
+from streaming_sink.actions import abort_batch, apply_recovery, plan_recovery, settle_label
+from streaming_sink.committer import Committer
+from streaming_sink.errors import OperatorActionRefused, ReplayImpossibleError, TargetMismatchError
 from streaming_sink.routing import Router
 from streaming_sink.sink import ExactlyOnceSink
 from streaming_sink.targets.base import CommitOutcome, TargetError
@@ -76,7 +75,7 @@ def test_intents_only_are_aborted(env):
     write_batch(target, store, epoch, router, 1)
     assert len(store.intents(JOB, Q, 1)) == 4  # 2 partitions x 2 tables
     assert len(target.staging_tables()) == 4
-    Recovery(target, store, JOB, epoch).abort_intents(Q, 1)
+    Committer(target, store, JOB, epoch).abort_intents(Q, 1)
     assert target.staging_tables() == [] and store.intents(JOB, Q, 1) == []
     assert table_rows(target, "orders") == [] and table_rows(target, "payments") == []
 
@@ -85,7 +84,7 @@ def test_prepared_is_committed_exactly_once_even_when_repeated(env):
     target, store, epoch, router = env
     record = write_batch(target, store, epoch, router, 1)
     store.put_batch(JOB, epoch, record)
-    recovery = Recovery(target, store, JOB, epoch)
+    recovery = Committer(target, store, JOB, epoch)
     assert recovery.commit_pending(recovery.log_of(record)) == []
     assert store.done_labels(JOB, Q, 1) == {c.label for c in record.committables}
     for committable in record.committables:  # a driver that crashed before recording progress repeats them
@@ -116,7 +115,7 @@ def test_staging_gone_without_ledger_is_aborted_and_fails_loudly_outside_replay(
     target.client().command(f"DROP TABLE {DB}.`{victim.label}`")  # what an operator or a wipe would do
     assert target.commit(victim) is CommitOutcome.ABORTED  # no commit ever began: never visible
     with pytest.raises(ReplayImpossibleError, match="runbook"):
-        Recovery(target, store, JOB, epoch).finish_prepared(record)
+        Committer(target, store, JOB, epoch).finish_prepared(record)
     assert store.get_batch(JOB, Q, 1).state is BatchState.PREPARED  # never rolled back, never marked done
 
 
@@ -125,7 +124,7 @@ def test_sweep_finishes_old_prepared_aborts_old_intents_and_applies_retention(en
     prepared = write_batch(target, store, epoch, router, 1)
     store.put_batch(JOB, epoch, prepared)
     write_batch(target, store, epoch, router, 2)  # intents only: a crashed, unprepared batch
-    recovery = Recovery(target, store, JOB, epoch)
+    recovery = Committer(target, store, JOB, epoch)
     recovery.sweep(skip=None, retain_batches=2)
     assert store.get_batch(JOB, Q, 1).state is BatchState.COMMITTED
     assert store.intents(JOB, Q, 2) == [] and target.staging_tables() == []
@@ -138,7 +137,7 @@ def test_flush_bound_splits_into_chunks_of_one_transaction(env):
     target, store, epoch, router = env
     record = write_batch(target, store, epoch, router, 1, flush_bytes=1)  # every batch flushes
     assert len(record.committables) == 4  # still one transaction per (table, partition)
-    Recovery(target, store, JOB, epoch).finish_prepared(record)
+    Committer(target, store, JOB, epoch).finish_prepared(record)
     assert table_rows(target, "orders") == expected("orders")
 
 
@@ -218,9 +217,9 @@ def mismatch(kind: str, database: str) -> str:
             rf"--target/--database name {kind} database '{database}'")
 
 
-def operator(store: MemoryStateStore, kind: str, database: str) -> Recovery:
+def operator(store: MemoryStateStore, kind: str, database: str) -> Committer:
     target = RecordingTarget(kind, database)
-    return Recovery(target, store, JOB, store.take_epoch(JOB, "operator"))  # type: ignore[arg-type]
+    return Committer(target, store, JOB, store.take_epoch(JOB, "operator"))  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize("kind, database", WRONG_TARGETS)
@@ -355,7 +354,7 @@ def test_parallel_commits_record_every_landed_commit_in_fewer_writes_than_commit
 
     target = ParallelTarget(4)
     record = prepared(store, epoch, 1, 32)
-    committer = Recovery(target, CountingStore(), JOB, epoch)  # type: ignore[arg-type]
+    committer = Committer(target, CountingStore(), JOB, epoch)  # type: ignore[arg-type]
     assert committer.commit_pending(committer.log_of(record)) == []
     labels = {c.label for c in record.committables}
     assert store.done_labels(JOB, Q, 1) == labels == set(target.committed)
@@ -366,7 +365,7 @@ def test_the_commit_pool_is_started_once_per_driver_and_one_commit_runs_in_the_c
     store = MemoryStateStore()
     epoch = store.take_epoch(JOB, "driver")
     target = ParallelTarget(2)
-    recovery = Recovery(target, store, JOB, epoch)
+    recovery = Committer(target, store, JOB, epoch)
     for batch in range(3):
         assert recovery.commit_pending(recovery.log_of(prepared(store, epoch, batch, 8))) == []
     assert len(target.threads) == 24 and len(set(target.threads)) <= 2  # a pool per batch would have started 3+
@@ -381,7 +380,7 @@ def test_a_failed_commit_in_the_pool_stops_the_phase_and_the_commits_that_landed
     target = ParallelTarget(3, failing=frozenset({"L1-5"}))
     record = prepared(store, epoch, 1, 40)
     with pytest.raises(TargetError, match="commit of L1-5 failed"):
-        committer = Recovery(target, store, JOB, epoch)
+        committer = Committer(target, store, JOB, epoch)
         committer.commit_pending(committer.log_of(record))
     assert "L1-5" not in target.committed
     assert store.done_labels(JOB, Q, 1) == set(target.committed)  # each that landed is recorded before the error

@@ -18,7 +18,7 @@ from streaming_sink.state import BatchRecord, FileStateStore, MemoryStateStore
 from streaming_sink.records import decode_owner
 from streaming_sink.committable import JOURNAL_FORMAT, Committable, JournalFormatError, TxnRef
 from streaming_sink.records import BatchState
-from streaming_sink.recovery import Recovery
+from streaming_sink.committer import Committer
 from streaming_sink.routing import Router
 from streaming_sink.sink import ExactlyOnceSink
 from streaming_sink.targets.base import CommitOutcome, PreparedPart, TableTransaction, Target
@@ -128,7 +128,7 @@ def test_recover_rolls_forward_a_prepared_record_of_before_v1_from_a_file_store(
     path.parent.mkdir(parents=True)
     path.write_text(fixture("doris_prepared.json"))
     target = RecordingTarget("doris", "analytics")
-    recovery = Recovery(target, store, "doris-job", store.take_epoch("doris-job", "operator"))  # type: ignore[arg-type]
+    recovery = Committer(target, store, "doris-job", store.take_epoch("doris-job", "operator"))  # type: ignore[arg-type]
     recovery.finish_prepared(store.get_batch("doris-job", raw["query_id"], 0))
     assert target.calls == [("commit", c["label"]) for c in raw["committables"]]
     committed = store.get_batch("doris-job", raw["query_id"], 0)
