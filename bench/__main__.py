@@ -23,8 +23,9 @@ import sys
 import sysconfig
 import threading
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "bench" / "results"
@@ -84,7 +85,7 @@ class RssSampler:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
-    def __enter__(self) -> "RssSampler":
+    def __enter__(self) -> RssSampler:
         self._thread.start()
         return self
 
@@ -180,9 +181,8 @@ def null_stats(url: str, reset: bool = False) -> dict[str, Any]:
 
 
 def chdb_rows(path: Path) -> int:
-    from streaming_sink.targets.clickhouse import ClickHouseTarget
-
     from bench.driver import DATABASE, TABLES
+    from streaming_sink.targets.clickhouse import ClickHouseTarget
 
     target = ClickHouseTarget(f"chdb://{path}", database=DATABASE)
     try:
@@ -194,9 +194,10 @@ def chdb_rows(path: Path) -> int:
 @contextlib.contextmanager
 def null_server_process(work: Path) -> Iterator[str]:
     """The null server in its own process: its CPU is not the client's. Ready when it prints its URL."""
-    proc = subprocess.Popen([sys.executable, "-m", "bench.null_server", "--exit-with-stdin"], cwd=REPO,
-                            stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                            stderr=open(work / "null-server.log", "w"), text=True, env=dict(os.environ, PYTHONPATH=str(REPO)))
+    with open(work / "null-server.log", "w") as log:  # the child keeps its own descriptor
+        proc = subprocess.Popen([sys.executable, "-m", "bench.null_server", "--exit-with-stdin"], cwd=REPO,
+                                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log, text=True,
+                                env=dict(os.environ, PYTHONPATH=str(REPO)))
     try:
         assert proc.stdout is not None
         line = proc.stdout.readline()
@@ -442,10 +443,9 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         parser.error(f"unknown modes {sorted(unknown)}; known: {THROUGHPUT_MODES}")
 
+    from bench import micro, report
     from tests.support.services.kafka import KafkaBroker
     from tests.support.services.redis import RedisServer
-
-    from bench import micro, report
 
     work = args.work.resolve()
     shutil.rmtree(work, ignore_errors=True)

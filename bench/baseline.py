@@ -11,15 +11,16 @@ records, progress marks, the checkpoint marker and the final abort of unchosen a
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Callable
+from typing import Any
 
-from streaming_sink.state.base import StateStore
-from streaming_sink.records import BatchRecord
 from streaming_sink.committable import TxnRef
 from streaming_sink.execution import SparkWriterRunner
+from streaming_sink.records import BatchRecord
 from streaming_sink.routing import Router
 from streaming_sink.sink import QUERY_ID_PROPERTY
+from streaming_sink.state.base import StateStore
 from streaming_sink.targets.base import CommitOutcome, Target, TargetError
 from streaming_sink.writer import WriteContext
 
@@ -97,7 +98,7 @@ class AtLeastOnceWriter:
         committables = [c for r in results for c in r.committables]
         with ThreadPoolExecutor(max_workers=max(1, self.target.commit_parallelism)) as pool:
             outcomes = list(pool.map(self.target.commit, committables))
-        failed = [c.label for c, o in zip(committables, outcomes) if o is not CommitOutcome.COMMITTED]
+        failed = [c.label for c, o in zip(committables, outcomes, strict=True) if o is not CommitOutcome.COMMITTED]
         if failed:
             raise TargetError(f"at-least-once baseline: commits of {failed} did not succeed")
         if self.on_report is not None:

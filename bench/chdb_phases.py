@@ -16,11 +16,14 @@ import shutil
 import tempfile
 import time
 from collections import defaultdict
-from typing import Any, Callable, Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from bench.driver import CH_DDL, DATABASE, TABLES
+from bench.micro import event_table
 from streaming_sink import ExactlyOnceSink
 from streaming_sink.execution import _write_in_driver
 from streaming_sink.routing import Router
@@ -28,9 +31,6 @@ from streaming_sink.state import FileStateStore, StateStore
 from streaming_sink.targets.base import Target
 from streaming_sink.targets.clickhouse import ClickHouseTarget
 from streaming_sink.writer import PartitionResult, WriteContext
-
-from bench.driver import CH_DDL, DATABASE, TABLES
-from bench.micro import event_table
 
 Batch = list[tuple[int, pa.RecordBatch]]  # (Spark partition, Arrow batch) as the driver's stream hands them over
 
@@ -106,7 +106,7 @@ def main(argv: list[str] | None = None) -> int:
     work = tempfile.mkdtemp(prefix="chdb-phases-")
     hand = chdb_target(f"{work}/hand")
     by_hand(hand, data[0])
-    hand_wall, hand_cpu = map(sum, zip(*(timed(lambda b=b: by_hand(hand, b)) for b in data[1:])))
+    hand_wall, hand_cpu = map(sum, zip(*(timed(lambda b=b: by_hand(hand, b)) for b in data[1:]), strict=True))
     hand.close()
     target = chdb_target(f"{work}/sink")
     sink = ExactlyOnceSink(target, FileStateStore(f"{work}/state"), "phases", table_column="table", runner=StreamRunner())

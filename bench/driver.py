@@ -28,8 +28,9 @@ import resource
 import sys
 import time
 import uuid
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any
 
 TABLES = ("orders", "payments")
 DATABASE = "bench"
@@ -141,8 +142,8 @@ def _batch_function(spec: dict[str, Any], reports: list[dict[str, Any]]) -> Call
         from bench.baseline import AtLeastOnceWriter
 
         return AtLeastOnceWriter(target, "table", reports.append)
-    from streaming_sink.state import open_store
     from streaming_sink import ExactlyOnceSink
+    from streaming_sink.state import open_store
 
     def report(batch: Any) -> None:
         reports.append({"batch_id": batch.batch_id, "action": batch.action, "rows": batch.rows,
@@ -153,8 +154,9 @@ def _batch_function(spec: dict[str, Any], reports: list[dict[str, Any]]) -> Call
 
 
 def run(spec: dict[str, Any]) -> dict[str, Any]:
-    from tests.support.services.spark import local_spark_session
     from pyspark.sql import functions as F
+
+    from tests.support.services.spark import local_spark_session
 
     spark = local_spark_session(f"bench-{spec['mode']}", {"spark.sql.streaming.numRecentProgressUpdates": "1000"})
     spark.sparkContext.setLogLevel("ERROR")

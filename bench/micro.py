@@ -12,13 +12,12 @@ from typing import Any
 
 import pyarrow as pa
 
-from streaming_sink.state import FileStateStore, StateStore
+from bench.driver import DATABASE, TABLES
 from streaming_sink import ExactlyOnceSink
 from streaming_sink.routing import Router
+from streaming_sink.state import FileStateStore, StateStore
 from streaming_sink.targets.base import Target
 from streaming_sink.writer import PartitionResult, PartitionWriter, WriteContext
-
-from bench.driver import DATABASE, TABLES
 
 
 def event_table(rows: int, seed: int = 7) -> pa.Table:

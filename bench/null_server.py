@@ -139,7 +139,7 @@ class _Handler(socketserver.StreamRequestHandler):
     """HTTP/1.1 with keep-alive, Content-Length and chunked bodies; nothing else."""
 
     rbufsize = 1 << 16
-    server: "_Server"
+    server: _Server
 
     def handle(self) -> None:
         self._buffer = bytearray(_READ)
@@ -393,7 +393,7 @@ class NullServer:
         host, port = self._server.server_address[:2]
         return f"http://{host}:{port}"
 
-    def start(self) -> "NullServer":
+    def start(self) -> NullServer:
         self._thread = threading.Thread(target=self._server.serve_forever, name="null-stream-load", daemon=True)
         self._thread.start()
         return self
@@ -410,7 +410,7 @@ class NullServer:
     def stats(self) -> dict[str, Any]:
         return self.state.snapshot()
 
-    def __enter__(self) -> "NullServer":
+    def __enter__(self) -> NullServer:
         return self.start()
 
     def __exit__(self, *exc: object) -> None:

@@ -27,11 +27,11 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from tests.support.services.kafka import KafkaBroker  # noqa: E402
+from tests.support.doubles.emulators.starrocks import StarRocksEmulator  # noqa: E402
 from tests.support.pipeline import LocalPipeline  # noqa: E402
+from tests.support.services.kafka import KafkaBroker  # noqa: E402
 from tests.support.services.redis import RedisServer  # noqa: E402
 from tests.support.services.spark_cluster import executor_pids, standalone_cluster  # noqa: E402
-from tests.support.doubles.emulators.starrocks import StarRocksEmulator  # noqa: E402
 from tests.support.targets.starrocks import StarRocksAdapter  # noqa: E402
 
 FAULTS = ("publish_timeout", "write_lock_timeout", "drop_connection_after_commit", "http_5xx")

@@ -4,12 +4,13 @@ from __future__ import annotations
 from urllib.parse import urlparse
 
 from streaming_sink.errors import BatchSealedError, FencedError, StateStoreError, StateStoreLostError
-from streaming_sink.state.base import Durability, StateStore
 from streaming_sink.records import BatchRecord
+from streaming_sink.state.base import Durability, StateStore
 from streaming_sink.state.file import FileStateStore
 from streaming_sink.state.memory import MemoryStateStore
 from streaming_sink.state.redis import RedisStateStore
-from streaming_sink.state.redis_location import SCHEMES as REDIS_SCHEMES, redact_url
+from streaming_sink.state.redis_location import SCHEMES as REDIS_SCHEMES
+from streaming_sink.state.redis_location import redact_url
 
 __all__ = [
     "BatchRecord",

@@ -12,10 +12,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from streaming_sink.committable import TxnRef
-from streaming_sink.records import BatchRecord
 from streaming_sink.errors import (  # noqa: F401  moved to streaming_sink/errors.py
-    BatchSealedError, FencedError, StateStoreError, StateStoreLostError,
+    BatchSealedError,
+    FencedError,
+    StateStoreError,
+    StateStoreLostError,
 )
+from streaming_sink.records import BatchRecord
 
 
 def fencing_error(job_id: str, held: int, current: int | None) -> FencedError:
@@ -118,9 +121,9 @@ class StateStore(ABC):
     def delete_batch(self, job_id: str, epoch: int, query_id: str, batch_id: int) -> None:
         """Forget a batch entirely (retention of COMMITTED records)."""
 
-    def durability(self) -> "Durability":
+    def durability(self) -> Durability:
         """What keeps acknowledged writes through a restart or a failover, and why they could be lost. For `doctor`."""
         return Durability(f"{self.url}: no known way to lose acknowledged writes on a restart")
 
-    def close(self) -> None:
+    def close(self) -> None:  # noqa: B027 - a store with no connections has nothing to release
         """Release connections; the default has none."""

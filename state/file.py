@@ -12,18 +12,19 @@ import json
 import os
 import tempfile
 import time
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, ClassVar, Iterator
+from typing import Any, ClassVar
 
 from streaming_sink.committable import TxnRef
-from streaming_sink.job_id import JOB_ID, JOB_ID_RULE
-
 from streaming_sink.errors import BatchSealedError
-from streaming_sink.state.base import StateStore, fencing_error
-from streaming_sink.records import BatchRecord, decode_owner, intent_gate, owner_record
+from streaming_sink.job_id import JOB_ID, JOB_ID_RULE
 from streaming_sink.labels import gate_admits
+from streaming_sink.records import BatchRecord, decode_owner, intent_gate, owner_record
+from streaming_sink.state.base import StateStore, fencing_error
+
 
 @dataclass(frozen=True)
 class FileLayout:

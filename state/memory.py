@@ -13,10 +13,9 @@ from typing import Any, NoReturn
 
 from streaming_sink.committable import TxnRef
 from streaming_sink.errors import BatchSealedError
-
-from streaming_sink.state.base import StateStore, fencing_error
-from streaming_sink.records import BatchRecord, intent_gate
 from streaming_sink.labels import gate_admits
+from streaming_sink.records import BatchRecord, intent_gate
+from streaming_sink.state.base import StateStore, fencing_error
 
 Key = tuple[str, str, int]  # (job_id, query_id, batch_id)
 

@@ -16,18 +16,21 @@ import functools
 import json
 import re
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable, TypeVar, cast
+from typing import Any, TypeVar, cast
 
 import redis
 from redis.cluster import RedisCluster
 
 from streaming_sink.committable import TxnRef
-from streaming_sink.errors import ReplicationError  # moved to streaming_sink/errors.py
-
-from streaming_sink.errors import BatchSealedError, StateStoreError
-from streaming_sink.state.base import Durability, StateStore, fencing_error
+from streaming_sink.errors import (
+    BatchSealedError,
+    ReplicationError,  # moved to streaming_sink/errors.py
+    StateStoreError,
+)
 from streaming_sink.records import BatchRecord, decode_owner, intent_gate, owner_record
+from streaming_sink.state.base import Durability, StateStore, fencing_error
 from streaming_sink.state.redis_location import RedisLocation, connect, parse_redis_url, redact_url, translated_errors
 
 __all__ = ["RedisKeys", "RedisStateStore", "ReplicationError", "redact_url"]

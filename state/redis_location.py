@@ -22,9 +22,10 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, Iterator, Literal, cast
+from typing import Any, Literal, cast
 from urllib.parse import parse_qsl, unquote, urlencode, urlsplit, urlunsplit
 
 import redis
@@ -137,13 +138,13 @@ def translated_errors() -> Iterator[None]:
         raise StateStoreError(str(error)) from error
 
 
-def connect(location: RedisLocation, socket_timeout: float) -> "redis.Redis | RedisCluster":
+def connect(location: RedisLocation, socket_timeout: float) -> redis.Redis | RedisCluster:
     """A client that decodes replies to str; nothing is sent until the first command (but for a Cluster's map)."""
     with translated_errors():
         return _client(location, socket_timeout)
 
 
-def _client(location: RedisLocation, socket_timeout: float) -> "redis.Redis | RedisCluster":
+def _client(location: RedisLocation, socket_timeout: float) -> redis.Redis | RedisCluster:
     options: dict[str, Any] = {"socket_timeout": socket_timeout, "socket_connect_timeout": socket_timeout,
                                "decode_responses": True}
     if location.kind == "server":

@@ -5,9 +5,9 @@ each is checked against the target the journal names before anything is sent (W2
 """
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Callable, Iterable
 
 from .committable import Committable, TxnRef
 from .committer import Committer, check_target, leftover_labels
@@ -144,7 +144,7 @@ def apply_recovery(committer: Committer, actions: list[RecoveryAction], progress
         if action.action == Action.COMMIT_PREPARED and record is not None and record.state is BatchState.PREPARED:
             lost: list[Committable] = []
 
-            def keep_for_replay(found: list[Committable]) -> bool:  # the job's own re-run replays them
+            def keep_for_replay(found: list[Committable], lost: list[Committable] = lost) -> bool:  # the job's re-run replays them
                 lost.extend(found)
                 return False
 

@@ -10,8 +10,9 @@ else. Progress marks (`mark_done`) are not the record: they go to the store's pe
 from __future__ import annotations
 
 import time
+from collections.abc import Collection
 from dataclasses import replace
-from typing import Any, Collection
+from typing import Any
 
 from .committable import Committable
 from .crash import crash_point
@@ -32,7 +33,7 @@ class BatchLog:
         return self._record
 
     @classmethod
-    def prepare(cls, store: StateStore, job_id: str, epoch: int, record: BatchRecord) -> "BatchLog":
+    def prepare(cls, store: StateStore, job_id: str, epoch: int, record: BatchRecord) -> BatchLog:
         """The decision: the batch's first record, PREPARED with every committable (COMMITTED when it has none)."""
         log = cls(store, job_id, epoch, record)
         log._write(record)

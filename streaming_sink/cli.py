@@ -17,22 +17,20 @@ import os
 import re
 import sys
 import traceback
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable, NoReturn
+from typing import Any, NoReturn
 from urllib.parse import unquote, urlsplit
 
-from .state import STATE_URL_ENV, STORE_SCHEMES, BatchRecord, StateStore, open_store
-from .state.redis import redact_url
-
+from .actions import abort_batch, accept_loss, apply_recovery, check_journal_target, plan_recovery, settle_label, settle_record
+from .committer import Committer
 from .errors import UNEXPECTED, CliError, ExitCode, OperatorActionRefused, StreamingSinkError
 from .job_id import JOB_ID, JOB_ID_RULE
 from .liveness import SILENT_SECONDS, process_owner, running_driver
-from .actions import (abort_batch, accept_loss, apply_recovery, check_journal_target, plan_recovery, settle_label,
-                      settle_record)
-from .committer import Committer
+from .state import STATE_URL_ENV, STORE_SCHEMES, BatchRecord, StateStore, open_store
+from .state.redis import redact_url
 from .status import job_status, render_status, unknown_job
 from .targets import Target, target_from_url, url_forms
-
 
 EXIT_CODES_HELP = """exit codes:
   0  ok (status: healthy)
@@ -389,7 +387,7 @@ def cmd_settle(args: argparse.Namespace) -> int:
 
 def _accept_loss(args: argparse.Namespace, store: StateStore, target: Target, record: BatchRecord) -> int:
     """settle --accept-loss: only a batch Spark will never re-run (not the checkpoint's own query) may be given up."""
-    from .checkpoint import CheckpointFolder, source_ranges, checkpoint_query_id
+    from .checkpoint import CheckpointFolder, checkpoint_query_id, source_ranges
 
     if not args.checkpoint:
         raise CliError(ExitCode.USAGE, "missing --checkpoint (the job's current checkpoint folder, or --config): "
@@ -451,8 +449,8 @@ def cmd_restore_offsets(args: argparse.Namespace) -> int:
 
 def cmd_doctor(args: argparse.Namespace) -> int:
     from .config import load_config
-    from .intervals import parse_interval
     from .doctor import diagnose, render
+    from .intervals import parse_interval
     from .spark_session import build_session
 
     spec = load_config(args.config)

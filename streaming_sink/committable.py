@@ -7,8 +7,9 @@ particular database.
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
-from typing import Any, Mapping
+from typing import Any
 
 from .errors import JournalFormatError
 
@@ -63,7 +64,7 @@ class TxnRef:
         return {"v": JOURNAL_FORMAT, **{k: getattr(self, k) for k in _REF_FIELDS}}
 
     @classmethod
-    def decode(cls, data: Mapping[str, Any]) -> "TxnRef":
+    def decode(cls, data: Mapping[str, Any]) -> TxnRef:
         """An intent record of any readable version; unknown keys are ignored."""
         check_format(data, "intent record")
         return TxnRef(**_ref_fields(data, "intent record"))
@@ -72,7 +73,7 @@ class TxnRef:
         return json.dumps(self.encode(), sort_keys=True)
 
     @classmethod
-    def from_json(cls, text: str) -> "TxnRef":
+    def from_json(cls, text: str) -> TxnRef:
         return cls.decode(json.loads(text))
 
 
@@ -118,7 +119,7 @@ class Committable(TxnRef):
         }
 
     @classmethod
-    def decode(cls, data: Mapping[str, Any]) -> "Committable":
+    def decode(cls, data: Mapping[str, Any]) -> Committable:
         """A committable of any readable version; unknown keys are ignored.
 
         Records of before format v1 (no "v") kept the protocol's fields in `extra`: they move to their attributes.
@@ -135,7 +136,7 @@ class Committable(TxnRef):
             extra=dict(data.get("extra") or {}),
         ).typed_from_extra()
 
-    def typed_from_extra(self) -> "Committable":
+    def typed_from_extra(self) -> Committable:
         """This committable with protocol fields that records before format v1 kept in `extra` moved to
         their attributes."""
         extra = dict(self.extra)

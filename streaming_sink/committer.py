@@ -20,8 +20,8 @@ import logging
 import threading
 import time
 import weakref
+from collections.abc import Callable, Collection, Iterable
 from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
-from typing import Callable, Collection, Iterable
 
 from .batch_log import BatchLog
 from .committable import Committable, TxnRef
@@ -130,7 +130,7 @@ class Committer:
             try:
                 self.check_epoch()  # a fenced driver sends no further commit (I5)
                 answers: list[CommitOutcome | None] = list(self._commit(parts))
-                for committable, outcome in zip(parts, answers):
+                for committable, outcome in zip(parts, answers, strict=True):
                     if outcome is CommitOutcome.COMMITTED:
                         marks.add(committable.label)
                         if on_commit:
@@ -143,11 +143,11 @@ class Committer:
                 raise
 
         units = self._commit_units(pending)
-        answered = {c.label: o for unit, answers in zip(units, self._run_commits(commit_unit, units))
-                    for c, o in zip(unit, answers)}
+        answered = {c.label: o for unit, answers in zip(units, self._run_commits(commit_unit, units), strict=True)
+                    for c, o in zip(unit, answers, strict=True)}
         outcomes = [answered[c.label] for c in pending]
         # LOST for a label sent before this phase may be a forgotten commit, and LOST_AFTER_SEND always may be.
-        ambiguous = [c for c, o in zip(pending, outcomes)
+        ambiguous = [c for c, o in zip(pending, outcomes, strict=True)
                      if o is CommitOutcome.LOST_AFTER_SEND or (o is CommitOutcome.LOST and c.label in sent_before)]
         if ambiguous:
             raise ReplayAmbiguousError(
@@ -157,7 +157,7 @@ class Committer:
                 "skipping could lose them. Nothing was replayed. See docs/runbook.md, section 'Replay ambiguous: "
                 "a committed label was forgotten', to settle it with a query on the target and resume."
             )
-        lost = [c for c, o in zip(pending, outcomes) if o is not CommitOutcome.COMMITTED and c not in ambiguous]
+        lost = [c for c, o in zip(pending, outcomes, strict=True) if o is not CommitOutcome.COMMITTED and c not in ambiguous]
         if lost:
             log.warning(
                 "job %s batch %s: %d prepared transaction(s) can no longer be committed (aborted by the target, or "

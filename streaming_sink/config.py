@@ -14,22 +14,23 @@ import importlib.util
 import json
 import os
 import re
-import tomllib
 import types
 import typing
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 from urllib.parse import urlsplit
 
 import msgspec
-from .state import REDIS_SCHEMES, STATE_URL_ENV, STORE_SCHEMES  # STATE_URL_ENV moved to state/__init__.py
-from .state.redis_location import parse_redis_url, with_options
+import tomllib
 
 from .config_schema import JobConfig, State, Table
+from .errors import ConfigurationError
 from .intervals import parse_interval
 from .job_spec import JobSpec
 from .kafka_source import check_options, check_starting_offsets
-from .errors import ConfigurationError
+from .state import REDIS_SCHEMES, STATE_URL_ENV, STORE_SCHEMES  # STATE_URL_ENV moved to state/__init__.py
+from .state.redis_location import parse_redis_url, with_options
 from .targets import DESCRIPTORS, REGISTRY, descriptor_for, embedded_target_url, is_path_url, target_from_url
 
 _SIZE = re.compile(r"^\s*(\d+)\s*(B|KiB|MiB|GiB|KB|MB|GB|k|m|g)?\s*$", re.IGNORECASE)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
-from typing import Annotated, Any, Literal, Union
+from typing import Annotated, Any, Literal
 
 import msgspec
 
@@ -27,19 +27,19 @@ class _Section(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, omit_de
 
 
 class Kafka(_Section):
-    bootstrap_servers: Annotated[Union[str, list[str]], msgspec.Meta(description='"host:port[,host:port]" or a list')]
-    topics: Union[list[str], None] = None
+    bootstrap_servers: Annotated[str | list[str], msgspec.Meta(description='"host:port[,host:port]" or a list')]
+    topics: list[str] | None = None
     starting_offsets: Annotated[str, msgspec.Meta(description='earliest, latest or JSON {"topic": {"0": offset}}')] = "earliest"
-    max_offsets_per_trigger: Union[Positive, None] = None
+    max_offsets_per_trigger: Positive | None = None
     options: Annotated[dict[str, Any], msgspec.Meta(
         description="options of Spark's Kafka source by their Spark names, e.g. \"kafka.security.protocol\"; "
                     "a value may be { env = \"NAME\" } to read it from the environment")] = {}
 
 
 class Routing(_Section):
-    field: Union[str, None] = None
-    topics: Union[dict[str, str], None] = None
-    table: Union[str, None] = None
+    field: str | None = None
+    topics: dict[str, str] | None = None
+    table: str | None = None
 
 
 class Table(_Section):
@@ -51,18 +51,18 @@ class DeadLetters(_Section):
 
 
 class Target(_Section):
-    url: Union[str, None] = None
+    url: str | None = None
     database: str = "default"
     options: dict[str, Any] = {}
-    create_tables: Union[bool, None] = None
+    create_tables: bool | None = None
 
 
 class State(_Section):
-    url: Union[str, None] = None
-    wait_replicas: Annotated[Union[Annotated[int, msgspec.Meta(ge=0)], Literal["auto"], None], msgspec.Meta(
+    url: str | None = None
+    wait_replicas: Annotated[Annotated[int, msgspec.Meta(ge=0)] | Literal["auto"] | None, msgspec.Meta(
         description='Redis: replicas each journal write must reach before the job acts on it; "auto" (the '
                     'default): those connected when the job starts')] = None
-    wait_timeout: Annotated[Union[str, None], msgspec.Meta(
+    wait_timeout: Annotated[str | None, msgspec.Meta(
         description='Redis: how long a journal write waits for its replicas, e.g. "5 seconds" (the default)')] = None
 
 
@@ -71,10 +71,10 @@ class Trigger(_Section):
 
 
 class Sink(_Section):
-    flush_bytes: Annotated[Union[int, str], msgspec.Meta(description='bytes, or a size such as "64MiB"')] = 64 * 1024 * 1024
-    checkpoint: Union[str, None] = None
-    metadata_columns: Union[bool, list[Literal["topic", "partition", "offset", "timestamp", "key"]]] = True
-    metrics_port: Union[Port, None] = None
+    flush_bytes: Annotated[int | str, msgspec.Meta(description='bytes, or a size such as "64MiB"')] = 64 * 1024 * 1024
+    checkpoint: str | None = None
+    metadata_columns: bool | list[Literal["topic", "partition", "offset", "timestamp", "key"]] = True
+    metrics_port: Port | None = None
     metrics_host: str = "127.0.0.1"
     accept_empty_state: bool = False
     driver_fetch: Annotated[Literal["stream", "partitions"], msgspec.Meta(
@@ -83,7 +83,7 @@ class Sink(_Section):
 
 
 class Spark(_Section):
-    conf: dict[str, Union[str, int, float, bool]] = {}
+    conf: dict[str, str | int | float | bool] = {}
 
 
 class JobConfig(_Section):
@@ -93,8 +93,8 @@ class JobConfig(_Section):
     tables: dict[str, Table]
     kafka: Kafka
     routing: Routing
-    data_dir: Union[str, None] = None
-    dead_letters: Union[DeadLetters, None] = None
+    data_dir: str | None = None
+    dead_letters: DeadLetters | None = None
     target: Target = msgspec.field(default_factory=Target)
     state: State = msgspec.field(default_factory=State)
     trigger: Trigger = msgspec.field(default_factory=Trigger)

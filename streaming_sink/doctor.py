@@ -7,16 +7,16 @@ and labels longer than the outage the operator plans to survive. Reads only: saf
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
-from .state import open_store
-
+from .errors import UnknownDatabaseError
 from .frame import check_columns, resolve_tables, table_schemas
 from .job import tables_run_creates
-from .errors import UnknownDatabaseError
 from .job_spec import JobSpec
 from .kafka_source import probe
+from .state import open_store
 from .targets import descriptor_for, target_from_url
 from .targets.base import ExpiryLimit
 

@@ -31,15 +31,15 @@ from __future__ import annotations
 
 import importlib
 import re
-from typing import TYPE_CHECKING, Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
+from typing import TYPE_CHECKING
 
 import pyarrow as pa
-
-from .state import StateStore
 
 from .errors import ConfigurationError, InvariantBreach, StreamingSinkError
 from .replay import PartitionIdentity, writer_partition
 from .routing import Router
+from .state import StateStore
 from .targets.base import Target
 from .writer import ContentChecksum, PartitionResult, PartitionWriter, WriteContext
 
@@ -65,7 +65,7 @@ class SparkWriterRunner:
         self.driver_fetch = driver_fetch
 
     def run(
-        self, df: "DataFrame", target: Target, router: Router, context: WriteContext, store: StateStore
+        self, df: DataFrame, target: Target, router: Router, context: WriteContext, store: StateStore
     ) -> list[PartitionResult]:
         if target.runs_writers_in_driver:
             stream = self.driver_fetch == "stream" and _can_stream(df)
@@ -79,7 +79,7 @@ class SparkWriterRunner:
         return _write_in_tasks(df, target, router, context, store, identity)
 
 
-def _task_context() -> "TaskContext":
+def _task_context() -> TaskContext:
     """The running task's context. The functions that ask run only in Spark tasks, which always have one."""
     from pyspark import TaskContext
 
@@ -94,7 +94,7 @@ _CHECKSUM_SCHEMA = pa.schema([("partition", pa.int32()), ("checksum", pa.string(
 Digests = Callable[["DataFrame"], dict[int, str]]  # Spark partition -> content checksum of the re-run batch
 
 
-def _task_digests(df: "DataFrame") -> dict[int, str]:
+def _task_digests(df: DataFrame) -> dict[int, str]:
     """Each partition's checksum, computed in its task over the Arrow batches a task writer sees."""
 
     def digest(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
@@ -108,7 +108,7 @@ def _task_digests(df: "DataFrame") -> dict[int, str]:
     return {row["partition"]: row["checksum"] for row in df.mapInArrow(digest, "partition int, checksum string").collect()}
 
 
-def _stream_digests(df: "DataFrame") -> dict[int, str]:
+def _stream_digests(df: DataFrame) -> dict[int, str]:
     """Each partition's checksum over the batches the driver's writers see when they are streamed."""
     checksums: dict[int, ContentChecksum] = {}
     for partition, batch in _arrow_stream(df):
@@ -116,7 +116,7 @@ def _stream_digests(df: "DataFrame") -> dict[int, str]:
     return {partition: checksum.hexdigest() for partition, checksum in checksums.items()}
 
 
-def _replay_identity(df: "DataFrame", context: WriteContext, digests: Digests) -> PartitionIdentity | None:
+def _replay_identity(df: DataFrame, context: WriteContext, digests: Digests) -> PartitionIdentity | None:
     """In a replay, match the re-run batch's partitions to the prepared ones by content checksum (one extra read)."""
     if context.replay is None or not context.replay.prepared_checksums:
         return None
@@ -124,7 +124,7 @@ def _replay_identity(df: "DataFrame", context: WriteContext, digests: Digests) -
 
 
 def _write_in_tasks(
-    df: "DataFrame", target: Target, router: Router, context: WriteContext, store: StateStore, identity: PartitionIdentity | None
+    df: DataFrame, target: Target, router: Router, context: WriteContext, store: StateStore, identity: PartitionIdentity | None
 ) -> list[PartitionResult]:
     from pyspark.errors import PythonException
 
@@ -148,7 +148,7 @@ def sink_error_of(failure: Exception) -> StreamingSinkError | None:
     the error, the traceback stays in the `failure` it is raised from); None for any other error."""
     text = str(failure)
     found = None
-    for found in _SINK_ERROR_LINE.finditer(text):  # the last one: the error the task died of
+    for found in _SINK_ERROR_LINE.finditer(text):  # noqa: B007 - the last match: the error the task died of
         pass
     if found is None:
         return None
@@ -195,12 +195,12 @@ _BLOB_SCHEMA = pa.schema([("partition", pa.int32()), ("ipc", pa.binary())])
 PARTITION_COLUMN = "__streaming_sink_spark_partition"
 
 
-def _can_stream(df: "DataFrame") -> bool:
+def _can_stream(df: DataFrame) -> bool:
     """Spark's Arrow collect is reachable (a classic session, not Spark Connect) and the tag column is free."""
     return hasattr(getattr(df, "_jdf", None), "collectAsArrowToPython") and PARTITION_COLUMN not in df.columns
 
 
-def _arrow_stream(df: "DataFrame") -> Iterator[tuple[int, pa.RecordBatch]]:
+def _arrow_stream(df: DataFrame) -> Iterator[tuple[int, pa.RecordBatch]]:
     """Every non-empty Arrow batch of the DataFrame with its Spark partition, as Spark's Arrow collect sends them.
 
     One job computes every partition at once; each finished partition's batches arrive together and in order,
@@ -228,7 +228,7 @@ def _arrow_stream(df: "DataFrame") -> Iterator[tuple[int, pa.RecordBatch]]:
         server.getResult()
 
 
-def _ipc_partitions(df: "DataFrame") -> Iterator[tuple[int, pa.RecordBatch]]:
+def _ipc_partitions(df: DataFrame) -> Iterator[tuple[int, pa.RecordBatch]]:
     """The same as `_arrow_stream`, one Spark job per partition: tasks send their batches as Arrow IPC blobs, and
     Spark computes the next partition while the driver writes this one (`prefetchPartitions`: two partitions held)."""
 

@@ -9,14 +9,15 @@ rows (the replay checksum depends on it).
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Callable, Mapping, cast
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any, cast
 
 import pyarrow as pa
 
+from .errors import ConfigurationError
 from .job_spec import JobSpec
 from .metrics import OBSERVED_NAME
 from .routing import struct_column_for
-from .errors import ConfigurationError
 from .targets import descriptor_for
 from .targets.base import Target
 from .targets.columns import ColumnRules, column_key
@@ -71,7 +72,7 @@ def build_frame(raw: DataFrame, spec: JobSpec, tables: dict[str, str],
     cannot hold makes the message a dead letter naming the column (streaming_sink/value_checks.py).
     """
     from pyspark.sql import functions as F
-    from pyspark.sql.types import StructField, StringType, StructType
+    from pyspark.sql.types import StringType, StructField, StructType
 
     rules = descriptor_for(spec.target_url).columns
     column_types = column_types or {}

@@ -13,21 +13,21 @@ import argparse
 import logging
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import pyarrow as pa
 
-from .state import open_store
-
+from .errors import ConfigurationError
+from .execution import SparkWriterRunner, sink_error_of
 from .frame import ROUTE_COLUMN, build_frame, check_columns, resolve_tables, spark_schema, table_schemas
 from .intervals import parse_interval
-from .execution import SparkWriterRunner, sink_error_of
 from .job_spec import JobSpec
 from .kafka_source import KafkaSource, probe
 from .metrics import BatchMetrics, progress_listener
 from .sink import ExactlyOnceSink
-from .errors import ConfigurationError
+from .state import open_store
 from .targets import descriptor_for, target_from_url
 from .targets.base import SupportsCreateTable, Target
 

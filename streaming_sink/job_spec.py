@@ -7,8 +7,8 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from .kafka_source import KafkaSource, check_options, check_starting_offsets
 from .errors import ConfigurationError
+from .kafka_source import KafkaSource, check_options, check_starting_offsets
 from .targets import descriptor_for
 
 #: Kafka record field -> (the column it becomes in every data table, its Spark type).
@@ -51,7 +51,7 @@ class JobSpec:
     kafka_options: dict[str, str] = field(default_factory=dict, repr=False)  # Spark's names; may hold a secret
 
     @classmethod
-    def from_json(cls, text: str) -> "JobSpec":
+    def from_json(cls, text: str) -> JobSpec:
         data: dict[str, Any] = json.loads(text)
         unknown = sorted(set(data) - set(cls.__dataclass_fields__))
         if unknown:

@@ -14,8 +14,9 @@ import json
 import logging
 import os
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any
 
 from .errors import ConfigurationError, KafkaUnreachableError  # KafkaUnreachableError moved to errors.py
 

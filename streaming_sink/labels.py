@@ -17,7 +17,7 @@ _LABEL_UNSAFE = re.compile(r"[^A-Za-z0-9_]")
 _HASH_CHARS = 12
 
 #: The shape of every label `make_label` writes: "ss_", sanitised parts joined by "_", "_" and the hash's hex digits.
-LABEL_PATTERN = re.compile(r"ss_\w*_[0-9a-f]{%d}" % _HASH_CHARS, re.ASCII)
+LABEL_PATTERN = re.compile(r"ss_\w*_[0-9a-f]{" + str(_HASH_CHARS) + "}", re.ASCII)
 
 
 def make_label(
@@ -77,7 +77,7 @@ class Attempt:
         return f"{pass_prefix(self.epoch, self.write_pass)}t{self.task}"
 
     @classmethod
-    def parse(cls, text: str) -> "Attempt | None":
+    def parse(cls, text: str) -> Attempt | None:
         """The attempt an attempt string names; None for a string `Attempt` did not write."""
         found = _ATTEMPT.fullmatch(text)
         return cls(*(int(part) for part in found.groups())) if found else None

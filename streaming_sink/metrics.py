@@ -21,11 +21,22 @@ import json
 import logging
 import threading
 import time
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
-from prometheus_client import (CollectorRegistry, Counter, Gauge, Histogram, Info, PlatformCollector, ProcessCollector,
-                               disable_created_metrics, generate_latest, start_http_server)
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    Info,
+    PlatformCollector,
+    ProcessCollector,
+    disable_created_metrics,
+    generate_latest,
+    start_http_server,
+)
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
@@ -35,9 +46,8 @@ from .targets.base import ExpiryKind
 if TYPE_CHECKING:
     from wsgiref.simple_server import WSGIServer
 
-    from .state import StateStore
-
     from .sink import BatchReport
+    from .state import StateStore
     from .targets.base import ExpiryLimit
 
 log = logging.getLogger("streaming_sink")
@@ -80,8 +90,8 @@ class BatchMetrics:
     def __init__(
         self,
         job_id: str,
-        store: "StateStore | None" = None,
-        expiry_limits: Callable[[], Sequence["ExpiryLimit"]] = lambda: (),
+        store: StateStore | None = None,
+        expiry_limits: Callable[[], Sequence[ExpiryLimit]] = lambda: (),
         trigger_interval_s: float | None = None,
         clock: Callable[[], float] = time.time,
         target: str | None = None,
@@ -89,7 +99,7 @@ class BatchMetrics:
         self.job_id = job_id
         self.registry = CollectorRegistry()
         self._clock = clock
-        self._server: "WSGIServer | None" = None
+        self._server: WSGIServer | None = None
         self._lock = threading.Lock()
         self._last_batch = -1
         r, job = self.registry, ["job_id"]
@@ -141,7 +151,7 @@ class BatchMetrics:
         if store is not None:
             self.registry.register(PendingPreparedCollector(store, job_id, clock))
 
-    def __call__(self, report: "BatchReport") -> None:
+    def __call__(self, report: BatchReport) -> None:
         """A sink listener: `ExactlyOnceSink(listeners=[metrics])`."""
         # The batch is committed when listeners hear of it: a metrics error must not fail it (Spark would
         # re-run a finished batch), so it is logged and swallowed here, unlike anywhere else in the sink.
@@ -150,7 +160,7 @@ class BatchMetrics:
         except Exception as error:
             log.warning("metrics: could not record batch %s: %s", report.batch_id, error, exc_info=True)
 
-    def record(self, report: "BatchReport") -> None:
+    def record(self, report: BatchReport) -> None:
         job = self.job_id
         self.batches.labels(job, report.action).inc()
         for table, rows in (report.rows_by_table or {}).items():
@@ -187,14 +197,14 @@ class BatchMetrics:
     def render(self) -> str:
         return generate_latest(self.registry).decode()
 
-    def serve(self, port: int, host: str = "127.0.0.1") -> "WSGIServer":
+    def serve(self, port: int, host: str = "127.0.0.1") -> WSGIServer:
         """Serve `/metrics` from a daemon thread; `server.server_address` tells the port (0 = any free one)."""
         server, _thread = start_http_server(port, addr=host, registry=self.registry)
         self._server = server
         return server
 
     @property
-    def server(self) -> "WSGIServer | None":
+    def server(self) -> WSGIServer | None:
         """The endpoint `serve` started, if any."""
         return self._server
 
@@ -206,7 +216,7 @@ class BatchMetrics:
             self._server = None
 
 
-def prepared_timeout(limits: Iterable["ExpiryLimit"]) -> float | None:
+def prepared_timeout(limits: Iterable[ExpiryLimit]) -> float | None:
     """The server's timeout for a prepared (pre-committed) transaction; None where it never expires."""
     seconds = [limit.seconds for limit in limits if limit.seconds is not None and limit.kind == ExpiryKind.PREPARED]
     return min(seconds) if seconds else None
@@ -215,7 +225,7 @@ def prepared_timeout(limits: Iterable["ExpiryLimit"]) -> float | None:
 class ExpiryCollector(Collector):
     """What the server forgets, from the target at each scrape (its limits can change when the driver starts)."""
 
-    def __init__(self, expiry_limits: Callable[[], Sequence["ExpiryLimit"]], job_id: str) -> None:
+    def __init__(self, expiry_limits: Callable[[], Sequence[ExpiryLimit]], job_id: str) -> None:
         self._limits, self._job = expiry_limits, job_id
 
     def describe(self) -> list[GaugeMetricFamily]:
@@ -248,7 +258,7 @@ class PendingPreparedCollector(Collector):
     a killed driver, is exactly when these matter, and the sink reports only batches that returned.
     """
 
-    def __init__(self, store: "StateStore", job_id: str, clock: Callable[[], float]) -> None:
+    def __init__(self, store: StateStore, job_id: str, clock: Callable[[], float]) -> None:
         self._store, self._job, self._clock = store, job_id, clock
 
     def describe(self) -> list[GaugeMetricFamily]:
@@ -277,7 +287,7 @@ class PendingPreparedCollector(Collector):
         yield from (pending, oldest, up)
 
 
-def pending_prepared(store: "StateStore", job_id: str, now: float) -> tuple[int, float]:
+def pending_prepared(store: StateStore, job_id: str, now: float) -> tuple[int, float]:
     """(transactions in PREPARED records whose commit is not confirmed, the oldest such record's age)."""
     count, oldest = 0, 0.0
     for query_id, batch_id in store.batch_keys(job_id)[-PENDING_SCAN_BATCHES:]:

@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Any, Mapping
+from typing import Any
 
 from .committable import JOURNAL_FORMAT, Committable, check_format
 from .errors import JournalFormatError
@@ -35,7 +36,7 @@ COMMITTED_AT = "committed_at"
 STORED_STATES = (BatchState.PREPARED, BatchState.COMMITTED)
 
 
-def intent_gate(record: "BatchRecord | None") -> str:
+def intent_gate(record: BatchRecord | None) -> str:
     """Which writer attempts may still record intents for a batch, as a store keeps it beside the record
     (the formats: `labels.py`): any (no record), none (COMMITTED), or only the open replay pass's (PREPARED)."""
     if record is None:
@@ -99,7 +100,7 @@ class BatchRecord:
         }
 
     @classmethod
-    def decode(cls, data: Mapping[str, Any]) -> "BatchRecord":
+    def decode(cls, data: Mapping[str, Any]) -> BatchRecord:
         """A batch record of any readable version (see `JOURNAL_FORMAT`); unknown keys are ignored."""
         check_format(data, "batch record")
         try:
@@ -133,7 +134,7 @@ class BatchRecord:
         return json.dumps(self.encode(), sort_keys=True)
 
     @classmethod
-    def from_json(cls, text: str) -> "BatchRecord":
+    def from_json(cls, text: str) -> BatchRecord:
         return cls.decode(json.loads(text))
 
 

@@ -8,14 +8,13 @@ their `WriteContext`, and is checked against what they prepared (`ReplayPlan.che
 """
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Iterable, Mapping, NamedTuple, Protocol
+from typing import NamedTuple, Protocol
 
 from .committable import Committable
 from .errors import ReplayMismatchError
 from .records import BatchRecord
-
-
 
 
 class TablePartition(NamedTuple):
@@ -56,7 +55,7 @@ class ReplayPlan:
     prepared_checksums: Mapping[int, str] = field(default_factory=dict)
 
     @classmethod
-    def of(cls, record: BatchRecord, lost: Iterable[Committable], job_id: str) -> "ReplayPlan":
+    def of(cls, record: BatchRecord, lost: Iterable[Committable], job_id: str) -> ReplayPlan:
         """The plan for `lost` parts of `record`. Parts of the same (table, partition) that did commit must not be
         loaded again: the replay skips their flushes, or this refuses when they do not say which rows they hold."""
         lost = tuple(lost)

@@ -10,9 +10,10 @@ server that keeps failing ends in an error, not in a wait that outlives the batc
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from time import monotonic, sleep  # module globals, so tests replace the pauses here and nowhere else
-from typing import Callable, Iterator, TypeVar
+from typing import TypeVar
 
 log = logging.getLogger(__name__)
 _T = TypeVar("_T")

@@ -1,8 +1,8 @@
 """Which target table each row goes to: a fixed table, or the value of a routing column."""
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Iterator
 
 import pyarrow as pa
 import pyarrow.compute as pc

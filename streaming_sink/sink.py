@@ -16,24 +16,24 @@ import logging
 import re
 import time
 import weakref
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
-from .state import BatchRecord, FileStateStore, StateStore, StateStoreLostError
-
+from .batch_log import BatchLog
+from .checkpoint import planned_offsets, same_source, source_ranges
+from .checkpoint_marker import CheckpointMarker
 from .committable import Committable, TxnRef
-from .labels import pass_prefix
-from .records import COMMITTED_AT, BatchState
+from .committer import Committer
 from .crash import crash_point
 from .errors import BatchDoesNotAddUpError, ReplayLostAgainError, ReplayMismatchError, SourceReplannedError, StopForOperator
 from .job_id import JOB_ID as _JOB_ID
-from .checkpoint import planned_offsets, same_source, source_ranges
-from .checkpoint_marker import CheckpointMarker
+from .labels import pass_prefix
 from .liveness import HEARTBEAT_SECONDS, Heartbeat, process_owner
-from .batch_log import BatchLog
-from .committer import Committer
+from .records import COMMITTED_AT, BatchState
 from .replay import ReplayPlan
 from .routing import Router
+from .state import BatchRecord, FileStateStore, StateStore, StateStoreLostError
 from .targets.base import ConfigurationError, Target, TransactionLimitError
 from .writer import PartitionResult, WriteContext
 
@@ -174,7 +174,7 @@ class ExactlyOnceSink:
 
     # -- the foreachBatch callable ----------------------------------------------------------------
 
-    def __call__(self, df: "DataFrame", batch_id: int) -> None:
+    def __call__(self, df: DataFrame, batch_id: int) -> None:
         spark = df.sparkSession
         query_id = spark.sparkContext.getLocalProperty(QUERY_ID_PROPERTY)
         if not query_id:

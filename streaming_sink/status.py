@@ -14,11 +14,10 @@ from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 from typing import Any
 
-from .state import StateStore
-
-from .records import COMMITTED_AT, BatchState
-from .liveness import running_driver
 from .committer import leftover_labels
+from .liveness import running_driver
+from .records import COMMITTED_AT, BatchState
+from .state import StateStore
 from .targets.base import Target
 
 #: Without --expiry-margin, a prepared transaction with less than this share of the timeout left is "about to expire".

@@ -52,10 +52,9 @@ def value_problems(table: str, field: Any, value: Any, limits: ColumnLimits) -> 
         non_finite = _non_finite_inside(value, kind)
         if non_finite is not None:
             problems.append((non_finite, f"{where}: NaN or infinity, which the column cannot hold"))
-    if isinstance(kind, (T.FloatType, T.DoubleType)):
-        if isinstance(kind, T.DoubleType) and limits.single_precision:
-            rounded = value.cast("float").cast("double") != value
-            problems.append((rounded & ~F.isnan(value), f"{where}: a double that FLOAT would round"))
+    if isinstance(kind, T.DoubleType) and limits.single_precision:
+        rounded = value.cast("float").cast("double") != value
+        problems.append((rounded & ~F.isnan(value), f"{where}: a double that FLOAT would round"))
     if isinstance(kind, T.StringType) and limits.max_bytes is not None:
         problems.append((F.octet_length(value) > F.lit(limits.max_bytes), f"{where}: longer than {limits.max_bytes} bytes"))
     if isinstance(kind, T.DateType) and limits.date_days:

@@ -12,18 +12,17 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field, replace
-from typing import Iterable
 
 import pyarrow as pa
 
-from .state import StateStore
-
 from .committable import Committable, TxnRef
-from .labels import Attempt, make_label
 from .errors import ReplayAlignmentError
+from .labels import Attempt, make_label
 from .replay import ReplayPlan
 from .routing import Router
+from .state import StateStore
 from .targets.base import NewRef, TableTransaction, Target
 
 log = logging.getLogger(__name__)
@@ -64,7 +63,7 @@ class PartitionResult:
         return json.dumps(data)
 
     @classmethod
-    def from_json(cls, text: str) -> "PartitionResult":
+    def from_json(cls, text: str) -> PartitionResult:
         data = json.loads(text)
         data["committables"] = [Committable.decode(c) for c in data["committables"]]
         return cls(**data)
@@ -81,7 +80,7 @@ class ContentChecksum:
     """
 
     def __init__(self) -> None:
-        self._digests: dict[int, "hashlib._Hash"] = {}
+        self._digests: dict[int, hashlib._Hash] = {}
         self.rows = 0
 
     @property
@@ -151,7 +150,7 @@ class PartitionWriter:
             largest = max(self._buffered_bytes.items(), key=lambda item: (item[1], item[0]))[0]
             self._flush(largest)
 
-    def add_all(self, batches: Iterable[pa.RecordBatch]) -> "PartitionResult":
+    def add_all(self, batches: Iterable[pa.RecordBatch]) -> PartitionResult:
         """Write every batch and prepare; on any failure abort what this writer began, then re-raise."""
         try:
             for batch in batches:

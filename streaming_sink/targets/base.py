@@ -9,16 +9,20 @@ after a crash.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Any, Callable, Mapping, Protocol, Sequence, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 import pyarrow as pa
 
 from ..committable import Committable, TxnRef
-from ..errors import ConfigurationError  # noqa: F401  (re-exported)
 from ..errors import (  # noqa: F401  moved to streaming_sink/errors.py
-    CommitAmbiguousError, CommittedNotChosenError, TargetError, TransactionLimitError,
+    CommitAmbiguousError,
+    CommittedNotChosenError,
+    ConfigurationError,  # noqa: F401  (re-exported)
+    TargetError,
+    TransactionLimitError,
 )
 
 NewRef = Callable[[int], TxnRef]  # chunk number -> the reference (with its label) of a new server transaction
@@ -130,7 +134,7 @@ class Target(ABC):
         values against them before anything is sent."""
         return None
 
-    def check_schema(self, table: str, schema: pa.Schema) -> None:
+    def check_schema(self, table: str, schema: pa.Schema) -> None:  # noqa: B027 - optional check, none by default
         """Refuse, before any data moves, rows of `schema` this target could not send to `table`."""
 
     def refusal(self, table: str) -> str | None:
@@ -174,7 +178,7 @@ class Target(ABC):
     def abort(self, ref: TxnRef) -> None:
         """Roll back a transaction that is not in a PREPARED record. Harmless if it never began."""
 
-    def close(self) -> None:
+    def close(self) -> None:  # noqa: B027 - a target with no connections has nothing to release
         """Release connections."""
 
 

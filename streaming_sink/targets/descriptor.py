@@ -4,8 +4,9 @@ they read the descriptor (tests/unit/test_target_descriptors.py holds that)."""
 from __future__ import annotations
 
 import inspect
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping
+from typing import Any
 
 from .base import Target
 from .columns import ColumnRules

@@ -33,15 +33,16 @@ nothing is altered silently. Conventions, chosen to round-trip through StarRocks
 from __future__ import annotations
 
 import json
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Callable, Iterator, Protocol, Union
+from typing import Protocol, TypeAlias
 
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from ..errors import EncodingError  # noqa: F401  moved to streaming_sink/errors.py
 
-Tabular = Union[pa.Table, pa.RecordBatch]
+Tabular: TypeAlias = pa.Table | pa.RecordBatch
 
 DEFAULT_CHUNK_BYTES = 8 * 1024 * 1024
 
@@ -342,12 +343,12 @@ def _json_struct(name: str, path: str, array: pa.Array) -> list[str | None]:
     children = array.flatten()  # the parent's NULLs merged in: values under them are not looked at
     fields = [
         [_json_key(field) + ":" + ("null" if text is None else text) for text in _json_texts(name, f"{path}.{field}", child)]
-        for field, child in zip(names, children)
+        for field, child in zip(names, children, strict=True)
     ]
     valid = array.is_valid().to_pylist()
     if not fields:
         return ["{}" if ok else None for ok in valid]
-    return ["{" + ",".join(members) + "}" if ok else None for ok, members in zip(valid, zip(*fields))]
+    return ["{" + ",".join(members) + "}" if ok else None for ok, members in zip(valid, zip(*fields, strict=True), strict=True)]
 
 
 def _json_map(name: str, path: str, array: pa.Array) -> list[str | None]:
@@ -386,7 +387,7 @@ def _json_map(name: str, path: str, array: pa.Array) -> list[str | None]:
                 f"{column_at(name, path)} has a map with duplicate keys {duplicates!r}; a JSON object keeps only one "
                 "of them (which one is up to the parser), so the map is refused: de-duplicate it before the sink"
             )
-        out.append("{" + ",".join(k + ":" + v for k, v in zip(quoted[position:end], values[position:end])) + "}")
+        out.append("{" + ",".join(k + ":" + v for k, v in zip(quoted[position:end], values[position:end], strict=True)) + "}")
         position = end
     return out
 

@@ -15,15 +15,23 @@ from __future__ import annotations
 
 import itertools
 import threading
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Any, Iterable, NoReturn
+from typing import Any, NoReturn
 
 import pyarrow as pa
 
 from ..committable import Committable, TxnRef
 from .base import (
-    CommitOutcome, CommittedNotChosenError, NewRef, PreparedPart, RecordIntent, TableTransaction, Target, TargetError,
+    CommitOutcome,
+    CommittedNotChosenError,
+    NewRef,
+    PreparedPart,
+    RecordIntent,
+    TableTransaction,
+    Target,
+    TargetError,
 )
 
 

@@ -22,8 +22,9 @@ Wire facts (paths, headers, answers, label states): docs/protocol.md, the "StarR
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 import pyarrow as pa
 

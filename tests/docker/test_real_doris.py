@@ -14,8 +14,9 @@ from __future__ import annotations
 
 import signal
 import time
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import pytest
 
@@ -23,10 +24,10 @@ from tests.support.real_cluster import skip_without_docker
 
 skip_without_docker()
 
-from tests.support.pipeline import DB, TABLES  # noqa: E402
 from streaming_sink.committable import TxnRef  # noqa: E402
 from streaming_sink.targets.base import CommitOutcome, TargetError  # noqa: E402
 from streaming_sink.targets.doris import DorisTarget  # noqa: E402
+from tests.support.pipeline import DB, TABLES  # noqa: E402
 from tests.support.real_cluster import FE_URL, RealDoris  # noqa: E402
 from tests.support.targets.doris import DorisPipeline  # noqa: E402
 

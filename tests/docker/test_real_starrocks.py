@@ -15,8 +15,9 @@ from __future__ import annotations
 
 import signal
 import time
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import pytest
 
@@ -26,11 +27,11 @@ skip_without_docker()
 
 import pyarrow as pa  # noqa: E402
 
-from tests.support.pipeline import DB, TABLES, LocalPipeline  # noqa: E402
-from tests.support.real_cluster import FE_URL, STARROCKS_ENV, RealStarRocks  # noqa: E402
 from streaming_sink.committable import TxnRef  # noqa: E402
 from streaming_sink.targets.base import CommitOutcome, TargetError  # noqa: E402
 from streaming_sink.targets.starrocks import StarRocksTarget  # noqa: E402
+from tests.support.pipeline import DB, TABLES, LocalPipeline  # noqa: E402
+from tests.support.real_cluster import FE_URL, STARROCKS_ENV, RealStarRocks  # noqa: E402
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
 

@@ -13,7 +13,7 @@ import threading
 import time
 from collections.abc import Iterator
 from decimal import Decimal
-from typing import Any, Optional
+from typing import Any
 
 import pyarrow as pa
 import pytest
@@ -39,7 +39,7 @@ def dr(tmp_path: Any) -> Iterator[DorisEmulator]:
         yield emu
 
 
-def load(emu: DorisEmulator, label: Optional[str], data: bytes = b"1,a\n", two_pc: bool = True,
+def load(emu: DorisEmulator, label: str | None, data: bytes = b"1,a\n", two_pc: bool = True,
          follow: bool = True, **headers: str) -> Exchange:
     hdrs = {"Expect": "100-continue", "column_separator": ",", **headers}
     if label is not None:
@@ -50,8 +50,8 @@ def load(emu: DorisEmulator, label: Optional[str], data: bytes = b"1,a\n", two_p
                 follow=follow)
 
 
-def two_pc(emu: DorisEmulator, operation: str, txn_id: Any = None, label: Optional[str] = None,
-           table: bool = False, url: Optional[str] = None) -> Exchange:
+def two_pc(emu: DorisEmulator, operation: str, txn_id: Any = None, label: str | None = None,
+           table: bool = False, url: str | None = None) -> Exchange:
     hdrs = {"txn_operation": operation, "Expect": "100-continue"}
     if txn_id is not None:
         hdrs["txn_id"] = str(txn_id)

@@ -11,8 +11,9 @@ from __future__ import annotations
 import gzip
 import multiprocessing
 import threading
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import clickhouse_connect
 import pyarrow as pa

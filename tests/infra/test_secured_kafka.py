@@ -19,9 +19,9 @@ from kafka import KafkaAdminClient, KafkaConsumer, KafkaProducer, TopicPartition
 from kafka.errors import KafkaConnectionError, SaslAuthenticationFailedError
 from kafka.net import KafkaConnectionManager, NetworkSelector
 
+from tests.support.fixtures import SECURE_PASSWORD, SECURE_USER
 from tests.support.services._proc import log_since, wait_until
 from tests.support.services.kafka import KafkaBroker, SaslSsl
-from tests.support.fixtures import SECURE_PASSWORD, SECURE_USER
 
 N_RECORDS = 200
 VALUES = [f"secured-{i:03d}".encode() for i in range(N_RECORDS)]

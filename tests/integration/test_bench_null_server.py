@@ -3,7 +3,7 @@
 In the fast loop (`-m "not slow"`): no Spark, one in-process server, well under a second."""
 from __future__ import annotations
 
-from typing import Iterator
+from collections.abc import Iterator
 
 import pyarrow as pa
 import pytest

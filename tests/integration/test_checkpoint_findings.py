@@ -12,17 +12,24 @@ from typing import Any
 
 import pytest
 
-from streaming_sink.checkpoint import CheckpointFolder, restore_offsets
-from streaming_sink.records import BatchState
-from streaming_sink.errors import SourceReplannedError
 from streaming_sink.actions import apply_recovery, plan_recovery
+from streaming_sink.checkpoint import CheckpointFolder, restore_offsets
 from streaming_sink.committer import Committer
-from streaming_sink.errors import ReplayAmbiguousError
+from streaming_sink.errors import ReplayAmbiguousError, SourceReplannedError
+from streaming_sink.records import BatchState
 from streaming_sink.state import MemoryStateStore, StateStoreLostError
 from tests.integration.test_protocol_findings import (
-    DB, JOB, QUERY, Crash, CrashingStore, expected_ids, ids, sink_of, source, target_of,
+    DB,
+    JOB,
+    QUERY,
+    Crash,
+    CrashingStore,
+    expected_ids,
+    ids,
+    sink_of,
+    source,
+    target_of,
 )
-
 
 
 def plan(checkpoint: Path, batch_id: int, ends: dict[str, int], stamp: int = 0) -> str:

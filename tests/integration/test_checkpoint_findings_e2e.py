@@ -19,8 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.pipeline import DB, REPO, TABLES, LocalPipeline
 from streaming_sink.checkpoint import CheckpointFolder, delete_log_entry, latest_batch
+from tests.support.pipeline import DB, REPO, TABLES, LocalPipeline
 
 pytestmark = pytest.mark.slow
 

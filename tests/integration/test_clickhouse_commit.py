@@ -8,18 +8,19 @@ wrapping the target's own helpers or the client's `command`, never by timing.
 from __future__ import annotations
 
 import pickle
+from collections.abc import Callable
 from dataclasses import replace
-from typing import Any, Callable
+from typing import Any
 
 import pyarrow as pa
 import pytest
 
 from streaming_sink.committable import Committable, TxnRef
 from streaming_sink.labels import make_label
-from streaming_sink.targets.base import CommitAmbiguousError, CommitOutcome, ConfigurationError, TargetError
 from streaming_sink.targets import target_from_url
-from streaming_sink.targets.clickhouse import target as clickhouse_module
+from streaming_sink.targets.base import CommitAmbiguousError, CommitOutcome, ConfigurationError, TargetError
 from streaming_sink.targets.clickhouse import INSERT_CRASH_POINT, LEDGER_TABLE, ClickHouseTarget
+from streaming_sink.targets.clickhouse import target as clickhouse_module
 from tests.support.doubles.clickhouse_front import ClickHouseFront
 from tests.support.tls import issue_certificates
 

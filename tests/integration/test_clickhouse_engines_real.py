@@ -14,7 +14,12 @@ from typing import Any
 import pytest
 
 from streaming_sink.targets.clickhouse.engines import (
-    DATABASE_FACTS_QUERY, FACTS_QUERY, INSERT, MOVE, TableFacts, engine_refusal,
+    DATABASE_FACTS_QUERY,
+    FACTS_QUERY,
+    INSERT,
+    MOVE,
+    TableFacts,
+    engine_refusal,
 )
 
 MODES = (MOVE, INSERT)

@@ -9,8 +9,9 @@ read with `select_sequential_consistency = 1`. Every test drives the target over
 """
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import pyarrow as pa
 import pytest

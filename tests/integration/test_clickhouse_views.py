@@ -10,18 +10,19 @@ Spark tasks, one staging table per table and task attempt, commits from the driv
 from __future__ import annotations
 
 import signal
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, Iterator
+from typing import Any
 
 import pytest
 
-from tests.support.pipeline import DB, TABLES
-from tests.support.pipeline import LocalPipeline as Scenario
 from streaming_sink.crash import TARGET_POINTS
 from streaming_sink.targets import target_from_url
 from streaming_sink.targets.base import CommitOutcome
 from streaming_sink.targets.clickhouse import LEDGER_TABLE, ClickHouseTarget
+from tests.support.pipeline import DB, TABLES
+from tests.support.pipeline import LocalPipeline as Scenario
 from tests.support.targets.clickhouse import ClickHouseAdapter, ClickHouseHttpAdapter, clickhouse_adapter
 
 pytestmark = pytest.mark.slow

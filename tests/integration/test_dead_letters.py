@@ -10,11 +10,11 @@ import re
 
 import pytest
 
-from streaming_sink.state import FileStateStore
 from streaming_sink.frame import build_frame, resolve_tables
 from streaming_sink.job_spec import JobSpec
 from streaming_sink.routing import UnknownTableError
 from streaming_sink.sink import ExactlyOnceSink
+from streaming_sink.state import FileStateStore
 from streaming_sink.targets.base import ConfigurationError
 
 DB = "analytics"

@@ -5,11 +5,11 @@ import json
 import subprocess
 import sys
 
-from tests.support.jobs import write_job_toml
-from tests.support.pipeline import open_target
 from streaming_sink.doctor import expiry_checks, render
 from streaming_sink.targets.doris import DorisTarget
 from streaming_sink.targets.starrocks import StarRocksTarget
+from tests.support.jobs import write_job_toml
+from tests.support.pipeline import open_target
 
 DB = "analytics"
 

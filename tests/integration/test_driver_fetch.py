@@ -14,15 +14,21 @@ import decimal
 import pyarrow as pa
 import pytest
 
-from streaming_sink.state import BatchRecord, FileStateStore, MemoryStateStore
 from streaming_sink import ExactlyOnceSink, execution
 from streaming_sink import sink as sink_module
+from streaming_sink.errors import InvariantBreach
 from streaming_sink.execution import (
-    PARTITION_COLUMN, WHOLE_BATCH, SparkWriterRunner, _arrow_stream, _ipc_partitions, _stream_digests, _task_digests,
+    PARTITION_COLUMN,
+    WHOLE_BATCH,
+    SparkWriterRunner,
+    _arrow_stream,
+    _ipc_partitions,
+    _stream_digests,
+    _task_digests,
     _write_per_partition,
 )
-from streaming_sink.errors import InvariantBreach
 from streaming_sink.routing import Router
+from streaming_sink.state import BatchRecord, FileStateStore, MemoryStateStore
 from streaming_sink.targets.clickhouse import ClickHouseTarget
 from streaming_sink.targets.memory import MemoryTarget
 from streaming_sink.writer import ContentChecksum, PartitionWriter, WriteContext

@@ -22,18 +22,19 @@ from __future__ import annotations
 import re
 import signal
 import threading
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
-from typing import Any, Callable, Iterable, Iterator
+from typing import Any
 
 import pyarrow as pa
 import pytest
 
-from tests.support.pipeline import DB, LocalPipeline
 from streaming_sink.committable import Committable, TxnRef
 from streaming_sink.labels import make_label
 from streaming_sink.targets.base import CommitAmbiguousError, CommitOutcome, CommittedNotChosenError
 from streaming_sink.targets.clickhouse import COMMITTED, LEDGER_TABLE, ClickHouseTarget
 from tests.support.doubles.clickhouse_front import ClickHouseFront
+from tests.support.pipeline import DB, LocalPipeline
 from tests.support.targets.clickhouse import DIE_AFTER_PREPARE, TWIN, ClickHouseHttpAdapter
 
 CRASH_BATCH = 2
@@ -282,7 +283,7 @@ def test_two_commits_of_one_label_interleaved_anywhere_move_every_row_once(front
     a, b = gate.target("A", front.url), gate.target("B", front.url)
     for n, (schedule, then) in enumerate(schedules):
         committable = _prepare(setup, f"cc{n}")
-        outcomes = gate.run({"A": lambda: a.commit(committable), "B": lambda: b.commit(committable)}, schedule, then)
+        outcomes = gate.run({"A": lambda c=committable: a.commit(c), "B": lambda c=committable: b.commit(c)}, schedule, then)
         assert outcomes == {"A": CommitOutcome.COMMITTED, "B": CommitOutcome.COMMITTED}, (schedule, outcomes)
         assert _visible(setup) == list(range(ROWS)), (schedule, _visible(setup))
         assert setup.staging_tables() == [] and setup.ledger.states(committable.label) >= {COMMITTED}, schedule
@@ -311,7 +312,7 @@ def test_a_commit_and_an_abort_of_one_label_never_lose_or_duplicate_silently(fro
     for n, (schedule, then) in enumerate(schedules):
         committable = _prepare(setup, f"ca{n}")
         ref = TxnRef("clickhouse", DB, TABLE, committable.label, 0, committable.attempt)
-        outcomes = gate.run({"C": lambda: c.commit(committable), "X": lambda: x.abort(ref)}, schedule, then)
+        outcomes = gate.run({"C": lambda k=committable: c.commit(k), "X": lambda r=ref: x.abort(r)}, schedule, then)
         visible = _visible(setup)
         committed, aborted = outcomes["C"], outcomes["X"]
         if committed is CommitOutcome.COMMITTED:

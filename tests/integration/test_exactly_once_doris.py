@@ -81,9 +81,9 @@ def test_replay_finds_renumbered_partitions(tmp_path, emulator, spark_session, m
     """Deterministic form of what the Kafka source does after a restart: the batch is prepared from
     partitions [A, B, C], its precommitted txns expire while the driver is down, and the re-run delivers
     [C, B, A]. The coordinator must find each lost part by content, not by Spark's partition number."""
-    from streaming_sink.state import FileStateStore
     from streaming_sink import sink as sink_module
     from streaming_sink.sink import ExactlyOnceSink
+    from streaming_sink.state import FileStateStore
     from streaming_sink.targets.doris import DorisTarget
 
     schema = "id BIGINT, name STRING, amount DOUBLE, kafka_partition INT, kafka_offset BIGINT, __table STRING"

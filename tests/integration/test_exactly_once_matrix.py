@@ -13,16 +13,16 @@ from __future__ import annotations
 
 import random
 import signal
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 import pytest
 
 from streaming_sink.crash import POINTS
+from tests.support.crash import kill_seeds
 from tests.support.targets.base import TargetAdapter
 from tests.support.targets.clickhouse import ClickHouseAdapter, ClickHouseHttpAdapter
 from tests.support.targets.doris import DorisAdapter
-from tests.support.crash import kill_seeds
 from tests.support.targets.starrocks import StarRocksAdapter
 
 pytestmark = pytest.mark.slow

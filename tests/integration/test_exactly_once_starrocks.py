@@ -19,9 +19,9 @@ import signal
 
 import pytest
 
-from tests.support.pipeline import DB, TABLES
 from streaming_sink.records import BatchState
 from tests.support.doubles.emulators.starrocks import StarRocksEmulator
+from tests.support.pipeline import DB, TABLES
 from tests.support.targets.starrocks import DIE_AFTER_PREPARE, PASSWORD, TWIN, StarRocksAdapter
 
 pytestmark = pytest.mark.slow

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.services.kafka import KafkaBroker
 from tests.support.pipeline import open_target
+from tests.support.services.kafka import KafkaBroker
 
 pytestmark = pytest.mark.slow
 

@@ -5,15 +5,20 @@ import base64
 import pickle
 import socket
 import threading
+from collections.abc import Callable, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any, Callable, Iterator
+from typing import Any
 
 import pytest
 
-from streaming_sink.targets.streamload import http as http_module
 from streaming_sink import retry as retry_module
+from streaming_sink.targets.streamload import http as http_module
 from streaming_sink.targets.streamload.http import (
-    AuthenticationError, HttpClient, HttpConnectionError, HttpProtocolError, HttpStatusError,
+    AuthenticationError,
+    HttpClient,
+    HttpConnectionError,
+    HttpProtocolError,
+    HttpStatusError,
 )
 from tests.support.tls import issue_certificates
 

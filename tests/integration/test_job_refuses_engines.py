@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from tests.support.pipeline import open_target
 from streaming_sink.errors import ConfigurationError
 from streaming_sink.job import run
 from streaming_sink.job_spec import JobSpec
+from tests.support.pipeline import open_target
 
 DB = "analytics"
 

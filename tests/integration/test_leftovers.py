@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pyarrow as pa
 
-from streaming_sink.state import FileStateStore
-from streaming_sink.committable import TxnRef
-from streaming_sink.labels import make_label
 from streaming_sink.actions import apply_recovery, plan_recovery
+from streaming_sink.committable import TxnRef
 from streaming_sink.committer import Committer
+from streaming_sink.labels import make_label
+from streaming_sink.state import FileStateStore
 from streaming_sink.status import job_status
 from streaming_sink.targets.clickhouse import ClickHouseTarget
 

@@ -4,6 +4,7 @@ The exporter's names, types and values are checked without a server in tests/uni
 """
 from __future__ import annotations
 
+import json
 import urllib.request
 from pathlib import Path
 
@@ -12,11 +13,10 @@ def test_the_endpoint_binds_the_configured_host(tmp_path: Path):
     from streaming_sink.job import build_sink, sink_metrics
     from streaming_sink.job_spec import JobSpec
 
-    spec = JobSpec.from_json(
-        '{"job_id": "m", "bootstrap": "unused:9092", "topics": ["events"], "target_url": "chdb://%s", '
-        '"database": "default", "state_url": "file://%s", "checkpoint": "%s", "schema": "id BIGINT", '
-        '"table": "t", "trigger": "5 seconds", "metrics_port": 0}' % (tmp_path / "ch", tmp_path / "state", tmp_path / "ckpt")
-    )
+    spec = JobSpec.from_json(json.dumps({
+        "job_id": "m", "bootstrap": "unused:9092", "topics": ["events"], "target_url": f"chdb://{tmp_path / 'ch'}",
+        "database": "default", "state_url": f"file://{tmp_path / 'state'}", "checkpoint": str(tmp_path / "ckpt"),
+        "schema": "id BIGINT", "table": "t", "trigger": "5 seconds", "metrics_port": 0}))
     assert spec.metrics_host == "127.0.0.1"
     for host in ("127.0.0.1", "127.0.0.2"):  # any loopback address a test may bind proves the host is used
         spec.metrics_host = host

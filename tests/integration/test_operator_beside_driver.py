@@ -21,9 +21,18 @@ from streaming_sink.cli import ExitCode, main
 from streaming_sink.records import BatchState
 from streaming_sink.state import FileStateStore
 from tests.integration.test_protocol_findings import (
-    DB, JOB, QUERY, TABLE, Crash, CrashingStore, expected_ids, ids, sink_of, source, target_of,
+    DB,
+    JOB,
+    QUERY,
+    TABLE,
+    Crash,
+    CrashingStore,
+    expected_ids,
+    ids,
+    sink_of,
+    source,
+    target_of,
 )
-
 
 DRIVER = textwrap.dedent("""
     import sys, time

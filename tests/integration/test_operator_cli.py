@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.pipeline import DB, LocalPipeline
 from streaming_sink.records import BatchState
-from tests.support.targets.clickhouse import clickhouse_adapter
 from tests.support.jobs import write_job_toml
+from tests.support.pipeline import DB, LocalPipeline
+from tests.support.targets.clickhouse import clickhouse_adapter
 
 pytestmark = pytest.mark.slow
 

@@ -11,17 +11,17 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 import pytest
 
-from tests.support.services.redis import RedisServer
-from streaming_sink.state import BatchRecord, RedisStateStore
-from streaming_sink.state.redis import RedisKeys
 from streaming_sink.committable import Committable
 from streaming_sink.records import BatchState
+from streaming_sink.state import BatchRecord, RedisStateStore
+from streaming_sink.state.redis import RedisKeys
 from tests.support.jobs import write_job_toml
+from tests.support.services.redis import RedisServer
 
 SECRET = "s3cr3t-pw-Hx7"
 JOB = "orders-ingest"

@@ -11,14 +11,14 @@ from typing import Any
 import pyarrow as pa
 import pytest
 
-from streaming_sink.state import BatchRecord, FencedError, MemoryStateStore, StateStoreLostError
-from streaming_sink.committable import TxnRef
-from streaming_sink.records import BatchState
 from streaming_sink.actions import abort_batch
+from streaming_sink.committable import TxnRef
 from streaming_sink.committer import Committer
 from streaming_sink.errors import OperatorActionRefused, ReplayAmbiguousError
+from streaming_sink.records import BatchState
 from streaming_sink.routing import Router
 from streaming_sink.sink import ExactlyOnceSink
+from streaming_sink.state import BatchRecord, FencedError, MemoryStateStore, StateStoreLostError
 from streaming_sink.targets.starrocks import StarRocksTarget
 from streaming_sink.writer import PartitionResult, PartitionWriter, WriteContext
 from tests.support.doubles.emulators.starrocks import StarRocksEmulator
@@ -130,8 +130,8 @@ def test_a_doris_label_evicted_by_newer_loads_stops_the_job_instead_of_duplicati
     """Doris forgets finished labels past label_num_threshold (2000 per database) within minutes on a
     busy database, long before its 12 h: the same loud stop, no clock needed."""
     from streaming_sink.targets.doris import DorisTarget
-    from tests.support.doubles.emulators.doris import DorisEmulator
     from tests.integration.test_doris_target import COLUMNS, other_jobs_finish_loads
+    from tests.support.doubles.emulators.doris import DorisEmulator
 
     with DorisEmulator(tmp_path / "doris") as doris:
         doris.create_table(DB, TABLE, [("id", "INT"), ("name", "VARCHAR(32)")])

@@ -10,16 +10,15 @@ import threading
 import pyarrow as pa
 import pytest
 
-from streaming_sink.state import BatchRecord, FileStateStore, MemoryStateStore
-from streaming_sink.committable import Committable, TxnRef
-from streaming_sink.records import BatchState
-from streaming_sink.batch_log import BatchLog
-from streaming_sink.committer import _ProgressMarks
 from streaming_sink.actions import abort_batch, apply_recovery, plan_recovery, settle_label
-from streaming_sink.committer import Committer
+from streaming_sink.batch_log import BatchLog
+from streaming_sink.committable import Committable, TxnRef
+from streaming_sink.committer import Committer, _ProgressMarks
 from streaming_sink.errors import OperatorActionRefused, ReplayImpossibleError, TargetMismatchError
+from streaming_sink.records import BatchState
 from streaming_sink.routing import Router
 from streaming_sink.sink import ExactlyOnceSink
+from streaming_sink.state import BatchRecord, FileStateStore, MemoryStateStore
 from streaming_sink.targets.base import CommitOutcome, TargetError
 from streaming_sink.writer import ContentChecksum, PartitionWriter, WriteContext
 from tests.support.pipeline import create_tables, open_target, table_rows

@@ -7,14 +7,14 @@ from __future__ import annotations
 import random
 import subprocess
 from collections import Counter
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 import pytest
 
+from tests.support.crash import kill_seeds
 from tests.support.pipeline import DB, TABLES, LocalPipeline
 from tests.support.services.redis import RedisSentinelGroup
-from tests.support.crash import kill_seeds
 
 pytestmark = pytest.mark.slow
 

@@ -3,18 +3,18 @@ journal written under the key layout of earlier releases. Real `redis-server` pr
 from __future__ import annotations
 
 import pickle
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 import pytest
 import redis
 
-from tests.support.services.redis import HOST, RedisSentinelGroup, RedisServer
 from streaming_sink.committable import Committable, TxnRef
+from streaming_sink.errors import StateStoreUnreachableError
 from streaming_sink.records import BatchState
 from streaming_sink.state import BatchRecord, FencedError, RedisStateStore, open_store
 from streaming_sink.state.redis import _FENCED_SCRIPT, ReplicationError
-from streaming_sink.errors import StateStoreUnreachableError
+from tests.support.services.redis import HOST, RedisSentinelGroup, RedisServer
 
 JOB, Q = "orders", "query-a"
 

@@ -11,11 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.services.redis import RedisServer
-from tests.support.services.spark import spark_env
 from tests.support.doubles.emulators.starrocks import StarRocksEmulator
 from tests.support.fixtures import SECURE_PASSWORD, SECURE_USER
 from tests.support.jobs import local_spark, secured_kafka, write_job_toml
+from tests.support.services.redis import RedisServer
+from tests.support.services.spark import spark_env
 
 # Extended suite: CI keeps test_operator_redis_password.py (the Redis password through every operator command) and the
 # targets' own checks that a password never shows in a repr or an error.

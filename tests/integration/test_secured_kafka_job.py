@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.pipeline import open_target
-from tests.support.services.spark import spark_env
 from tests.support.fixtures import SECURE_PASSWORD, SECURE_USER
 from tests.support.jobs import local_spark, secured_kafka, write_job_toml
+from tests.support.pipeline import open_target
+from tests.support.services.spark import spark_env
 
 pytestmark = pytest.mark.slow
 

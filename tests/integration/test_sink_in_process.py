@@ -3,10 +3,10 @@ from __future__ import annotations
 
 import pytest
 
-from streaming_sink.state import FencedError, FileStateStore
 from streaming_sink import ExactlyOnceSink
 from streaming_sink.records import BatchState
 from streaming_sink.routing import UnknownTableError
+from streaming_sink.state import FencedError, FileStateStore
 from tests.support.pipeline import create_tables, open_target, table_rows
 
 DB = "analytics"

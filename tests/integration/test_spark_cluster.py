@@ -24,12 +24,12 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.services._proc import wait_until
-from tests.support.pipeline import DB, REPO, LocalPipeline
-from tests.support.services.spark_cluster import executor_pids, standalone_cluster
 from streaming_sink.targets.clickhouse import LEDGER_TABLE
 from tests.support.doubles.clickhouse_front import ClickHouseFront
 from tests.support.doubles.emulators.starrocks import StarRocksEmulator
+from tests.support.pipeline import DB, REPO, LocalPipeline
+from tests.support.services._proc import wait_until
+from tests.support.services.spark_cluster import executor_pids, standalone_cluster
 from tests.support.targets.clickhouse import ClickHouseHttpAdapter
 from tests.support.targets.starrocks import StarRocksAdapter
 

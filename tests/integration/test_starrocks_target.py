@@ -38,7 +38,7 @@ class Writer:
     def new_ref(self, chunk: int) -> TxnRef:
         return TxnRef("starrocks", DB, self.table, self.label, 0, "e1w0t0")
 
-    def write(self, *rows: tuple[Any, str | None]) -> "Writer":
+    def write(self, *rows: tuple[Any, str | None]) -> Writer:
         self.txn.write(pa.table({"id": [r[0] for r in rows], "name": [r[1] for r in rows]}))
         return self
 

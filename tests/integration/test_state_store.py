@@ -12,12 +12,18 @@ from dataclasses import replace
 
 import pytest
 
-from streaming_sink.state import (
-    BatchRecord, BatchSealedError, FencedError, FileStateStore, MemoryStateStore, RedisStateStore, StateStoreLostError,
-    open_store,
-)
 from streaming_sink.committable import Committable, TxnRef
 from streaming_sink.records import BatchState
+from streaming_sink.state import (
+    BatchRecord,
+    BatchSealedError,
+    FencedError,
+    FileStateStore,
+    MemoryStateStore,
+    RedisStateStore,
+    StateStoreLostError,
+    open_store,
+)
 from streaming_sink.state.redis import RedisKeys
 
 JOB = "job-1"
@@ -292,9 +298,9 @@ def test_redis_url_is_redacted_but_still_connects(tmp_path):
     """S1: the password stays out of `url`, repr and errors; the raw URL still connects, in tasks too (pickled)."""
     import pickle
 
-    from tests.support.services.redis import RedisServer
     from streaming_sink.state import StateStoreError
     from streaming_sink.state.redis import redact_url
+    from tests.support.services.redis import RedisServer
 
     assert redact_url("rediss://user:pw@h:6380/2") == "rediss://***@h:6380/2"
     assert redact_url("redis://h:6379/0?password=pw&db=1") == "redis://h:6379/0?password=***&db=1"
@@ -316,7 +322,7 @@ def test_redis_url_is_redacted_but_still_connects(tmp_path):
         s.close()
 
 
-def _record_path(store: FileStateStore, batch: int) -> "os.PathLike[str]":
+def _record_path(store: FileStateStore, batch: int) -> os.PathLike[str]:
     return store.layout.batch_file(JOB, Q, batch, "record")
 
 

@@ -13,9 +13,10 @@ from __future__ import annotations
 
 import base64
 import socket
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any, Callable, Iterator
+from typing import Any
 
 import pyarrow as pa
 import pytest

@@ -7,8 +7,9 @@ real `ExactlyOnceSink` and `PartitionWriter`s over in-memory Arrow batches, the 
 """
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import pyarrow as pa
 import pytest
@@ -18,10 +19,10 @@ from streaming_sink.state import MemoryStateStore
 from streaming_sink.targets.base import Target, TransactionLimitError
 from streaming_sink.targets.doris import DorisTarget
 from streaming_sink.targets.starrocks import StarRocksTarget
+from tests.integration.test_protocol_findings import InMemoryRunner
 from tests.support.doubles.emulators.base_emulator import BaseEmulator
 from tests.support.doubles.emulators.doris import DorisEmulator
 from tests.support.doubles.emulators.starrocks import StarRocksEmulator
-from tests.integration.test_protocol_findings import InMemoryRunner
 
 DB, JOB, QUERY = "db", "job", "query-1"
 TABLES = [f"t{n}" for n in range(10)]

@@ -12,17 +12,18 @@ from __future__ import annotations
 import datetime as dt
 import math
 import struct
+from collections.abc import Callable, Iterator
 from decimal import Decimal
-from typing import Any, Callable, Iterator
+from typing import Any
 
 import pyarrow as pa
 import pytest
 
 from streaming_sink.committable import TxnRef
-from streaming_sink.targets.encoding import EncodingError
 from streaming_sink.targets.base import CommitOutcome, Target
 from streaming_sink.targets.clickhouse import ClickHouseTarget
 from streaming_sink.targets.doris import DorisTarget
+from streaming_sink.targets.encoding import EncodingError
 from streaming_sink.targets.starrocks import StarRocksTarget
 from tests.support.doubles.emulators.doris import DorisEmulator
 from tests.support.doubles.emulators.starrocks import StarRocksEmulator
@@ -205,8 +206,8 @@ def test_spark_types_reach_the_target_as_sent_whatever_the_session_zone(spark_se
     """The step before the matrix: Spark's types through `ExactlyOnceSink` (Spark to Arrow, writers in the driver
     for embedded ClickHouse and in tasks for ClickHouse over HTTP and StarRocks). A session zone other than UTC must
     not move a timestamp."""
-    from streaming_sink.state import FileStateStore
     from streaming_sink.sink import ExactlyOnceSink
+    from streaming_sink.state import FileStateStore
 
     names = list(SPARK_TYPES)
     schema = ", ".join(["id BIGINT"] + [f"{name} {kind}" for name, kind in SPARK_TYPES.items()])

@@ -11,11 +11,11 @@ import json
 
 import pytest
 
-from streaming_sink.state import FileStateStore
 from streaming_sink.frame import build_frame, check_columns, resolve_tables, table_schemas
 from streaming_sink.job_spec import JobSpec
-from streaming_sink.targets import descriptor_for
 from streaming_sink.sink import ExactlyOnceSink
+from streaming_sink.state import FileStateStore
+from streaming_sink.targets import descriptor_for
 
 DB = "analytics"
 SCHEMA = "id BIGINT NOT NULL, small INT, day DATE, at TIMESTAMP, code STRING, ratio DOUBLE, note STRING, price DECIMAL(10,3)"

@@ -6,7 +6,8 @@ DESIGN.md states as an invariant.
 from __future__ import annotations
 
 import contextlib
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 from streaming_sink import actions as actions_module
 from streaming_sink import cli

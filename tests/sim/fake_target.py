@@ -16,15 +16,22 @@ Two shapes, as the real targets have:
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Callable
 
 import pyarrow as pa
 
 from streaming_sink.committable import Committable, TxnRef
 from streaming_sink.targets.base import (
-    CommitOutcome, CommittedNotChosenError, NewRef, PreparedPart, RecordIntent, TableTransaction, Target, TargetError,
+    CommitOutcome,
+    CommittedNotChosenError,
+    NewRef,
+    PreparedPart,
+    RecordIntent,
+    TableTransaction,
+    Target,
+    TargetError,
 )
 
 

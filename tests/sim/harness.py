@@ -20,27 +20,27 @@ import re
 import tempfile
 import threading
 import traceback
+from collections.abc import Callable, Iterable
 from concurrent.futures import ALL_COMPLETED, FIRST_COMPLETED, FIRST_EXCEPTION, Future
 from concurrent.futures import wait as futures_wait
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable
+from typing import Any
 
 import pyarrow as pa
 
-from streaming_sink.state import BatchRecord, FencedError, StateStoreLostError
-from streaming_sink.labels import attempt_epoch
-from streaming_sink.state.memory import MemoryStateStore
 from streaming_sink import cli
 from streaming_sink import committer as committer_module
-from streaming_sink.records import BatchState
-from streaming_sink.errors import StopForOperator
 from streaming_sink.actions import apply_recovery, plan_recovery
 from streaming_sink.committer import Committer
-from streaming_sink.errors import OperatorActionRefused, ReplayAmbiguousError, ReplayImpossibleError, ReplayMismatchError
-from streaming_sink.sink import ExactlyOnceSink
-from streaming_sink.targets.base import CommitOutcome, CommittedNotChosenError, TargetError
+from streaming_sink.errors import OperatorActionRefused, ReplayAmbiguousError, ReplayImpossibleError, ReplayMismatchError, StopForOperator
 from streaming_sink.execution import _replay_identity
+from streaming_sink.labels import attempt_epoch
+from streaming_sink.records import BatchState
 from streaming_sink.replay import writer_partition
+from streaming_sink.sink import ExactlyOnceSink
+from streaming_sink.state import BatchRecord, FencedError, StateStoreLostError
+from streaming_sink.state.memory import MemoryStateStore
+from streaming_sink.targets.base import CommitOutcome, CommittedNotChosenError, TargetError
 from streaming_sink.writer import ContentChecksum, PartitionResult, PartitionWriter, WriteContext
 
 try:  # the checks of a re-planned batch (I10); a release before them runs the simulation without its remedy
@@ -49,8 +49,8 @@ except ImportError:  # pragma: no cover - only on an older checkout (tests/sim r
     class SourceReplannedError(StopForOperator):  # type: ignore[no-redef]
         """Never raised by a release that does not know it."""
 
-from .spark_model import SparkCheckpoint
 from .fake_target import OPEN, FakeOlapServer, FakeTarget, SimClock, SimulatedTimeout, Txn, TxnState
+from .spark_model import SparkCheckpoint
 
 JOB = "simjob"
 QUERY = "00000000-0000-4000-8000-00000000001a"
@@ -686,7 +686,7 @@ class Simulation:
         self.log("the driver becomes a zombie; a new driver starts")
         self.main_role = {"zombie": False, "next": 0}
         role = self.main_role
-        self.sched.spawn("driver", lambda actor: self.driver(actor, role), weight=3.0)
+        self.sched.spawn("driver", lambda actor, role=role: self.driver(actor, role), weight=3.0)
 
     def _lose_store(self, snapshot: dict | None) -> None:
         self.store_lost = True
@@ -707,7 +707,7 @@ class Simulation:
         self.plan_events()
         self.main_role = {"zombie": False, "next": 0}
         role = self.main_role
-        self.sched.spawn("driver", lambda actor: self.driver(actor, role), weight=3.0)
+        self.sched.spawn("driver", lambda actor, role=role: self.driver(actor, role), weight=3.0)
         try:
             self.sched.run()
             self._check_actor_errors()
@@ -716,7 +716,7 @@ class Simulation:
                     break
                 self.stopped = None
                 role = self.main_role = {"zombie": False, "next": 0}
-                self.sched.spawn("driver", lambda actor: self.driver(actor, role), weight=3.0)
+                self.sched.spawn("driver", lambda actor, role=role: self.driver(actor, role), weight=3.0)
                 self.sched.run()
                 self._check_actor_errors()
             else:

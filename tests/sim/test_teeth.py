@@ -2,7 +2,7 @@
 and the unbroken protocol passes the very same seeds."""
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import pytest
 

@@ -38,8 +38,9 @@ from __future__ import annotations
 import logging
 import re
 import uuid
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any
 
 import pytest
 

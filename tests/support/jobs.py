@@ -21,14 +21,15 @@ import re
 import signal
 import subprocess
 import sys
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any
 
+from streaming_sink.records import BatchState
+from streaming_sink.state import open_store
 from tests.support.pipeline import REPO, open_target, row_checksum
 from tests.support.services.spark import local_spark_conf, spark_env
-from streaming_sink.state import open_store
-from streaming_sink.records import BatchState
 
 #: the job every `job_toml` starts from
 DEFAULTS: dict[str, Any] = {

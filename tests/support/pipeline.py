@@ -19,15 +19,16 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Iterator
+from typing import TYPE_CHECKING
 
-from tests.support.services.spark import local_spark_conf, spark_env
-from streaming_sink.state import open_store
 from streaming_sink.records import BatchState
+from streaming_sink.state import open_store
 from streaming_sink.targets.clickhouse import ClickHouseTarget
+from tests.support.services.spark import local_spark_conf, spark_env
 
 if TYPE_CHECKING:
     from tests.support.targets.base import TargetAdapter
@@ -87,7 +88,7 @@ class LocalPipeline:
     max_offsets_per_trigger: int = 150
     topic: str = ""
     source: dict[str, list[tuple]] = field(default_factory=dict)
-    adapter: "TargetAdapter | None" = None  # default: ClickHouse on chdb under root/ch
+    adapter: TargetAdapter | None = None  # default: ClickHouse on chdb under root/ch
     spark_conf: dict[str, str] = field(default_factory=dict)  # overrides of the local Spark conf
     driver_module: str = "streaming_sink.job"  # tests may wrap the job to inject faults in tasks
     driver_env: dict[str, str] = field(default_factory=dict)
@@ -160,12 +161,12 @@ class LocalPipeline:
         return env
 
     def start_driver(self, crash_at: str | None = None, run: int = 0) -> subprocess.Popen:
-        log = open(self.logs / f"driver-{run}.log", "w")
-        return subprocess.Popen(
-            [sys.executable, "-m", self.driver_module, "--spec", str(self.spec_path)],
-            cwd=REPO, env=self._env(crash_at), stdout=log, stderr=subprocess.STDOUT,
-            start_new_session=True,  # its own process group: kill() takes the Spark JVM down with it
-        )
+        with open(self.logs / f"driver-{run}.log", "w") as log:  # the child keeps its own descriptor
+            return subprocess.Popen(
+                [sys.executable, "-m", self.driver_module, "--spec", str(self.spec_path)],
+                cwd=REPO, env=self._env(crash_at), stdout=log, stderr=subprocess.STDOUT,
+                start_new_session=True,  # its own process group: kill() takes the Spark JVM down with it
+            )
 
     def run_driver(self, crash_at: str | None = None, run: int = 0, timeout: float = 300) -> int:
         proc = self.start_driver(crash_at, run)

@@ -55,7 +55,7 @@ class RealCluster:
     display: str
     containers: list[Any]
 
-    def start(self) -> "RealCluster":
+    def start(self) -> RealCluster:
         for container in self.containers:
             container.start()
         deadline = time.monotonic() + START_DEADLINE_S
@@ -105,7 +105,7 @@ class RealCluster:
                      if line.split("\t")[1:2] == [DB])
         return [line for line in self.sql(f"SHOW PROC '/transactions/{db_id}/running'", None).splitlines() if line]
 
-    def adapter(self, env: dict[str, str] | None = None) -> "RealClusterAdapter":
+    def adapter(self, env: dict[str, str] | None = None) -> RealClusterAdapter:
         """The pipeline's adapter: the job reaches the FE over HTTP, the test reads over SQL."""
         return RealClusterAdapter(self, env or {})
 

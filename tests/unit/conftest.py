@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import socket
 import sys
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 import pytest
 

@@ -13,13 +13,13 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.services.ports import free_port
-from streaming_sink.state import BatchRecord, FileStateStore
 from streaming_sink.cli import EXIT_CODES_HELP, ExitCode, build_parser, main
 from streaming_sink.committable import Committable, TxnRef
 from streaming_sink.records import BatchState
+from streaming_sink.state import BatchRecord, FileStateStore
 from streaming_sink.status import human_duration
 from tests.support.jobs import write_job_toml
+from tests.support.services.ports import free_port
 
 JOB = "demo-ingest"
 Q = "q1"

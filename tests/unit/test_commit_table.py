@@ -3,7 +3,8 @@ commit phase (tables in parallel); a target that keeps the default is committed 
 from __future__ import annotations
 
 import threading
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from streaming_sink.committable import Committable, TxnRef
 from streaming_sink.committer import Committer

@@ -2,10 +2,10 @@
 from __future__ import annotations
 
 import json
-import tomllib
 from pathlib import Path
 
 import jsonschema
+import tomllib
 
 from streaming_sink.config_schema import SCHEMA_PATH, json_schema
 

@@ -3,11 +3,12 @@ key, or to acceptance with the meaning the user wrote. The base is examples/job.
 from __future__ import annotations
 
 import copy
-import tomllib
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import pytest
+import tomllib
 
 from streaming_sink.config import load_config, resolve_config
 from streaming_sink.job_spec import JobSpec

@@ -16,7 +16,15 @@ import pyarrow as pa
 import pytest
 
 from streaming_sink.targets.encoding import (
-    CsvFormat, EncodingError, JsonFormat, check_header_names, columns_header, encode_chunks, encode_csv, encode_json, header_safe,
+    CsvFormat,
+    EncodingError,
+    JsonFormat,
+    check_header_names,
+    columns_header,
+    encode_chunks,
+    encode_csv,
+    encode_json,
+    header_safe,
 )
 from streaming_sink.targets.streamload.doris_arrow import ArrowFormat, encode_arrow
 from tests.support.doubles.emulators.load_formats import LoadFormat, split_csv
@@ -160,7 +168,7 @@ def parse_default_csv(body: str) -> list[list[str | None]]:
             i += 1
             row.append("".join(field))
         else:
-            end = min((j for j in (body.find(",", i), body.find("\n", i)) if j >= 0))
+            end = min(j for j in (body.find(",", i), body.find("\n", i)) if j >= 0)
             raw = body[i:end]
             row.append(None if raw == "\\N" else raw)
             i = end

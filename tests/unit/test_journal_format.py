@@ -14,13 +14,12 @@ from typing import Any
 import pyarrow as pa
 import pytest
 
-from streaming_sink.state import BatchRecord, FileStateStore, MemoryStateStore
-from streaming_sink.records import decode_owner
 from streaming_sink.committable import JOURNAL_FORMAT, Committable, JournalFormatError, TxnRef
-from streaming_sink.records import BatchState
 from streaming_sink.committer import Committer
+from streaming_sink.records import BatchState, decode_owner
 from streaming_sink.routing import Router
 from streaming_sink.sink import ExactlyOnceSink
+from streaming_sink.state import BatchRecord, FileStateStore, MemoryStateStore
 from streaming_sink.targets.base import CommitOutcome, PreparedPart, TableTransaction, Target
 from streaming_sink.writer import PartitionResult, PartitionWriter, WriteContext
 

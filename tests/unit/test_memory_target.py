@@ -11,11 +11,11 @@ from typing import Any
 import pyarrow as pa
 import pytest
 
-from streaming_sink.state import MemoryStateStore, StateStore
 from streaming_sink.committable import TxnRef
 from streaming_sink.records import BatchState
 from streaming_sink.routing import Router
 from streaming_sink.sink import ExactlyOnceSink
+from streaming_sink.state import MemoryStateStore, StateStore
 from streaming_sink.targets.base import CommitOutcome, CommittedNotChosenError, Target, TargetError
 from streaming_sink.targets.memory import MemoryTarget, MemoryTxnState
 from streaming_sink.writer import PartitionResult, PartitionWriter, WriteContext

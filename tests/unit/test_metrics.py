@@ -7,11 +7,11 @@ import uuid
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from streaming_sink.state import BatchRecord, MemoryStateStore
 from streaming_sink.committable import Committable
-from streaming_sink.records import BatchState
 from streaming_sink.metrics import BatchMetrics, progress_listener
+from streaming_sink.records import BatchState
 from streaming_sink.sink import BatchReport
+from streaming_sink.state import BatchRecord, MemoryStateStore
 from streaming_sink.targets.doris import DorisTarget
 from streaming_sink.targets.starrocks import StarRocksTarget
 

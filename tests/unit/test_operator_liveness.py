@@ -16,8 +16,8 @@ import pytest
 
 from streaming_sink.cli import ExitCode, main
 from streaming_sink.committable import Committable
-from streaming_sink.records import BatchState
 from streaming_sink.liveness import SILENT_SECONDS, Heartbeat, running_driver
+from streaming_sink.records import BatchState
 from streaming_sink.state import BatchRecord, FileStateStore, MemoryStateStore
 from tests.unit.test_cli_operator import OFFLINE_TARGET, dead_pid, target_credentials  # noqa: F401 - autouse fixture
 

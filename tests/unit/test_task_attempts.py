@@ -10,9 +10,9 @@ from dataclasses import dataclass
 
 import pyarrow as pa
 
-from streaming_sink.state import FileStateStore
 from streaming_sink.execution import task_writer
 from streaming_sink.routing import Router
+from streaming_sink.state import FileStateStore
 from streaming_sink.writer import PartitionResult, WriteContext
 from tests.support.doubles.recording import RecordingTarget
 

@@ -42,8 +42,8 @@ def test_anything_else_stays_what_spark_raised():
 
 def test_errors_whose_constructor_takes_more_than_a_message_keep_their_type_and_message():
     """F7: FencedError, StateStoreLostError and the HTTP errors take several arguments; they came back as TypeError."""
-    from streaming_sink.targets.streamload.http import HttpConnectionError, HttpStatusError
     from streaming_sink.state.base import FencedError, StateStoreLostError
+    from streaming_sink.targets.streamload.http import HttpConnectionError, HttpStatusError
 
     for kind in (FencedError, StateStoreLostError, HttpConnectionError, HttpStatusError):
         line = f"{kind.__module__}.{kind.__name__}: job 'j': epoch 3 was taken by a newer driver"
@@ -55,8 +55,8 @@ def test_errors_whose_constructor_takes_more_than_a_message_keep_their_type_and_
 def test_the_rebuilt_error_keeps_the_attributes_callers_read_as_unknown():
     """A caller reading `maybe_applied` or `current` of an error from a task must not meet an AttributeError:
     the task's values are not in the text, so they read as the safe unknowns."""
-    from streaming_sink.targets.streamload.http import HttpConnectionError
     from streaming_sink.state.base import FencedError
+    from streaming_sink.targets.streamload.http import HttpConnectionError
 
     fenced = sink_error_of(Exception("streaming_sink.state.base.FencedError: fenced"))
     assert isinstance(fenced, FencedError) and fenced.current is None

@@ -3,11 +3,11 @@ from __future__ import annotations
 
 import pyarrow as pa
 
-from streaming_sink.state import MemoryStateStore
 from streaming_sink.committable import TxnRef
-from streaming_sink.routing import Router
-from streaming_sink.targets.base import CommitOutcome, NewRef, PreparedPart, RecordIntent, TableTransaction, Target
 from streaming_sink.replay import ReplayPlan, TablePartition
+from streaming_sink.routing import Router
+from streaming_sink.state import MemoryStateStore
+from streaming_sink.targets.base import CommitOutcome, NewRef, PreparedPart, RecordIntent, TableTransaction, Target
 from streaming_sink.writer import PartitionWriter, WriteContext
 
 TABLES = [f"t{i:02d}" for i in range(50)]

@@ -186,8 +186,8 @@ class Catalog:
         )
         if not result.result_rows:
             return None
-        row = dict(zip(result.column_names, result.result_rows[0]))
-        feeds = tuple(zip(row.get("dependencies_database") or [], row.get("dependencies_table") or []))
+        row = dict(zip(result.column_names, result.result_rows[0], strict=True))
+        feeds = tuple(zip(row.get("dependencies_database") or [], row.get("dependencies_table") or [], strict=True))
         writes_to = _view_destination(row) if row["engine"] == "MaterializedView" else None
         return Entry(database, name, row["engine"], row.get("engine_full") or "", feeds, writes_to)
 

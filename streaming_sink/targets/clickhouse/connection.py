@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import math
 import threading
-from typing import Any, Callable, TypeVar
+from collections.abc import Callable
+from typing import Any, TypeVar
 from urllib.parse import urlparse
 
 from ...retry import RetryPolicy

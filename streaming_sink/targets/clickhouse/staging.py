@@ -2,7 +2,7 @@
 made `CREATE TABLE <staging> AS <target>`, which plays the prepared transaction stock ClickHouse lacks."""
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import pyarrow as pa
 

@@ -55,8 +55,17 @@ from ...crash import crash_point, target_point
 from ...errors import UnknownDatabaseError
 from ...labels import LABEL_PATTERN
 from ..base import (
-    CommitAmbiguousError, CommitOutcome, CommittedNotChosenError, ConfigurationError, ExpiryKind, ExpiryLimit, NewRef,
-    RecordIntent, TableTransaction, Target, TargetError,
+    CommitAmbiguousError,
+    CommitOutcome,
+    CommittedNotChosenError,
+    ConfigurationError,
+    ExpiryKind,
+    ExpiryLimit,
+    NewRef,
+    RecordIntent,
+    TableTransaction,
+    Target,
+    TargetError,
 )
 from ..descriptor import NeededModule, TargetDescriptor, keyword_options
 from .catalog import Catalog

@@ -24,7 +24,7 @@ class RowCounts:
     unselected: int = 0
 
     @classmethod
-    def of(cls, answer: Answer) -> "RowCounts | None":
+    def of(cls, answer: Answer) -> RowCounts | None:
         """The counts the answer reports; None when it reports none (a StarRocks prepare before 2.5 does not)."""
         body = answer.body
         if body.get("NumberLoadedRows") is None:

@@ -13,7 +13,15 @@ import pyarrow.compute as pc
 
 from ...errors import EncodingError
 from ..encoding import (
-    PER_SECOND, Tabular, as_utf8, check_date_range, check_finite, column_at, is_view, named_columns, wall_time,
+    PER_SECOND,
+    Tabular,
+    as_utf8,
+    check_date_range,
+    check_finite,
+    column_at,
+    is_view,
+    named_columns,
+    wall_time,
 )
 
 
@@ -121,9 +129,9 @@ def _readable(name: str, path: str, array: pa.Array) -> pa.Array:
         return pa.ListArray.from_arrays(_offsets(array), values, mask=array.is_null())
     if pa.types.is_struct(kind):
         fields = [kind.field(i) for i in range(kind.num_fields)]
-        children = [_readable(name, f"{path}.{field.name}", child) for field, child in zip(fields, array.flatten())]
+        children = [_readable(name, f"{path}.{field.name}", child) for field, child in zip(fields, array.flatten(), strict=True)]
         return pa.StructArray.from_arrays(
-            children, fields=[pa.field(f.name, c.type, f.nullable) for f, c in zip(fields, children)], mask=array.is_null()
+            children, fields=[pa.field(f.name, c.type, f.nullable) for f, c in zip(fields, children, strict=True)], mask=array.is_null()
         )
     raise EncodingError(
         f"{column_at(name, path)} has Arrow type {kind}, which no Doris column reads as sent; cast it in the query "

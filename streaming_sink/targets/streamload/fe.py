@@ -8,9 +8,10 @@ reads either, so the targets decide on one type. A label's state is one of `Labe
 """
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import Enum, StrEnum
-from typing import Any, Mapping
+from typing import Any
 
 from ...errors import ConfigurationError, TargetError
 from .http import AuthenticationError, HttpClient, HttpError, api_path, excerpt
@@ -47,14 +48,14 @@ class Answer:
     applied: bool = True  # False only when the request surely never reached the server
 
     @classmethod
-    def parse(cls, body: object, dialect: Dialect) -> "Answer | None":
+    def parse(cls, body: object, dialect: Dialect) -> Answer | None:
         """The answer in `body`, or None when it is not one of `dialect`."""
         if not isinstance(body, dict) or dialect.status_key not in body:
             return None
         return cls(str(body[dialect.status_key]), str(body.get(dialect.message_key) or ""), body)
 
     @classmethod
-    def expect(cls, body: object, dialect: Dialect, what: str) -> "Answer":
+    def expect(cls, body: object, dialect: Dialect, what: str) -> Answer:
         """The answer in `body`; a TargetError quoting it when it is not one (`what`: the request, for the message)."""
         answer = cls.parse(body, dialect)
         if answer is None:
@@ -62,7 +63,7 @@ class Answer:
         return answer
 
     @classmethod
-    def failed(cls, status: str, message: str, applied: bool) -> "Answer":
+    def failed(cls, status: str, message: str, applied: bool) -> Answer:
         """No answer came: `status` is NO_ANSWER or HTTP_ERROR, `message` the client's error."""
         return cls(status, message, {}, applied)
 

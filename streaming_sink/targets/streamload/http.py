@@ -28,8 +28,9 @@ import socket
 import ssl
 import time
 import warnings
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Mapping, NamedTuple, Union
+from typing import Any, NamedTuple
 from urllib.parse import quote, urlencode, urljoin, urlsplit
 
 import requests
@@ -41,7 +42,7 @@ from ..per_thread import PerThread
 
 log = logging.getLogger(__name__)
 
-Body = Union[bytes, Callable[[], Iterable[bytes]], None]
+Body = bytes | Callable[[], Iterable[bytes]] | None
 
 REDIRECT_STATUSES = frozenset({301, 302, 303, 307, 308})
 #: The only redirects followed: they keep the method and body, as the StarRocks and Doris FEs use them.
@@ -71,9 +72,9 @@ class HttpConnectionError(HttpError):
 class HttpStatusError(HttpError):
     """The server answered with an HTTP error status (after any retries)."""
 
-    response: "HttpResponse | None" = None  # None in an error rebuilt from a Spark task's text
+    response: HttpResponse | None = None  # None in an error rebuilt from a Spark task's text
 
-    def __init__(self, message: str, response: "HttpResponse") -> None:
+    def __init__(self, message: str, response: HttpResponse) -> None:
         super().__init__(message)
         self.response = response
 
@@ -134,7 +135,7 @@ def api_path(*segments: str) -> str:
 
 
 def basic_auth_header(user: str, password: str) -> str:
-    token = base64.b64encode(f"{user}:{password}".encode("utf-8")).decode("ascii")
+    token = base64.b64encode(f"{user}:{password}".encode()).decode("ascii")
     return f"Basic {token}"
 
 

@@ -6,18 +6,18 @@ lives here, so a change to it is made once.
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 from dataclasses import dataclass, fields
-from typing import Any, ClassVar, Mapping, Self
+from typing import Any, ClassVar, Self
 
 import pyarrow as pa
 
-from ..encoding import EncodingError, check_header_names
 from ...errors import ConfigurationError
+from ..base import CommitOutcome, ExpiryKind, ExpiryLimit, Target, own_names
+from ..encoding import EncodingError, check_header_names
 from .fe import FeClient
 from .http import HttpClient
-from ..base import CommitOutcome, ExpiryKind, ExpiryLimit, Target, own_names
 from .table_schema import fetch_table_columns
-
 
 log = logging.getLogger(__name__)
 

@@ -13,8 +13,9 @@ import signal
 import subprocess
 import time
 import weakref
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Callable, Sequence, TypeVar
+from typing import TypeVar
 
 T = TypeVar("T")
 

@@ -15,9 +15,9 @@ import os
 import shutil
 import subprocess
 import sys
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Callable, Iterator
 
 #: Kafka broker run by tests and demos. 4.x: KRaft only (no ZooKeeper jars) and without the
 #: protocol versions removed by KIP-896, so it proves the clients in use (kafka-python 3.0.x,

@@ -18,10 +18,10 @@ import shutil
 import subprocess
 import time
 import uuid
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
-from typing import Iterable, Mapping
 
 from tests.support.services import jars
 from tests.support.services._proc import (
@@ -164,7 +164,7 @@ class KafkaBroker:
             raise ServiceError("KafkaBroker is not started")
         return f"{HOST}:{self.secure_port}"
 
-    def start(self) -> "KafkaBroker":
+    def start(self) -> KafkaBroker:
         """Start the broker and wait until it answers metadata requests.
 
         The first start picks free ports and formats fresh storage (and, with ``security``,
@@ -213,7 +213,7 @@ class KafkaBroker:
                 ) from None
         raise AssertionError("unreachable")
 
-    def restart(self) -> "KafkaBroker":
+    def restart(self) -> KafkaBroker:
         """Stop (controlled shutdown) and start again on the same ports with the same data."""
         self.stop()
         return self.start()
@@ -235,7 +235,7 @@ class KafkaBroker:
     def running(self) -> bool:
         return self._proc is not None and self._proc.poll() is None
 
-    def __enter__(self) -> "KafkaBroker":
+    def __enter__(self) -> KafkaBroker:
         return self.start()
 
     def __exit__(

@@ -85,7 +85,7 @@ class RedisServer:
     def running(self) -> bool:
         return self._proc is not None and self._proc.poll() is None
 
-    def start(self) -> "RedisServer":
+    def start(self) -> RedisServer:
         """Start (or start again, same port and data) and wait until PING answers."""
         if self.running:
             return self
@@ -125,7 +125,7 @@ class RedisServer:
         """SIGKILL, an outage/crash; with ``appendfsync always`` no acknowledged write is lost."""
         self._stop(hard=True)
 
-    def restart(self) -> "RedisServer":
+    def restart(self) -> RedisServer:
         """Stop and start again on the same port with the same data directory."""
         self.stop()
         return self.start()
@@ -147,7 +147,7 @@ class RedisServer:
         assert self._proc is not None
         self._proc.send_signal(signal.SIGCONT)
 
-    def __enter__(self) -> "RedisServer":
+    def __enter__(self) -> RedisServer:
         return self.start()
 
     def __exit__(
@@ -186,7 +186,6 @@ class RedisServer:
 
     def _ping(self) -> bool:
         import redis
-
         from redis.backoff import NoBackoff
         from redis.retry import Retry
 
@@ -240,7 +239,7 @@ class RedisSentinelGroup:
         nodes = ",".join(f"{HOST}:{sentinel.port}" for sentinel in self.sentinels)
         return f"redis+sentinel://{nodes}/{self.MASTER}/0"
 
-    def start(self) -> "RedisSentinelGroup":
+    def start(self) -> RedisSentinelGroup:
         primary, replica = self.servers
         primary.start()
         replica.extra_args += ["--replicaof", HOST, str(primary.port)]
@@ -334,7 +333,7 @@ class RedisSentinelGroup:
                     return False
         return True
 
-    def __enter__(self) -> "RedisSentinelGroup":
+    def __enter__(self) -> RedisSentinelGroup:
         return self.start()
 
     def __exit__(self, *exc: object) -> None:
@@ -377,7 +376,7 @@ class RedisClusterGroup:
     def url(self) -> str:
         return "redis+cluster://" + ",".join(f"{HOST}:{server.port}" for server in self.servers)
 
-    def start(self) -> "RedisClusterGroup":
+    def start(self) -> RedisClusterGroup:
         for server in self.servers:
             server.start()
         cli = shutil.which("redis-cli") or "/usr/bin/redis-cli"
@@ -402,7 +401,7 @@ class RedisClusterGroup:
                     return False
         return True
 
-    def __enter__(self) -> "RedisClusterGroup":
+    def __enter__(self) -> RedisClusterGroup:
         return self.start()
 
     def __exit__(self, *exc: object) -> None:

@@ -10,8 +10,8 @@ import os
 import signal
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 from tests.support.services._proc import wait_until
 from tests.support.services.ports import free_port

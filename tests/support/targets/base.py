@@ -10,9 +10,10 @@ from __future__ import annotations
 import copy
 import re
 from collections import Counter
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, ClassVar, Iterator, TypeVar
+from typing import Any, ClassVar, TypeVar
 
 from streaming_sink.targets import PASSWORD_ENV, USER_ENV
 from tests.support.crash import assert_stopped_at, hooked_driver_settings
@@ -113,7 +114,7 @@ class TargetAdapter:
         configured.options = {**self.options, **options}
         return configured
 
-    def for_pipeline(self, root: Path, options: dict[str, Any]) -> "TargetAdapter":
+    def for_pipeline(self, root: Path, options: dict[str, Any]) -> TargetAdapter:
         """The adapter a pipeline under `root` takes, with `options`."""
         return self.with_options(options)
 

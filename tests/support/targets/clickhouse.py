@@ -16,15 +16,17 @@ table's name (`ss_…_<12 hex>`), so a twin left behind is found like any other 
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, ClassVar, Iterator
+from typing import Any, ClassVar
 
 from streaming_sink.targets import clickhouse
 from streaming_sink.targets.base import NewRef, RecordIntent, TableTransaction
-from streaming_sink.targets.clickhouse import COMMITTED as LEDGER_COMMITTED, LEDGER_TABLE, ClickHouseTarget
-from tests.support.doubles.clickhouse_front import ClickHouseFront
+from streaming_sink.targets.clickhouse import COMMITTED as LEDGER_COMMITTED
+from streaming_sink.targets.clickhouse import LEDGER_TABLE, ClickHouseTarget
 from tests.support.crash import DIE_AFTER_PREPARE, TWIN, hooked_begin, hooked_descriptor
+from tests.support.doubles.clickhouse_front import ClickHouseFront
 from tests.support.pipeline import DB, TABLE_DDL, LocalPipeline, table_rows
 from tests.support.targets.base import COMMITTED, OPEN, TargetAdapter, label_batch
 from tests.support.tls import issue_certificates
@@ -52,7 +54,7 @@ class ClickHouseAdapter(TargetAdapter):
     def started(cls, root: Path) -> Iterator[Any]:
         yield cls()  # embedded: nothing to start, the pipeline's root holds the engine
 
-    def for_pipeline(self, root: Path, options: dict[str, Any]) -> "ClickHouseAdapter":
+    def for_pipeline(self, root: Path, options: dict[str, Any]) -> ClickHouseAdapter:
         if self.front is None:
             assert not options, "the chdb pipeline takes the target's defaults"
         adapter = self.with_options(options)

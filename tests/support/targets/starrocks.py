@@ -17,8 +17,8 @@ from typing import Any, ClassVar
 from streaming_sink.targets import starrocks
 from streaming_sink.targets.base import NewRef, RecordIntent, TableTransaction
 from streaming_sink.targets.starrocks import StarRocksTarget
-from tests.support.doubles.emulators.starrocks import StarRocksEmulator
 from tests.support.crash import DIE_AFTER_PREPARE, TWIN, hooked_begin, hooked_descriptor
+from tests.support.doubles.emulators.starrocks import StarRocksEmulator
 from tests.support.pipeline import DB
 from tests.support.targets.base import EmulatorAdapter
 

@@ -95,10 +95,12 @@ import threading
 import time
 import uuid
 import zlib
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any, Callable, Iterator, Pattern, Union
+from re import Pattern
+from typing import Any
 from urllib.parse import parse_qsl, urlsplit
 
 #: Query parameters ClickHouse's HTTP handler keeps for itself (not settings).
@@ -209,7 +211,7 @@ class ClickHouseError(Exception):
         self.code, self.name, self.message = code, name, message
 
     @classmethod
-    def from_engine(cls, error: BaseException) -> "ClickHouseError":
+    def from_engine(cls, error: BaseException) -> ClickHouseError:
         text = str(error).strip()
         code = _CODE_RE.search(text)
         name = _NAME_RE.search(text)
@@ -218,7 +220,7 @@ class ClickHouseError(Exception):
         return cls(int(code.group(1)), name.group(1) if name else "", text)
 
     @classmethod
-    def make(cls, code: int, name: str, text: str) -> "ClickHouseError":
+    def make(cls, code: int, name: str, text: str) -> ClickHouseError:
         return cls(code, name, f"Code: {code}. DB::Exception: {text}. ({name})")
 
     @property
@@ -230,7 +232,7 @@ class ClickHouseError(Exception):
 # Faults
 # --------------------------------------------------------------------------------------------
 
-Predicate = Union[str, Pattern[str], Callable[[str], bool]]
+Predicate = str | Pattern[str] | Callable[[str], bool]
 
 
 @dataclass
@@ -249,7 +251,7 @@ class Fault:
         self._lock = threading.Lock()
         self.fired = 0
 
-    def arm(self, when: Predicate = r"", times: int = 1, **params: Any) -> "Fault":
+    def arm(self, when: Predicate = r"", times: int = 1, **params: Any) -> Fault:
         """`when`: a regex searched in the statement text, or a callable on it."""
         if times < 1:
             raise ValueError("times must be >= 1")
@@ -341,7 +343,7 @@ class Outcome:
 class Engine:
     """One chdb session on a data path, shared by every front on the path; one statement at a time."""
 
-    _registry: dict[str, "Engine"] = {}
+    _registry: dict[str, Engine] = {}
     _registry_lock = threading.Lock()
 
     def __init__(self, path: str) -> None:
@@ -360,7 +362,7 @@ class Engine:
             "SELECT value FROM system.settings WHERE name = 'enable_http_compression'", "TabSeparated").bytes().decode().strip() or "0"
 
     @classmethod
-    def acquire(cls, path: str) -> "Engine":
+    def acquire(cls, path: str) -> Engine:
         with cls._registry_lock:
             engine = cls._registry.get(path)
             if engine is None:
@@ -406,7 +408,7 @@ class Engine:
         return {row["name"]: row["value"] for row in map(json.loads, rows)}
 
     def execute(self, sql: bytes, fmt: str, params: dict[str, str], settings: dict[str, str], database: str,
-                after: Callable[["Engine"], None] | None = None) -> Outcome:
+                after: Callable[[Engine], None] | None = None) -> Outcome:
         """Run one statement with exactly these settings, in this database; `after` runs under the same lock."""
         with self.lock:
             self._use(database)
@@ -562,7 +564,7 @@ class _Replicas:
                 continue  # SharedMergeTree: a sequentially consistent read fetches the newest parts first
             database, table = (re.escape(quote_identifier(part)) + "|" + re.escape(part) for part in key)
             reference = re.compile(rf"(?<![\w`.])(?:{database})\s*\.\s*(?:{table})(?![\w`])")
-            text = reference.sub(lambda _: self.copy_of(key), text)
+            text = reference.sub(lambda _, key=key: self.copy_of(key), text)
         return text.encode()
 
     @staticmethod
@@ -621,7 +623,7 @@ class ClickHouseFront:
 
     # -- lifecycle ---------------------------------------------------------------------------
 
-    def start(self) -> "ClickHouseFront":
+    def start(self) -> ClickHouseFront:
         Path(self.path).mkdir(parents=True, exist_ok=True)
         self._engine = Engine.acquire(self.path)
         front = self
@@ -653,7 +655,7 @@ class ClickHouseFront:
             self._engine.release()
             self._engine = None
 
-    def __enter__(self) -> "ClickHouseFront":
+    def __enter__(self) -> ClickHouseFront:
         return self.start()
 
     def __exit__(self, *exc: object) -> None:

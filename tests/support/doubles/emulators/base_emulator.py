@@ -16,7 +16,8 @@ import ssl
 import threading
 import traceback
 import uuid
-from typing import Any, Callable, Iterable, Optional
+from collections.abc import Callable, Iterable
+from typing import Any
 
 from tests.support.doubles.emulators.clock import Clock
 from tests.support.doubles.emulators.conversion import STARROCKS_RULES, ConversionRules, to_storage
@@ -47,13 +48,13 @@ class BaseEmulator:
         self.lock = threading.RLock()
         self.store = Store(os.path.join(self.data_dir, f"{self.PRODUCT}.sqlite3"), self.clock, self.conversion_rules())
         self.clock.on_change(lambda _now: self._persist_clock())
-        self._fe: Optional[Listener] = None
-        self._be: Optional[Listener] = None
+        self._fe: Listener | None = None
+        self._be: Listener | None = None
         self._threads: list[threading.Thread] = []
         self.fe_port = 0
         self.be_port = 0
         self.error_logs: dict[str, list[str]] = {}
-        self._fe_tls: Optional[ssl.SSLContext] = None
+        self._fe_tls: ssl.SSLContext | None = None
         #: request-body bytes each listener received: read as a body, or drained unread after an early
         #: answer (then chunk framing included); a client that sends bodies to the BE only leaves "fe" at 0
         self.body_bytes: dict[str, int] = {"fe": 0, "be": 0}
@@ -61,7 +62,7 @@ class BaseEmulator:
 
     # -- lifecycle ---------------------------------------------------------------------------
 
-    def start(self) -> "BaseEmulator":
+    def start(self) -> BaseEmulator:
         if self._fe is not None:
             return self
         self._fe = Listener(self.fe_port, self, "fe", tls=self._fe_tls)
@@ -78,7 +79,7 @@ class BaseEmulator:
         return thread
 
     @staticmethod
-    def _shutdown(servers: list[Optional[Listener]]) -> None:
+    def _shutdown(servers: list[Listener | None]) -> None:
         """Stop listeners in parallel (each waits up to a poll interval), then cut connections."""
         live = [s for s in servers if s is not None]
         waiters = [threading.Thread(target=s.shutdown, daemon=True) for s in live]
@@ -118,7 +119,7 @@ class BaseEmulator:
         self.stop()
         self.store.close()
 
-    def serve_fe_over_tls(self, certfile: str, keyfile: str) -> "BaseEmulator":
+    def serve_fe_over_tls(self, certfile: str, keyfile: str) -> BaseEmulator:
         """Serve the FE over https (call before ``start``). The BE stays plain http and the FE's 307s
         keep ``http://`` Locations, as a real StarRocks FE's do (SR-RBA; docs/protocol.md, Common: redirects)."""
         context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
@@ -126,7 +127,7 @@ class BaseEmulator:
         self._fe_tls = context
         return self
 
-    def __enter__(self) -> "BaseEmulator":
+    def __enter__(self) -> BaseEmulator:
         return self.start()
 
     def __exit__(self, *exc: Any) -> None:
@@ -181,7 +182,7 @@ class BaseEmulator:
             names = [name for name, _ in schema.columns] if schema is not None else []
         return [dict(zip(names, row)) for row in self.visible_rows(db, table)]
 
-    def transactions(self, db: Optional[str] = None) -> list[dict[str, Any]]:
+    def transactions(self, db: str | None = None) -> list[dict[str, Any]]:
         with self.lock:
             self._tick_locked()
             return [t.public() for t in sorted(self.store.txns.values(), key=lambda t: t.txn_id)
@@ -250,7 +251,7 @@ class BaseEmulator:
         txn.visible_seq = self.store.take_visible_seq()
         self.store.save(txn)
 
-    def _commit(self, txn: Txn, visible_after: Optional[float] = None) -> None:
+    def _commit(self, txn: Txn, visible_after: float | None = None) -> None:
         """COMMITTED now; VISIBLE now (default) or once the clock reaches the publish delay."""
         txn.state = COMMITTED
         txn.deadline = None
@@ -276,7 +277,7 @@ class BaseEmulator:
         self.error_logs[key] = errors
         return f"{self.be_url}/api/_load_error_log?file={key}"
 
-    def _expire_label(self, db: Optional[str], label: Optional[str]) -> None:
+    def _expire_label(self, db: str | None, label: str | None) -> None:
         """``expire_prepared`` knob: as if the prepared/pre-committed timeout had passed."""
         if db is None or label is None:
             return
@@ -437,7 +438,7 @@ class BaseEmulator:
         return Response.json({"error": f"unknown admin endpoint {req.path}"}, status=404)
 
 
-def run_main(factory: Callable[..., BaseEmulator], argv: Optional[Iterable[str]] = None) -> None:
+def run_main(factory: Callable[..., BaseEmulator], argv: Iterable[str] | None = None) -> None:
     """Run an emulator as a process: prints one JSON line with the URLs, serves until killed."""
     import argparse
     import signal

@@ -7,7 +7,7 @@ for the tests to check.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any
 
 
 @dataclass
@@ -26,8 +26,8 @@ class Exchange:
         return len(self.hops) > 1
 
 
-def send(method: str, url: str, *, auth: Optional[tuple[str, str]] = ("root", ""),
-         headers: Optional[dict[str, str]] = None, data: Any = b"", follow: bool = True,
+def send(method: str, url: str, *, auth: tuple[str, str] | None = ("root", ""),
+         headers: dict[str, str] | None = None, data: Any = b"", follow: bool = True,
          timeout: float = 10.0, max_hops: int = 3) -> Exchange:
     """Send with ``requests``, following 307s by hand and re-sending auth and body (Common: redirects).
 

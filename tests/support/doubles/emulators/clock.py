@@ -8,7 +8,7 @@ by waiting.
 from __future__ import annotations
 
 import threading
-from typing import Callable
+from collections.abc import Callable
 
 
 class Clock:

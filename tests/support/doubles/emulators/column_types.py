@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Optional
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from tests.support.doubles.emulators.load_formats import TableSchema
@@ -37,12 +37,12 @@ class ColumnType:
     base: str
     args: tuple[int, ...] = ()
     nullable: bool = True
-    children: tuple["ColumnType", ...] = ()
+    children: tuple[ColumnType, ...] = ()
     field_names: tuple[str, ...] = ()
     declared: str = ""
 
     @classmethod
-    def parse(cls, text: str) -> "ColumnType":
+    def parse(cls, text: str) -> ColumnType:
         body = re.sub(r"\s+NOT\s+NULL\s*$|\s+NULL\s*$", "", text.strip(), flags=re.I)
         nullable = not re.search(r"\bNOT\s+NULL\s*$", text.strip(), flags=re.I)
         tokens = [t for t in _TYPE_TOKEN.findall(body)]
@@ -57,7 +57,7 @@ class ColumnType:
         return ColumnType(ctype.base, ctype.args, nullable, ctype.children, ctype.field_names, ctype.declared)
 
     @classmethod
-    def _parse_tokens(cls, tokens: list[str]) -> tuple["ColumnType", list[str]]:
+    def _parse_tokens(cls, tokens: list[str]) -> tuple[ColumnType, list[str]]:
         name, rest = tokens[0].upper(), tokens[1:]
         base = _ALIASES.get(name, name)
         if base not in _SCALARS | NESTED:
@@ -97,7 +97,7 @@ class ColumnType:
         return cls(base, tuple(args), True, tuple(children), tuple(names), name), rest
 
     @property
-    def length(self) -> Optional[int]:
+    def length(self) -> int | None:
         """CHAR/VARCHAR/VARBINARY length in bytes, if declared."""
         return self.args[0] if self.args and self.base in ("CHAR", "VARCHAR", "VARBINARY") else None
 
@@ -116,7 +116,7 @@ class ColumnType:
         return text
 
 
-def schema_properties(schema: "TableSchema", product: str, **extra: str) -> list[dict[str, str]]:
+def schema_properties(schema: TableSchema, product: str, **extra: str) -> list[dict[str, str]]:
     """The ``properties`` of a ``_schema`` answer: name, type, comment, decimals' precision and scale
     (docs/protocol.md, "Common: table schema endpoint"); ``extra`` adds the product's own fields."""
     props = []

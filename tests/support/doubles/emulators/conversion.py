@@ -16,7 +16,7 @@ import math
 import re
 import struct
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any
 
 from tests.support.doubles.emulators.column_types import INT_BITS, NESTED, ColumnType
 
@@ -47,7 +47,7 @@ class ConversionRules:
     """
 
     long_string: str = "null"
-    string_max_bytes: Optional[int] = None
+    string_max_bytes: int | None = None
     datetime_default_scale: int = 6
 
 
@@ -449,7 +449,7 @@ def from_storage(value: Any, ctype: ColumnType) -> Any:
     return value
 
 
-def encode_cell(value: Any, ctype: Optional[ColumnType] = None) -> Any:
+def encode_cell(value: Any, ctype: ColumnType | None = None) -> Any:
     """A typed value as JSON; without its type, a best effort (kept for older callers)."""
     if ctype is not None:
         return to_storage(value, ctype)

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import uuid
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any
 
 from tests.support.doubles.emulators.base_emulator import BaseEmulator, run_main
 from tests.support.doubles.emulators.column_types import schema_properties
@@ -68,16 +68,16 @@ class DorisProfile:
     # loads and one for other loads, and every emulated txn is a stream load). Default 2000. When None it
     # is derived from the version: its first release is UNCONFIRMED (2.0 or 2.1), so 2.0 is
     # assumed and older FEs get no limit.
-    label_num_threshold: Optional[int] = None
+    label_num_threshold: int | None = None
     stream_load_default_precommit_timeout_second: int = 3600  # doris-flink #510
-    stream_load_default_timeout_second: Optional[int] = None  # 600 in 1.1, 259200 from 1.2
+    stream_load_default_timeout_second: int | None = None  # 600 in 1.1, 259200 from 1.2
     # Running transactions per database, PRECOMMITTED ones included, past which a load is refused
     # (D-DTM `checkRunningTxnExceedLimit`; Config.max_running_txn_num_per_db). None: the version's
     # default: 100 in the 2.0/2.1-era Config.java, 1000 in 3.x, 10000 in the newest (4.x); the
     # releases where it changed are UNCONFIRMED.
-    max_running_txn_num_per_db: Optional[int] = None
-    two_pc_error_status: Optional[str] = None   # FE-side 2PC failures; derived when None
-    internal_error_status: Optional[str] = None  # BE-side 2PC failures; derived when None
+    max_running_txn_num_per_db: int | None = None
+    two_pc_error_status: str | None = None   # FE-side 2PC failures; derived when None
+    internal_error_status: str | None = None  # BE-side 2PC failures; derived when None
 
     def __post_init__(self) -> None:
         v = version_tuple(self.version)
@@ -214,7 +214,7 @@ class DorisEmulator(BaseEmulator):
         return Response.json({"status": status, "msg": msg}, indent=4)
 
     def _load_json(self, label: str, two_pc: bool, status: str, message: str,
-                   txn: Optional[Txn] = None, existing: Optional[str] = None,
+                   txn: Txn | None = None, existing: str | None = None,
                    error_url: str = "") -> Response:
         """Stream-load answer with capitalised keys (Doris: pre-commit load; D-DOC, DF HttpTestUtil)."""
         body: dict[str, Any] = {"TxnId": txn.txn_id if txn is not None else -1, "Label": label}
@@ -393,7 +393,7 @@ class DorisEmulator(BaseEmulator):
         p = self.profile
         db = req.segments[1]
         raw_id, label = req.header("txn_id"), req.header("label")
-        txn_id: Optional[int] = None
+        txn_id: int | None = None
         if raw_id or not (p.label_2pc and label):
             if not raw_id.isdigit():  # Status::to_json: code name + bare message
                 return self._two_pc_json(p.internal_error_status or "",

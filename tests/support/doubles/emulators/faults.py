@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any
 
 
 @dataclass(frozen=True)
@@ -17,16 +17,16 @@ class Call:
 
     op: str
     role: str
-    label: Optional[str] = None
-    db: Optional[str] = None
+    label: str | None = None
+    db: str | None = None
 
 
 @dataclass
 class _Arm:
     times: int
-    label: Optional[str]
-    op: Optional[str]
-    role: Optional[str]
+    label: str | None
+    op: str | None
+    role: str | None
     params: dict[str, Any]
 
 
@@ -40,8 +40,8 @@ class Knob:
         self._lock = threading.Lock()
         self.fired = 0
 
-    def arm(self, times: int = 1, label: Optional[str] = None, op: Optional[str] = None,
-            role: Optional[str] = None, **params: Any) -> "Knob":
+    def arm(self, times: int = 1, label: str | None = None, op: str | None = None,
+            role: str | None = None, **params: Any) -> Knob:
         if times < 1:
             raise ValueError("times must be >= 1")
         with self._lock:
@@ -57,7 +57,7 @@ class Knob:
         with self._lock:
             return bool(self._arms)
 
-    def take(self, call: Call) -> Optional[dict[str, Any]]:
+    def take(self, call: Call) -> dict[str, Any] | None:
         """Consume one arming that matches ``call``; return its params (a dict, maybe empty)."""
         with self._lock:
             for arm in self._arms:

@@ -15,7 +15,7 @@ import ssl
 import threading
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import TYPE_CHECKING, Any, Optional
+from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qs, unquote, urlsplit
 
 if TYPE_CHECKING:
@@ -25,7 +25,7 @@ if TYPE_CHECKING:
 class Request:
     """One parsed request. The body is read lazily so a 307 never waits for it (Common: redirects)."""
 
-    def __init__(self, handler: "RequestHandler", role: str) -> None:
+    def __init__(self, handler: RequestHandler, role: str) -> None:
         self._h = handler
         self.role = role
         self.method = handler.command
@@ -37,7 +37,7 @@ class Request:
         self.query = {k: v[-1] for k, v in parse_qs(parts.query, keep_blank_values=True).items()}
         self.segments = [unquote(s) for s in parts.path.split("/") if s]
         self.headers = handler.headers
-        self._body: Optional[bytes] = None
+        self._body: bytes | None = None
         self.expect_continue = (handler.headers.get("Expect", "").strip().lower()
                                 == "100-continue")
         te = handler.headers.get("Transfer-Encoding", "").lower()
@@ -90,7 +90,7 @@ class Request:
             self._h.server.emulator._count_body(self.role, len(self._body))
         return self._body
 
-    def basic_auth(self) -> Optional[tuple[str, str]]:
+    def basic_auth(self) -> tuple[str, str] | None:
         """(user, password) from ``Authorization: Basic``, or None if absent/unparseable."""
         value = self.header("Authorization")
         if not value.lower().startswith("basic "):
@@ -116,26 +116,26 @@ class Response:
     drop: bool = False
 
     @classmethod
-    def json(cls, obj: Any, indent: Optional[int] = 4, status: int = 200,
-             headers: Optional[dict[str, str]] = None) -> "Response":
+    def json(cls, obj: Any, indent: int | None = 4, status: int = 200,
+             headers: dict[str, str] | None = None) -> Response:
         separators = None if indent is not None else (",", ":")
         text = json.dumps(obj, indent=indent, separators=separators, ensure_ascii=False)
         return cls(status=status, body=text.encode("utf-8"),
                    headers={"Content-Type": "application/json", **(headers or {})})
 
     @classmethod
-    def text(cls, text: str, status: int = 200) -> "Response":
+    def text(cls, text: str, status: int = 200) -> Response:
         return cls(status=status, body=text.encode("utf-8"),
                    headers={"Content-Type": "text/plain; charset=utf-8"})
 
     @classmethod
-    def dropped(cls) -> "Response":
+    def dropped(cls) -> Response:
         return cls(drop=True)
 
 
 class RequestHandler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
-    server: "Listener"
+    server: Listener
 
     def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - stdlib signature
         """Quiet: tests read state through the API, not logs."""
@@ -166,8 +166,8 @@ class Listener(ThreadingHTTPServer):
     daemon_threads = True
     allow_reuse_address = True
 
-    def __init__(self, port: int, emulator: "BaseEmulator", role: str,
-                 tls: Optional[ssl.SSLContext] = None) -> None:
+    def __init__(self, port: int, emulator: BaseEmulator, role: str,
+                 tls: ssl.SSLContext | None = None) -> None:
         self.emulator = emulator
         self.role = role
         self.tls = tls  # serve https with this context (the FE only: BEs serve Stream Load over http)

@@ -9,12 +9,18 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any, Iterator, Optional
+from typing import Any
 
 from tests.support.doubles.emulators.column_types import ColumnType
 from tests.support.doubles.emulators.conversion import (
-    STARROCKS_RULES, ConversionError, ConversionRules, TooLong, convert_value, reject_json_constant,
+    STARROCKS_RULES,
+    ConversionError,
+    ConversionRules,
+    TooLong,
+    convert_value,
+    reject_json_constant,
 )
 
 
@@ -29,7 +35,7 @@ def _unescape_separator(text: str) -> str:
     return text
 
 
-def _truthy(text: Optional[str]) -> bool:
+def _truthy(text: str | None) -> bool:
     return (text or "").strip().lower() == "true"
 
 
@@ -40,20 +46,20 @@ class LoadFormat:
     format: str = "csv"
     column_separator: str = "\t"
     row_delimiter: str = "\n"
-    enclose: Optional[str] = None
-    escape: Optional[str] = None
+    enclose: str | None = None
+    escape: str | None = None
     skip_header: int = 0
     trim_space: bool = False
-    columns: Optional[list[str]] = None
+    columns: list[str] | None = None
     strip_outer_array: bool = False
     read_json_by_line: bool = False
     max_filter_ratio: float = 0.0
     strict_mode: bool = False
 
     @classmethod
-    def from_headers(cls, headers: Any, formats: tuple[str, ...] = ("csv", "json")) -> "LoadFormat":
+    def from_headers(cls, headers: Any, formats: tuple[str, ...] = ("csv", "json")) -> LoadFormat:
         """``formats``: what the emulated product and version accept (Doris 2.1+ adds arrow)."""
-        def get(name: str) -> Optional[str]:
+        def get(name: str) -> str | None:
             value = headers.get(name)
             return value if value is None else str(value)
 
@@ -109,7 +115,7 @@ class ParseResult:
     unselected: int = 0
     errors: list[str] = field(default_factory=list)
 
-    def extend(self, other: "ParseResult") -> None:
+    def extend(self, other: ParseResult) -> None:
         self.rows.extend(other.rows)
         self.total += other.total
         self.filtered += other.filtered
@@ -124,16 +130,16 @@ class ParseResult:
         return self.filtered / considered > max_filter_ratio
 
 
-def split_csv(text: str, fmt: LoadFormat) -> list[list[Optional[str]]]:
+def split_csv(text: str, fmt: LoadFormat) -> list[list[str | None]]:
     """Split CSV text into records honouring separator, delimiter, enclose and escape.
 
     ``\\N`` (unenclosed) is NULL. Empty lines are skipped. A last record without a trailing
     delimiter is kept (curl -d '1' loads one row in SR-T-prepared_timeout).
     """
     sep, delim = fmt.column_separator, fmt.row_delimiter
-    records: list[list[Optional[str]]] = []
+    records: list[list[str | None]] = []
 
-    def finish_field(raw: str, quoted: bool) -> Optional[str]:
+    def finish_field(raw: str, quoted: bool) -> str | None:
         if not quoted and fmt.trim_space:
             raw = raw.strip(" ")
         if not quoted and raw == "\\N":
@@ -148,7 +154,7 @@ def split_csv(text: str, fmt: LoadFormat) -> list[list[Optional[str]]]:
         return records
 
     i, n = 0, len(text)
-    row: list[Optional[str]] = []
+    row: list[str | None] = []
     buf: list[str] = []
     quoted = False  # the current field was enclosed
     in_quotes = False
@@ -232,7 +238,7 @@ class TableSchema:
         self.rules = rules
         self._index = {name.lower(): i for i, (name, _) in enumerate(self.columns)}
 
-    def index(self, name: str) -> Optional[int]:
+    def index(self, name: str) -> int | None:
         return self._index.get(name.lower())
 
     def convert_row(self, values: dict[int, Any], strict: bool) -> list[Any]:
@@ -280,7 +286,6 @@ def _arrow_rows(body: bytes) -> list[dict[str, Any]]:
     if not body:
         return []  # an empty body is an empty load (the Flink connector's probes send none)
     import pyarrow as pa  # lazily: only arrow loads need it
-
     import pyarrow.compute as pc
 
     try:

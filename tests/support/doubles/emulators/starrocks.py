@@ -19,8 +19,9 @@ from __future__ import annotations
 
 import threading
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable, Optional
+from typing import Any
 
 from tests.support.doubles.emulators.base_emulator import BaseEmulator, run_main
 from tests.support.doubles.emulators.column_types import schema_properties
@@ -81,14 +82,14 @@ class StarRocksProfile:
     # more transactions, running plus finished, than label_keep_max_num, the FE forgets its oldest
     # finished ones whatever their age (SR-DTM `removeExpiredTxns`, `getTransactionNum`; StarRocks
     # PR #2414, in every release since 2.0/2.1). On at the server's default; None turns it off.
-    label_keep_max_num: Optional[int] = 1000                # SR-CFG
+    label_keep_max_num: int | None = 1000                # SR-CFG
     stream_load_default_timeout_second: int = 600    # SR-CFG (StarRocks: timeouts)
     max_stream_load_timeout_second: int = 259200     # StarRocks: timeouts (which max: UNCONFIRMED)
     prepared_transaction_default_timeout_second: int = 86400  # SR-T-prepared_timeout
     max_running_txn_num_per_db: int = 1000           # SR-CFG 3.x
     terminal_state_cache: bool = False               # SR-TWCH new; release UNCONFIRMED: off
-    exception_class: Optional[str] = None            # derived from version when None
-    in_processing_message: Optional[str] = None      # derived from version when None
+    exception_class: str | None = None            # derived from version when None
+    in_processing_message: str | None = None      # derived from version when None
 
     def __post_init__(self) -> None:
         v = version_tuple(self.version)
@@ -120,7 +121,7 @@ class StreamContext:
     last_active: float
     lock: threading.Lock = field(default_factory=threading.Lock)
     chunks: list[bytes] = field(default_factory=list)
-    fmt: Optional[LoadFormat] = None
+    fmt: LoadFormat | None = None
     has_sink: bool = False  # a load created the pipe; prepare/commit without it is an error
     load_bytes: int = 0
     aborted: bool = False
@@ -169,15 +170,14 @@ class StarRocksEmulator(BaseEmulator):
         if self.profile.label_keep_max_num is not None:
             self._evict_beyond_count(self.profile.label_keep_max_num, count_running=True)
         for ctx in list(self._contexts.values()):
-            if ctx.idle_timeout_s > 0 and now - ctx.last_active > ctx.idle_timeout_s:
-                if ctx.lock.acquire(blocking=False):
-                    try:
-                        txn = self.store.txns.get(ctx.txn_id)
-                        if txn is not None and txn.state == PREPARE:
-                            self._abort(txn, f"transaction is aborted by idle timeout "
-                                             f"{ctx.idle_timeout_s} seconds.")
-                    finally:
-                        ctx.lock.release()
+            if ctx.idle_timeout_s > 0 and now - ctx.last_active > ctx.idle_timeout_s and ctx.lock.acquire(blocking=False):
+                try:
+                    txn = self.store.txns.get(ctx.txn_id)
+                    if txn is not None and txn.state == PREPARE:
+                        self._abort(txn, f"transaction is aborted by idle timeout "
+                                         f"{ctx.idle_timeout_s} seconds.")
+                finally:
+                    ctx.lock.release()
 
     def stream_context_busy(self, label: str) -> bool:
         """Test hook: is a BE request holding this label's context lock right now?"""
@@ -231,8 +231,8 @@ class StarRocksEmulator(BaseEmulator):
     # -- response shapes ---------------------------------------------------------------------
 
     @staticmethod
-    def _fe_result(status: str, message: str = "", txn: Optional[Txn] = None,
-                   label: Optional[str] = None, **extra: Any) -> Response:
+    def _fe_result(status: str, message: str = "", txn: Txn | None = None,
+                   label: str | None = None, **extra: Any) -> Response:
         """FE TransactionResult (SR-TR): Gson pretty printing, 2-space indent, HashMap order."""
         body: dict[str, Any] = {}
         if txn is not None or label is not None:
@@ -244,13 +244,13 @@ class StarRocksEmulator(BaseEmulator):
         body["Message"] = message
         return Response.json(body, indent=2)
 
-    def _fe_failed(self, message: str, exc_class: Optional[str] = None) -> Response:
+    def _fe_failed(self, message: str, exc_class: str | None = None) -> Response:
         """An FE exception: FAILED with '<exception class>: <msg>' (SR-TLA catch block)."""
         return self._fe_result("FAILED", f"class {exc_class or self.profile.exception_class}: "
                                          f"{message}")
 
     @staticmethod
-    def _rest_result(message: Optional[str] = None, **extra: Any) -> Response:
+    def _rest_result(message: str | None = None, **extra: Any) -> Response:
         """RestBaseResult (SR-TR/SR-GLS): compact Gson, subclass fields first; FAILED on msg."""
         body = dict(extra)
         if message is None:
@@ -269,7 +269,7 @@ class StarRocksEmulator(BaseEmulator):
 
     @staticmethod
     def _be_reply(status: str, message: str = "", label: str = "",
-                  ok_fields: Optional[dict[str, Any]] = None, existing: Optional[str] = None,
+                  ok_fields: dict[str, Any] | None = None, existing: str | None = None,
                   error_url: str = "") -> Response:
         """BE ``to_resp_json`` (SR-BE-CTX): 4-space pretty JSON, TStatusCode name as Status."""
         body: dict[str, Any] = {"Status": status}
@@ -345,7 +345,7 @@ class StarRocksEmulator(BaseEmulator):
             action = FE_FINISH[(op, txn.state)]
             return getattr(self, f"_fin_{action}")(req, call, txn)
 
-    def _evicted_result(self, op: str, db: str, label: str) -> Optional[Response]:
+    def _evicted_result(self, op: str, db: str, label: str) -> Response | None:
         """SR-TWCH newest: answers for a label whose txn was evicted (terminal-state cache)."""
         if not self.profile.terminal_state_cache or op not in ("commit", "rollback"):
             return None
@@ -364,7 +364,7 @@ class StarRocksEmulator(BaseEmulator):
                                label=label)
 
     def _fe_route_to_be(self, req: Request, call: Call, db: str, label: str,
-                        txn: Optional[Txn]) -> Response:
+                        txn: Txn | None) -> Response:
         """307 to the label's coordinator BE, from the cache or the txn state (SR-CMGR get)."""
         if self.faults.fe_cache_loss.take(call) is not None or (
                 label not in self._coordinators and txn is None):
@@ -544,7 +544,7 @@ class StarRocksEmulator(BaseEmulator):
         return ""
 
     def _lock_context(self, req: Request, call: Call, label: str, not_exists: str
-                      ) -> tuple[Optional[StreamContext], Optional[Response]]:
+                      ) -> tuple[StreamContext | None, Response | None]:
         """Find the label's context and try-lock it (SR-BE-CTX ``try_lock``; StarRocks: concurrency and limits)."""
         with self.lock:
             ctx = self._contexts.get(label)
@@ -698,7 +698,7 @@ class StarRocksEmulator(BaseEmulator):
             self._rollback_ctx(ctx, "transaction is aborted by user.")
         return self._be_reply("OK", "", label)
 
-    _BE_OPS: dict[str, Callable[["StarRocksEmulator", Request, Call], Response]] = {
+    _BE_OPS: dict[str, Callable[[StarRocksEmulator, Request, Call], Response]] = {
         "begin": _be_begin, "load": _be_load, "prepare": _be_finish, "commit": _be_finish,
         "rollback": _be_rollback,
     }
@@ -706,7 +706,7 @@ class StarRocksEmulator(BaseEmulator):
     # -- BE: non-transactional stream load ---------------------------------------------------
 
     def _stream_load_json(self, txn_id: int, label: str, status: str, message: str,
-                          txn: Optional[Txn] = None, existing: Optional[str] = None,
+                          txn: Txn | None = None, existing: str | None = None,
                           error_url: str = "") -> Response:
         """BE ``to_json`` (SR-BE-CTX): Success / Publish Timeout / Label Already Exists / Fail."""
         body: dict[str, Any] = {"TxnId": txn_id, "Label": label, "Status": status}

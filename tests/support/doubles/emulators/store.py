@@ -11,8 +11,9 @@ from __future__ import annotations
 import json
 import os
 import sqlite3
+from collections.abc import Iterator
 from dataclasses import dataclass, field, fields
-from typing import Any, Iterator, Optional
+from typing import Any
 
 from tests.support.doubles.emulators.clock import Clock
 from tests.support.doubles.emulators.conversion import STARROCKS_RULES, ConversionRules, encode_cell, from_storage
@@ -35,12 +36,12 @@ class Txn:
     reason: str = ""
     begin_time: float = 0.0
     timeout_s: float = 600.0
-    deadline: Optional[float] = None        # abort "timeout by txn manager" when now > deadline
-    prepared_timeout_s: Optional[float] = None
-    prepare_time: Optional[float] = None
-    commit_time: Optional[float] = None
-    finish_time: Optional[float] = None
-    visible_at: Optional[float] = None      # COMMITTED -> VISIBLE when now >= visible_at
+    deadline: float | None = None        # abort "timeout by txn manager" when now > deadline
+    prepared_timeout_s: float | None = None
+    prepare_time: float | None = None
+    commit_time: float | None = None
+    finish_time: float | None = None
+    visible_at: float | None = None      # COMMITTED -> VISIBLE when now >= visible_at
     keep_s: float = 259200.0                # label retention after VISIBLE/ABORTED
     evicted: bool = False
     commit_count: int = 0
@@ -49,7 +50,7 @@ class Txn:
     filtered_rows: int = 0
     unselected_rows: int = 0
     load_bytes: int = 0
-    visible_seq: Optional[int] = None
+    visible_seq: int | None = None
     two_phase: bool = True
     error_url: str = ""
     rows: list[list[Any]] = field(default_factory=list, repr=False)
@@ -202,7 +203,7 @@ class Store:
             self._conn.execute("INSERT OR REPLACE INTO tables VALUES (?, ?, ?)",
                                (db, table, json.dumps(schema.raw)))
 
-    def schema(self, db: str, table: str) -> Optional[TableSchema]:
+    def schema(self, db: str, table: str) -> TableSchema | None:
         return self.tables.get((db, table))
 
     # -- transactions ------------------------------------------------------------------------
@@ -220,7 +221,7 @@ class Store:
         """Non-evicted txns that used ``label`` in ``db``, oldest first."""
         return [self.txns[i] for i in self._by_label.get((db, label), []) if i in self._live]
 
-    def label_txn(self, db: str, label: str) -> Optional[Txn]:
+    def label_txn(self, db: str, label: str) -> Txn | None:
         """The txn a label names: its non-aborted txn if any, else the latest aborted one."""
         txns = self.label_txns(db, label)
         for txn in reversed(txns):
@@ -228,7 +229,7 @@ class Store:
                 return txn
         return txns[-1] if txns else None
 
-    def evicted_label_txn(self, db: str, label: str) -> Optional[Txn]:
+    def evicted_label_txn(self, db: str, label: str) -> Txn | None:
         """The newest evicted txn of a label (for the terminal-state cache)."""
         ids = [i for i in self._by_label.get((db, label), []) if i not in self._live]
         return self.txns[ids[-1]] if ids else None
