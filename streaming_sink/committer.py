@@ -154,8 +154,8 @@ class Committer:
                 f"job {self.job_id} batch {record.batch_id} of query {record.query_id}: the target no longer knows "
                 f"{len(ambiguous)} transaction(s) whose commit was sent ({', '.join(c.label for c in ambiguous)}). "
                 f"{label_memory(self.target)}, so they may be committed or not: replaying could duplicate their rows, "
-                "skipping could lose them. Nothing was replayed. See docs/runbook.md, section 'Replay ambiguous: "
-                "a committed label was forgotten', to settle it with a query on the target and resume."
+                "skipping could lose them. Nothing was replayed: settle it with a query on the target and resume. "
+                + ReplayAmbiguousError.RUNBOOK
             )
         lost = [c for c, o in zip(pending, outcomes, strict=True) if o is not CommitOutcome.COMMITTED and c not in ambiguous]
         if lost:
@@ -266,9 +266,9 @@ class Committer:
             stop = ReplayImpossibleError(
                 f"job {self.job_id}: batch {record.batch_id} of query {record.query_id} was PREPARED but "
                 f"{len(lost)} of its transactions can no longer be committed ({', '.join(c.label for c in lost)}), "
-                "and the streaming query will not re-run that batch. See docs/runbook.md, "
-                "section 'Prepared data lost outside its batch': re-ingest that batch's offsets, then record the "
-                f"loss with `streaming-sink settle --query-id {record.query_id} --batch {record.batch_id} --accept-loss`."
+                "and the streaming query will not re-run that batch: re-ingest that batch's offsets, then record the "
+                f"loss with `streaming-sink settle --query-id {record.query_id} --batch {record.batch_id} --accept-loss`. "
+                + ReplayImpossibleError.RUNBOOK
             )
             stop.query_id, stop.batch_id = record.query_id, record.batch_id
             raise stop

@@ -26,6 +26,7 @@ defined outside this one, e.g. a product's own error beside its target):
     │   └── ReplayLostAgainError                        exit 5
     ├── JournalFormatError (RuntimeError)               exit 4
     ├── OperatorActionRefused (RuntimeError)            exit 4
+    │   ├── OffsetRangeUnknownError                     exit 4  runbook 'The checkpoint was lost or reset'
     │   └── TargetMismatchError                         exit 4
     ├── SparkStartError                                 exit 3
     ├── StateStoreError (RuntimeError)                  exit 3
@@ -36,13 +37,14 @@ defined outside this one, e.g. a product's own error beside its target):
     │   ├── StateStoreAuthError                         exit 2
     │   └── StateStoreUnreachableError                  exit 3
     ├── StopForOperator (RuntimeError)                  exit 4
-    │   ├── ReplayAmbiguousError                        exit 4
-    │   ├── ReplayImpossibleError                       exit 4
-    │   ├── ReplayMismatchError                         exit 4
+    │   ├── ReplayAmbiguousError                        exit 4  runbook 'Replay ambiguous: a committed label was forgotten'
+    │   ├── ReplayImpossibleError                       exit 4  runbook 'Prepared data lost outside its batch'
+    │   ├── ReplayMismatchError                         exit 4  runbook 'Replay mismatch'
     │   └── SourceReplannedError                        exit 4  runbook 'Batch re-planned with another range'
     ├── TargetError (RuntimeError)                      exit 3
     │   ├── ClickHouseError [targets.clickhouse.connection] exit 3
     │   ├── CommitAmbiguousError                        exit 3
+    │   │   └── CommitInterruptedError [targets.clickhouse.target] exit 3  runbook 'ClickHouse commit interrupted'
     │   ├── CommittedNotChosenError                     exit 3  runbook 'A transaction the journal did not choose is committed'
     │   └── TransactionLimitError                       exit 3  runbook 'Too many open transactions for the server'
     └── UnknownTableError (ValueError)                  exit 5
@@ -272,13 +274,19 @@ class SourceReplannedError(StopForOperator):
 class ReplayImpossibleError(StopForOperator):
     """Prepared data is gone and the source will not re-run the batch: stop before losing it silently."""
 
+    runbook = "Prepared data lost outside its batch"
+
 
 class ReplayAmbiguousError(StopForOperator):
     """The server forgot a label whose commit may have been sent: replaying could duplicate, skipping could lose."""
 
+    runbook = "Replay ambiguous: a committed label was forgotten"
+
 
 class ReplayMismatchError(StopForOperator):
     """The re-run batch did not deliver the same data as the prepared one: refusing to guess."""
+
+    runbook = "Replay mismatch"
 
 
 class InvariantBreach(StreamingSinkError, RuntimeError):
@@ -342,6 +350,13 @@ class TargetMismatchError(OperatorActionRefused):
     real transactions: staging tables that never expire, StarRocks/Doris transactions holding their
     database's quota until their timeout. Raised before anything is sent, for the job's own restart too.
     """
+
+
+class OffsetRangeUnknownError(OperatorActionRefused):
+    """`restore-offsets` finds no recorded source range to give Spark back (none of this checkpoint's query, or
+    past retention): writing offsets it does not know could skip or repeat records."""
+
+    runbook = "The checkpoint was lost or reset"
 
 
 def error_tree(root: type[BaseException] = StreamingSinkError) -> str:

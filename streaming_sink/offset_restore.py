@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from .checkpoint import CheckpointFolder, checkpoint_query_id, delete_log_entry, latest_batch, restore_offsets, same_source
-from .errors import OperatorActionRefused
+from .errors import OffsetRangeUnknownError
 from .state import StateStore
 
 
@@ -34,19 +34,19 @@ def plan_offset_restore(folder: CheckpointFolder, store: StateStore, job_id: str
     query_id = checkpoint_query_id(folder)
     batches = sorted(b for q, b in store.batch_keys(job_id) if q == query_id)
     if not batches:
-        raise OperatorActionRefused(
+        raise OffsetRangeUnknownError(
             f"job {job_id}: the state store holds no batch of query {query_id} (this checkpoint's): there is no "
-            "recorded range to restore; see docs/runbook.md, section 'The checkpoint was lost or reset'")
+            "recorded range to restore. " + OffsetRangeUnknownError.RUNBOOK)
     newest = batches[-1]
     records = {b: store.get_batch(job_id, query_id, b) for b in batches}
     sources = {b: r.source for b, r in records.items() if r is not None and r.source is not None}
     needed = [b for b in (newest - 1, newest) if b >= 0]
     unknown = [b for b in needed if b not in sources]
     if unknown:
-        raise OperatorActionRefused(
+        raise OffsetRangeUnknownError(
             f"job {job_id} query {query_id}: the journal holds no recorded range for batch(es) {unknown} (past "
             "retention, or written by a release that did not record ranges), so Spark cannot be given the newest "
-            "batch's range back; see docs/runbook.md, section 'The checkpoint was lost or reset'")
+            "batch's range back. " + OffsetRangeUnknownError.RUNBOOK)
     plan = OffsetRestorePlan(query_id)
     for batch_id, recorded in sorted(sources.items()):
         found = folder.read(f"offsets/{batch_id}")

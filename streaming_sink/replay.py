@@ -68,7 +68,7 @@ class ReplayPlan:
             raise ReplayMismatchError(
                 f"job {job_id} batch {record.batch_id}: {unsplittable} committed while other transactions of the "
                 "same table and partition were lost, and they do not say which rows they hold; reloading the partition "
-                "would duplicate them. See docs/runbook.md, section 'Replay mismatch'."
+                "would duplicate them. " + ReplayMismatchError.RUNBOOK
             )
         committed = {FlushKey(c.table, c.partition, c.flush): c.flush_rows
                      for c in survivors if c.flush is not None and c.flush_rows is not None}
@@ -112,7 +112,7 @@ class ReplayPlan:
                     f"job {job_id} batch {batch_id}: partition {partition} of the re-run batch has checksum "
                     f"{replayed.checksum if replayed else 'none (no rows)'} but the prepared data had "
                     f"{self.prepared_checksums.get(partition)}; the source did not replay the same data, so the lost "
-                    "part cannot be reloaded safely. See docs/runbook.md, section 'Replay mismatch'."
+                    "part cannot be reloaded safely. " + ReplayMismatchError.RUNBOOK
                 )
 
 

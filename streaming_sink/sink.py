@@ -268,8 +268,8 @@ class ExactlyOnceSink:
             f"job {self.job_id} batch {record.batch_id} of query {record.query_id}: Spark planned this batch with "
             f"source offsets {_brief(planned)}, but the journal records it {record.state.value} with "
             f"{_brief(record.source)} (the checkpoint's offsets/{record.batch_id} was deleted or rolled back). Nothing "
-            "was written. Run `streaming-sink restore-offsets` to give Spark the recorded range back, then restart; "
-            "see docs/runbook.md, section 'Batch re-planned with another range'."
+            "was written. Run `streaming-sink restore-offsets` to give Spark the recorded range back, then restart. "
+            + SourceReplannedError.RUNBOOK
         )
 
     def _record_stop(self, query_id: str, batch_id: int, stop: StopForOperator) -> None:

@@ -143,7 +143,7 @@ class Gate:
     def target(self, name: str, url: str) -> ClickHouseTarget:
         target = ClickHouseTarget(url, database=DB, retries=0)
         target.ledger.ensure()  # before the gate: the schedules count only the commit's own statements
-        real_client = target.client
+        real_client = target.connection.client  # every part of the target (ledger, catalog, staging) asks it
         gate = self
         self._allowed[name] = self._started[name] = self._finished[name] = 0
 
@@ -169,7 +169,7 @@ class Gate:
 
                 return gated
 
-        target.client = lambda: Proxy(real_client())  # type: ignore[method-assign]
+        target.connection.client = lambda: Proxy(real_client())  # type: ignore[method-assign]
         return target
 
     def _step(self, name: str) -> None:

@@ -14,7 +14,7 @@
 
 The ledger (`_streaming_sink_ledger` in the target database) decides when the staging table is gone:
 a `committed` row means COMMITTED; a `moving` row alone means some partitions may have moved, which
-no one can tell from here, so `CommitAmbiguousError` (runbook "ClickHouse commit interrupted");
+no one can tell from here, so `CommitInterruptedError` (a `CommitAmbiguousError`, runbook "ClickHouse commit interrupted");
 no row means nothing ever moved, so ABORTED. Ledgers made by older versions expire rows (a TTL),
 so there "no row" is LOST. Rows are kept for good: two of ~100 bytes per transaction, and in insert
 mode one more per staging partition.
@@ -83,6 +83,13 @@ INSERT_CRASH_POINT = target_point("clickhouse-after-insert")
 # A partition move returns once every replica ran it (alter_sync 0 waits for none, 1 for this replica: the defaults on
 # Cloud and on a server; 3 for the active replicas only, kept when the target's `settings` ask for it).
 _MOVE_SYNC = {"alter_sync": 2}
+
+
+class CommitInterruptedError(CommitAmbiguousError):
+    """A ClickHouse commit whose staging table is gone while the ledger says it began and never finished: some
+    partitions may be in the table, and only a count there tells how many."""
+
+    runbook = "ClickHouse commit interrupted"
 
 
 class ClickHouseTarget(Target):
@@ -336,7 +343,7 @@ class ClickHouseTarget(Target):
         if state == COMMITTED:
             return CommitOutcome.COMMITTED
         if state in (MOVING, INSERTING):
-            raise CommitAmbiguousError(self._ambiguity(committable, state))
+            raise CommitInterruptedError(self._ambiguity(committable, state))
         if self.ledger.read_ttl_s() is not None:
             return CommitOutcome.LOST  # this ledger expires rows: the label's committed row may be gone
         return CommitOutcome.ABORTED  # every commit writes its ledger row before it moves anything
@@ -348,14 +355,14 @@ class ClickHouseTarget(Target):
             f"ClickHouse commit of {c.label} into {table} was interrupted and its staging table is "
             f"gone: the ledger says {began} but not that it finished, so between 0 and "
             f"{c.rows} rows of it are visible, and the sink cannot tell how many. It stops rather than lose or "
-            "duplicate them. See docs/runbook.md, section 'ClickHouse commit interrupted': count this transaction's rows "
-            f"in the target (writer partition {c.partition} of the batch its label names, e.g. "
+            "duplicate them. Count this transaction's rows in the target "
+            f"(writer partition {c.partition} of the batch its label names, e.g. "
             f"SELECT count() FROM {table} WHERE kafka_partition = … AND kafka_offset >= … AND "
             f"kafka_offset < …, with the batch's offsets from the checkpoint) and compare with {c.rows}. "
             f"All there: INSERT INTO {ledger} (label, target_table, rows, state) VALUES ({literal(c.label)}, "
             f"{literal(c.table)}, {int(c.rows)}, {literal(COMMITTED)}). None there (delete any that are): "
             f"ALTER TABLE {ledger} DELETE WHERE label = {literal(c.label)}, and the batch is replayed when "
-            "Spark re-runs it. Then restart."
+            "Spark re-runs it. Then restart. " + CommitInterruptedError.RUNBOOK
         )
 
     def close(self) -> None:
