@@ -111,6 +111,7 @@ def resolve_config(data: dict[str, Any], base_dir: Path) -> JobSpec:
         topic_tables=routing.topics,
         dead_letter_table=dead_letter_table,
         metadata_columns=_metadata_columns(sink.metadata_columns),
+        on_unknown_field=sink.on_unknown_field,
         max_offsets_per_trigger=kafka.max_offsets_per_trigger,
         starting_offsets=check_starting_offsets(kafka.starting_offsets),
         trigger=interval if interval_s is None else f"{interval_s} seconds",

@@ -4,8 +4,10 @@ Each message is routed to a table (by a field of the message, or by its topic), 
 table's schema, and checked against the table's column types (value_checks.py). A message that
 cannot be routed or parsed, lacks a required (NOT NULL) field, or holds a value its column cannot
 hold becomes a dead letter with its raw value, topic, partition, offset, Kafka timestamp and the
-reason. Every column is derived from the Kafka record alone, so a re-run batch produces the same
-rows (the replay checksum depends on it).
+reason. A top-level JSON field the table's schema lacks is never dropped in silence: such messages
+are counted per table (Spark's observed metrics, hence /metrics), and `on_unknown_field` sends them to
+the dead letters, lets them through without the field, or fails the batch. Every column is derived
+from the Kafka record alone, so a re-run batch produces the same rows (the replay checksum depends on it).
 """
 from __future__ import annotations
 
@@ -14,7 +16,7 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping, cast
 import pyarrow as pa
 
 from .job_spec import JobSpec
-from .metrics import OBSERVED_NAME
+from .metrics import OBSERVED_NAME, UNKNOWN_FIELDS_OBSERVED
 from .routing import struct_column_for
 from .errors import ConfigurationError
 from .targets import descriptor_for
@@ -24,6 +26,7 @@ from .value_checks import value_problems
 
 ROUTE_COLUMN = "__table"
 _BAD_COLUMN = "__streaming_sink_bad"  # only between build_frame's select and its observe
+_UNKNOWN_COLUMN = "__streaming_sink_unknown"  # likewise: the table of a message with unknown fields, else NULL
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
     from pyspark.sql.types import StructType
@@ -98,6 +101,10 @@ def build_frame(raw: DataFrame, spec: JobSpec, tables: dict[str, str],
     reason = reason.when(
         route.isNull(), F.lit(f"message has no {spec.table_field!r} field" if spec.table_field else "no table for the topic")
     ).when(~route.isin(list(tables)), F.concat(F.lit("unknown table "), route))
+    # the message's top-level keys, NULL for one that is not a JSON object: Spark reads them without a Python UDF
+    keys = F.json_object_keys(value)
+    unknown_fields_of = F.lit(None).cast("string")  # the table of a message with fields its schema lacks
+    fatal = F.when(F.lit(False), F.lit(None).cast("string"))  # why the batch must fail (on_unknown_field = "fail")
     for table, ddl in tables.items():
         schema = spark_schema(ddl, f"tables.{table}.schema")
         parse_schema = StructType(
@@ -116,6 +123,16 @@ def build_frame(raw: DataFrame, spec: JobSpec, tables: dict[str, str],
                 spelling = types.get(column_key(rules, f.name))
                 for problem, text in value_problems(table, f, parsed[f.name], rules.limits(spelling)):
                     reason = reason.when(mine & problem, F.lit(text))
+        known = [f.name for f in schema.fields] + ([spec.table_field] if spec.table_field else [])
+        unknown = F.array_except(F.coalesce(keys, F.array().cast("array<string>")), F.array(*map(F.lit, known)))
+        has_unknown = mine & (F.size(unknown) > 0)
+        unknown_fields_of = F.when(has_unknown, F.lit(table)).otherwise(unknown_fields_of)
+        why = F.concat(F.lit(f"field(s) not in the schema of {table}: "), F.array_join(unknown, ", "),
+                       F.lit(f' (sink.on_unknown_field = "{spec.on_unknown_field}")'))
+        if spec.on_unknown_field == "dead-letter":
+            reason = reason.when(has_unknown, why)
+        elif spec.on_unknown_field == "fail":
+            fatal = fatal.when(has_unknown, why)
         fields = [parsed[f.name].alias(f.name) for f in parse_schema.fields if f.name != "__corrupt"]
         fields += [F.col(source).cast("string").alias(name) if source == "key" else F.col(source).alias(name)
                    for source, name, _ in spec.metadata()]
@@ -139,10 +156,9 @@ def build_frame(raw: DataFrame, spec: JobSpec, tables: dict[str, str],
         columns.append((spec.dead_letter_table, bad, dead))
     else:
         # No dead-letter table: the batch fails, and the error names the record and the reason.
-        routed = F.when(bad, F.concat(
-            F.lit("<bad message "), F.col("topic"), F.lit("/"), F.col("partition").cast("string"), F.lit("@"),
-            F.col("offset").cast("string"), F.lit(": "), reason, F.lit("; configure a dead-letter table>"),
-        )).otherwise(route)
+        routed = F.when(bad, _unroutable(reason, "; configure a dead-letter table")).otherwise(route)
+    # a route no table has fails the batch in its writers, naming the message (routing.Router)
+    routed = F.when(fatal.isNotNull(), _unroutable(fatal, "")).otherwise(routed)
     # Records in and dead letters also go to Spark's progress (`observedMetrics`, the Spark UI). `observe`
     # passes rows through unchanged; `bad` rides along as a column only so it is not computed twice.
     return raw.select(
@@ -150,9 +166,22 @@ def build_frame(raw: DataFrame, spec: JobSpec, tables: dict[str, str],
         *[F.when(condition & (~bad if name != spec.dead_letter_table else F.lit(True)), struct).alias(struct_column_for(name))
           for name, condition, struct in columns],
         bad.alias(_BAD_COLUMN),
+        unknown_fields_of.alias(_UNKNOWN_COLUMN),
     ).observe(
         OBSERVED_NAME, F.count(F.lit(1)).alias("records_in"), F.count_if(F.col(_BAD_COLUMN)).alias("dead_letters"),
-    ).drop(_BAD_COLUMN)
+        F.map_from_arrays(F.array(*map(F.lit, tables)), F.array(
+            *[F.count_if(F.col(_UNKNOWN_COLUMN) == F.lit(table)) for table in tables])).alias(UNKNOWN_FIELDS_OBSERVED),
+    ).drop(_BAD_COLUMN, _UNKNOWN_COLUMN)
+
+
+def _unroutable(reason: Any, advice: str) -> Any:
+    """A route no table has, naming the message by its coordinates and saying why: its writer fails the batch."""
+    from pyspark.sql import functions as F
+
+    return F.concat(
+        F.lit("<bad message "), F.col("topic"), F.lit("/"), F.col("partition").cast("string"), F.lit("@"),
+        F.col("offset").cast("string"), F.lit(": "), reason, F.lit(f"{advice}>"),
+    )
 
 
 def table_schemas(spec: JobSpec, tables: dict[str, str]) -> dict[str, pa.Schema]:

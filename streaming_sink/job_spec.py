@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, get_args
 
+from .config_schema import UnknownFieldAction
 from .kafka_source import KafkaSource, check_options, check_starting_offsets
 from .errors import ConfigurationError
 from .targets import descriptor_for
@@ -19,6 +20,8 @@ METADATA_COLUMNS = {
     "timestamp": ("kafka_timestamp", "TIMESTAMP NOT NULL"),
     "key": ("kafka_key", "STRING"),  # the key's bytes as UTF-8 text; NULL for a record without a key
 }
+
+UNKNOWN_FIELD_ACTIONS: tuple[str, ...] = get_args(UnknownFieldAction)
 
 
 @dataclass
@@ -37,6 +40,7 @@ class JobSpec:
     topic_tables: dict[str, str] | None = None  # or: topic -> table
     dead_letter_table: str | None = None  # None: a bad message fails the batch loudly instead
     metadata_columns: bool | list[str] = True  # record fields written as kafka_<field>; true: partition, offset
+    on_unknown_field: UnknownFieldAction = "dead-letter"  # a JSON field the table's schema lacks (frame.py)
     max_offsets_per_trigger: int | None = None
     starting_offsets: str = "earliest"
     trigger: str = "available-now"  # or a processing-time interval such as "5 seconds"
@@ -73,6 +77,8 @@ class JobSpec:
         unknown = sorted(set(self.metadata_columns) - set(METADATA_COLUMNS))
         if unknown:
             raise ConfigurationError(f"metadata_columns: {unknown} are not Kafka record fields; choose from {list(METADATA_COLUMNS)}")
+        if self.on_unknown_field not in UNKNOWN_FIELD_ACTIONS:
+            raise ConfigurationError(f"on_unknown_field: {self.on_unknown_field!r} is not one of {', '.join(UNKNOWN_FIELD_ACTIONS)}")
         descriptor = descriptor_for(self.target_url)
         if self.create_tables and not descriptor.creates_tables:
             raise ConfigurationError(f"create_tables: {descriptor.product} tables are never created by the sink")
