@@ -106,6 +106,7 @@ def resolve_config(data: dict[str, Any], base_dir: Path) -> JobSpec:
         state_url=state_url,
         checkpoint=_checkpoint(sink.checkpoint, base_dir, data_dir),
         tables=tables,
+        table_selects={name: _table_select(name, table) for name, table in config.tables.items() if table.select is not None},
         table=routing.table,
         table_field=routing.field,
         topic_tables=routing.topics,
@@ -329,6 +330,15 @@ def _table_schema(name: str, table: Table) -> str:
         raise ConfigurationError(
             f"tables.{name}.schema: give the JSON fields as Spark DDL, e.g. schema = \"id BIGINT NOT NULL, name STRING\"")
     return table.schema
+
+
+def _table_select(name: str, table: Table) -> str:
+    """The select list as given; Spark checks it when the job starts (projection.py)."""
+    assert table.select is not None
+    if not table.select.strip():
+        raise ConfigurationError(
+            f"tables.{name}.select: give the table's columns, e.g. select = \"id, upper(name) AS name\", or remove the key")
+    return table.select
 
 
 def _state_url(url: str, state: State) -> str:

@@ -46,6 +46,9 @@ class Routing(_Section):
 
 class Table(_Section):
     schema: Annotated[str, msgspec.Meta(description="the message's JSON fields as Spark DDL")]
+    select: Annotated[Union[str, None], msgspec.Meta(
+        description='the columns the table gets, as a Spark SQL select list over the message\'s fields and the '
+                    'metadata columns, e.g. "id, upper(name) AS name, amount * 100 AS cents"; none: the fields as they are')] = None
 
 
 class DeadLetters(_Section):

@@ -35,6 +35,7 @@ class JobSpec:
     checkpoint: str
     tables: dict[str, str] | None = None  # table -> Spark DDL of its JSON fields; None: `schema` for every target table
     schema: str | None = None  # one schema shared by all tables (only with table_field and no `tables`)
+    table_selects: dict[str, str] | None = None  # table -> its Spark SQL projection (projection.py); None: none
     table: str | None = None  # every message to this table
     table_field: str | None = None  # or: the message field that names its table
     topic_tables: dict[str, str] | None = None  # or: topic -> table
@@ -70,6 +71,9 @@ class JobSpec:
             raise ConfigurationError(f"route messages with exactly one of table, table_field, topic_tables (got {routes or 'none'})")
         if self.tables is None and self.schema is None:
             raise ConfigurationError("give `tables` (a schema per table) or `schema`")
+        unselected = sorted(set(self.table_selects or {}) - set(self.tables or {}))
+        if unselected:
+            raise ConfigurationError(f"table_selects: {unselected} have no schema in `tables`")
         if self.topic_tables and self.topics is not None and set(self.topic_tables) != set(self.topics):
             raise ConfigurationError(f"topic_tables must map every topic in `topics`: {sorted(self.topics)}")
         if isinstance(self.metadata_columns, bool):
