@@ -98,7 +98,13 @@ def plan_projection(spark: SparkSession, table: str, select: str, inputs: Struct
                 f"{key}: column {names[index]!r} uses {varying}, which gives another value when a batch is read again "
                 "(after a crash, or a replay); exactly-once needs the same rows each time: compute it from the message "
                 "or its Kafka metadata (kafka_timestamp) instead")
-    return Projection(table, tuple(items), result.schema)
+    projection = Projection(table, tuple(items), result.schema)
+    try:  # row by row through Catalyst's TryEval, reached by internal names: this Spark must have them
+        source.select(*[tried for _, tried in projected(projection)]).schema
+    except Exception as error:  # noqa: BLE001 - py4j's TypeError for a missing class, or Spark's own
+        raise ConfigurationError(f"{key}: this Spark ({spark.version}) cannot evaluate a select row by row "
+                                 f"({spark_reason(error)}); the job is tested with the pyspark of constraints.txt") from None
+    return projection
 
 
 def _varying(node: Any) -> str | None:
