@@ -90,9 +90,9 @@ def plan_projection(spark: SparkSession, table: str, select: str, inputs: Struct
     inner = [name for name in names if name.startswith(INTERNAL_PREFIX)]
     if inner:
         raise ConfigurationError(f"{key}: {select!r}: {inner} start with {INTERNAL_PREFIX!r}, which the job keeps for itself")
-    projected = plan.projectList()
-    for index in range(projected.size()):
-        varying = _varying(projected.apply(index))
+    project_list = plan.projectList()
+    for index in range(project_list.size()):
+        varying = _varying(project_list.apply(index))
         if varying:
             raise ConfigurationError(
                 f"{key}: column {names[index]!r} uses {varying}, which gives another value when a batch is read again "
