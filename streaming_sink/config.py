@@ -107,11 +107,13 @@ def resolve_config(data: dict[str, Any], base_dir: Path) -> JobSpec:
         state_url=state_url,
         checkpoint=_checkpoint(sink.checkpoint, base_dir, data_dir),
         tables=tables,
+        table_selects={name: _table_select(name, table) for name, table in config.tables.items() if table.select is not None},
         table=routing.table,
         table_field=routing.field,
         topic_tables=routing.topics,
         dead_letter_table=dead_letter_table,
         metadata_columns=_metadata_columns(sink.metadata_columns),
+        on_unknown_field=sink.on_unknown_field,
         max_offsets_per_trigger=kafka.max_offsets_per_trigger,
         starting_offsets=check_starting_offsets(kafka.starting_offsets),
         trigger=interval if interval_s is None else f"{interval_s} seconds",
@@ -329,6 +331,15 @@ def _table_schema(name: str, table: Table) -> str:
         raise ConfigurationError(
             f"tables.{name}.schema: give the JSON fields as Spark DDL, e.g. schema = \"id BIGINT NOT NULL, name STRING\"")
     return table.schema
+
+
+def _table_select(name: str, table: Table) -> str:
+    """The select list as given; Spark checks it when the job starts (projection.py)."""
+    assert table.select is not None
+    if not table.select.strip():
+        raise ConfigurationError(
+            f"tables.{name}.select: give the table's columns, e.g. select = \"id, upper(name) AS name\", or remove the key")
+    return table.select
 
 
 def _state_url(url: str, state: State) -> str:

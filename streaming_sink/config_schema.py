@@ -20,6 +20,8 @@ SCHEMA_PATH = Path(__file__).resolve().parents[1] / "docs" / "job.schema.json"
 
 Port = Annotated[int, msgspec.Meta(ge=0, le=65535, description="a TCP port; 0 picks a free one")]
 Positive = Annotated[int, msgspec.Meta(gt=0)]
+#: What the job does with a message holding a top-level JSON field its table's schema lacks (frame.py).
+UnknownFieldAction = Literal["dead-letter", "ignore", "fail"]
 
 
 class _Section(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, omit_defaults=True):
@@ -44,6 +46,9 @@ class Routing(_Section):
 
 class Table(_Section):
     schema: Annotated[str, msgspec.Meta(description="the message's JSON fields as Spark DDL")]
+    select: Annotated[str | None, msgspec.Meta(
+        description='the columns the table gets, as a Spark SQL select list over the message\'s fields and the '
+                    'metadata columns, e.g. "id, upper(name) AS name, amount * 100 AS cents"; none: the fields as they are')] = None
 
 
 class DeadLetters(_Section):
@@ -74,6 +79,10 @@ class Sink(_Section):
     flush_bytes: Annotated[int | str, msgspec.Meta(description='bytes, or a size such as "64MiB"')] = 64 * 1024 * 1024
     checkpoint: str | None = None
     metadata_columns: bool | list[Literal["topic", "partition", "offset", "timestamp", "key"]] = True
+    on_unknown_field: Annotated[UnknownFieldAction, msgspec.Meta(
+        description='a message with a top-level JSON field its table\'s schema lacks: "dead-letter" (the default: '
+                    'the message goes to the dead letters, the reason names the fields), "ignore" (the field is '
+                    'dropped, and counted) or "fail" (the batch fails naming the message)')] = "dead-letter"
     metrics_port: Port | None = None
     metrics_host: str = "127.0.0.1"
     accept_empty_state: bool = False

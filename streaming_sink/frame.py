@@ -4,8 +4,10 @@ Each message is routed to a table (by a field of the message, or by its topic), 
 table's schema, and checked against the table's column types (value_checks.py). A message that
 cannot be routed or parsed, lacks a required (NOT NULL) field, or holds a value its column cannot
 hold becomes a dead letter with its raw value, topic, partition, offset, Kafka timestamp and the
-reason. Every column is derived from the Kafka record alone, so a re-run batch produces the same
-rows (the replay checksum depends on it).
+reason. A top-level JSON field the table's schema lacks is never dropped in silence: such messages
+are counted per table (Spark's observed metrics, hence /metrics), and `on_unknown_field` sends them to
+the dead letters, lets them through without the field, or fails the batch. Every column is derived
+from the Kafka record alone, so a re-run batch produces the same rows (the replay checksum depends on it).
 """
 from __future__ import annotations
 
@@ -16,7 +18,8 @@ import pyarrow as pa
 
 from .errors import ConfigurationError
 from .job_spec import JobSpec
-from .metrics import OBSERVED_NAME
+from .metrics import OBSERVED_NAME, UNKNOWN_FIELDS_OBSERVED
+from .projection import INTERNAL_PREFIX, Projection, plan_projection, projected, spark_reason
 from .routing import struct_column_for
 from .targets import descriptor_for
 from .targets.base import Target
@@ -25,6 +28,9 @@ from .value_checks import value_problems
 
 ROUTE_COLUMN = "__table"
 _BAD_COLUMN = "__streaming_sink_bad"  # only between build_frame's select and its observe
+_UNKNOWN_COLUMN = "__streaming_sink_unknown"  # likewise: the table of a message with unknown fields, else NULL
+_INTERNAL = INTERNAL_PREFIX  # the frame's columns between its stages (a `select` may not name them)
+_ROUTE, _REASON, _FATAL = _INTERNAL + "route", _INTERNAL + "reason", _INTERNAL + "fatal"
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
     from pyspark.sql.types import StructType
@@ -88,7 +94,14 @@ def build_frame(raw: DataFrame, spec: JobSpec, tables: dict[str, str],
         mapping = F.create_map(*[F.lit(x) for pair in spec.topic_tables.items() for x in pair])
         route = mapping[F.col("topic")]
 
-    columns = []
+    inputs = []  # each table's input row: its parsed fields and the metadata columns
+    projections = table_projections(spec, tables)
+
+    def column_problems(table: str, field: Any, column: Any) -> list[tuple[Any, str]]:
+        """(condition, reason) for the values of `column` its table's column of that name cannot hold."""
+        types = {column_key(rules, name): kind for name, kind in (column_types.get(table) or {}).items()}
+        return value_problems(table, field, column, rules.limits(types.get(column_key(rules, field.name))))
+
     utf8 = F.is_valid_utf8(value)
     reason = F.when(value.isNull(), F.lit("message has no value")).when(
         ~utf8, F.lit("message is not valid UTF-8 (raw_value holds its bytes in base64)")
@@ -99,6 +112,10 @@ def build_frame(raw: DataFrame, spec: JobSpec, tables: dict[str, str],
     reason = reason.when(
         route.isNull(), F.lit(f"message has no {spec.table_field!r} field" if spec.table_field else "no table for the topic")
     ).when(~route.isin(list(tables)), F.concat(F.lit("unknown table "), route))
+    # the message's top-level keys, NULL for one that is not a JSON object: Spark reads them without a Python UDF
+    keys = F.json_object_keys(value)
+    unknown_fields_of = F.lit(None).cast("string")  # the table of a message with fields its schema lacks
+    fatal = F.when(F.lit(False), F.lit(None).cast("string"))  # why the batch must fail (on_unknown_field = "fail")
     for table, ddl in tables.items():
         schema = spark_schema(ddl, f"tables.{table}.schema")
         parse_schema = StructType(
@@ -111,20 +128,61 @@ def build_frame(raw: DataFrame, spec: JobSpec, tables: dict[str, str],
         for f in schema.fields:
             if not f.nullable:
                 reason = reason.when(mine & parsed[f.name].isNull(), F.lit(f"required field {f.name!r} of {table} is missing or null"))
-        types = {column_key(rules, name): kind for name, kind in (column_types.get(table) or {}).items()}
-        for f in parse_schema.fields:
-            if f.name != "__corrupt":
-                spelling = types.get(column_key(rules, f.name))
-                for problem, text in value_problems(table, f, parsed[f.name], rules.limits(spelling)):
-                    reason = reason.when(mine & problem, F.lit(text))
+        if table not in projections:  # else the select's output is what the table's columns must hold (stage 2)
+            for f in parse_schema.fields:
+                if f.name != "__corrupt":
+                    for problem, text in column_problems(table, f, parsed[f.name]):
+                        reason = reason.when(mine & problem, F.lit(text))
+        known = [f.name for f in schema.fields] + ([spec.table_field] if spec.table_field else [])
+        unknown = F.array_except(F.coalesce(keys, F.array().cast("array<string>")), F.array(*map(F.lit, known)))
+        has_unknown = mine & (F.size(unknown) > 0)
+        unknown_fields_of = F.when(has_unknown, F.lit(table)).otherwise(unknown_fields_of)
+        why = F.concat(F.lit(f"field(s) not in the schema of {table}: "), F.array_join(unknown, ", "),
+                       F.lit(f' (sink.on_unknown_field = "{spec.on_unknown_field}")'))
+        if spec.on_unknown_field == "dead-letter":
+            reason = reason.when(has_unknown, why)
+        elif spec.on_unknown_field == "fail":
+            fatal = fatal.when(has_unknown, why)
         fields = [parsed[f.name].alias(f.name) for f in parse_schema.fields if f.name != "__corrupt"]
         fields += [F.col(source).cast("string").alias(name) if source == "key" else F.col(source).alias(name)
                    for source, name, _ in spec.metadata()]
-        columns.append((table, mine, F.struct(*fields)))
+        inputs.append(F.struct(*fields))
 
+    # Stage 1: what every message is (route, reason, each table's input row), under the frame's own names only, so
+    # that a projection stage can put a table's fields at the top level without meeting a Kafka column's name.
+    coordinates = {"topic": F.col("topic"), "partition": F.col("partition"), "offset": F.col("offset"),
+                   "kafka_timestamp": F.col("timestamp"), "raw_value": F.when(utf8, value).otherwise(F.base64(F.col("value")))}
+    frame = raw.select(
+        route.alias(_ROUTE), reason.alias(_REASON), fatal.alias(_FATAL), unknown_fields_of.alias(_UNKNOWN_COLUMN),
+        *[column.alias(_INTERNAL + name) for name, column in coordinates.items()],
+        *[row.alias(_input_column(index)) for index, row in enumerate(inputs)],
+    )
+    route, at = F.col(_ROUTE), {name: F.col(_INTERNAL + name) for name in coordinates}
+    # Stage 2, per table with a `select`: its fields at the top level, each output column tried on its own
+    rows = {table: F.col(_input_column(index)) for index, table in enumerate(tables)}
+    failed = F.lit(None).cast("string")  # why a projection could not be computed for the message
+    for index, (table, projection) in enumerate(projections.items()):
+        carried = [F.col(name) for name in frame.columns]
+        source = F.col(_input_column(list(tables).index(table)))
+        frame = frame.select(*carried, *[source.getField(name).alias(name) for name in projection_inputs(spec, tables[table]).names])
+        outputs = [(name, _INTERNAL + f"p{index}_{position}", tried)
+                   for position, (name, tried) in enumerate(projected(projection))]
+        frame = frame.select(*carried, *[tried.alias(column) for _, column, tried in outputs])
+        mine = route == F.lit(table)
+        for field, (name, column, _) in zip(projection.output.fields, outputs, strict=True):
+            for problem, text in reversed(column_problems(table, field, F.col(column).getField("v"))):
+                failed = F.when(mine & problem, F.lit(text)).otherwise(failed)
+            failed = F.when(mine & F.col(column).isNull(), F.lit(
+                f"{projection.key}: column {name!r} could not be computed for this message (Spark raised an error "
+                "evaluating it: a bad cast, an overflow, a division by zero...)")).otherwise(failed)
+        rows[table] = F.struct(*[F.col(column).getField("v").alias(name) for name, column, _ in outputs])
+    reason = F.coalesce(F.col(_REASON), failed)
+
+    # Stage 3: each message to its table, or to the dead letters with its reason
+    columns = [(table, route == F.lit(table), row) for table, row in rows.items()]
     bad = reason.isNotNull()
     if spec.dead_letter_table:
-        raw_value = F.when(utf8, value).otherwise(F.base64(F.col("value")))
+        raw_value = at["raw_value"]
         room = rules.raw_value_room((column_types.get(spec.dead_letter_table) or {}).get("raw_value"))
         if room is not None:  # a message longer than raw_value holds: kept in Kafka, named by its coordinates
             too_long = F.octet_length(raw_value) > F.lit(room)
@@ -133,37 +191,75 @@ def build_frame(raw: DataFrame, spec: JobSpec, tables: dict[str, str],
                 "it stays in Kafka at the topic, partition and offset of this row"))).otherwise(reason)
             raw_value = F.when(too_long, F.lit(None)).otherwise(raw_value)
         dead = F.struct(
-            raw_value.alias("raw_value"), F.col("topic"), F.col("partition"), F.col("offset"),
-            F.col("timestamp").alias("kafka_timestamp"), reason.alias("reason"),
+            raw_value.alias("raw_value"), at["topic"].alias("topic"), at["partition"].alias("partition"),
+            at["offset"].alias("offset"), at["kafka_timestamp"].alias("kafka_timestamp"), reason.alias("reason"),
         )
         routed = F.when(bad, F.lit(spec.dead_letter_table)).otherwise(route)
         columns.append((spec.dead_letter_table, bad, dead))
     else:
         # No dead-letter table: the batch fails, and the error names the record and the reason.
-        routed = F.when(bad, F.concat(
-            F.lit("<bad message "), F.col("topic"), F.lit("/"), F.col("partition").cast("string"), F.lit("@"),
-            F.col("offset").cast("string"), F.lit(": "), reason, F.lit("; configure a dead-letter table>"),
-        )).otherwise(route)
+        routed = F.when(bad, _unroutable(at, reason, "; configure a dead-letter table")).otherwise(route)
+    # a route no table has fails the batch in its writers, naming the message (routing.Router)
+    routed = F.when(F.col(_FATAL).isNotNull(), _unroutable(at, F.col(_FATAL), "")).otherwise(routed)
     # Records in and dead letters also go to Spark's progress (`observedMetrics`, the Spark UI). `observe`
     # passes rows through unchanged; `bad` rides along as a column only so it is not computed twice.
-    return raw.select(
+    return frame.select(
         routed.alias(ROUTE_COLUMN),
         *[F.when(condition & (~bad if name != spec.dead_letter_table else F.lit(True)), struct).alias(struct_column_for(name))
           for name, condition, struct in columns],
         bad.alias(_BAD_COLUMN),
+        F.col(_UNKNOWN_COLUMN),
     ).observe(
         OBSERVED_NAME, F.count(F.lit(1)).alias("records_in"), F.count_if(F.col(_BAD_COLUMN)).alias("dead_letters"),
-    ).drop(_BAD_COLUMN)
+        F.map_from_arrays(F.array(*map(F.lit, tables)), F.array(
+            *[F.count_if(F.col(_UNKNOWN_COLUMN) == F.lit(table)) for table in tables])).alias(UNKNOWN_FIELDS_OBSERVED),
+    ).drop(_BAD_COLUMN, _UNKNOWN_COLUMN)
+
+
+def _input_column(index: int) -> str:
+    """The frame's column holding the input row (parsed fields and metadata) of the index-th table."""
+    return f"{_INTERNAL}in{index}"
+
+
+def projection_inputs(spec: JobSpec, ddl: str) -> StructType:
+    """What a table's `select` reads: the message's fields (the routing field aside) and the metadata columns."""
+    from pyspark.sql.types import StructType
+
+    metadata = ", ".join(f"{name} {kind}" for _, name, kind in spec.metadata())
+    fields = [f for f in spark_schema(ddl).fields if f.name != spec.table_field]
+    return StructType(fields + (list(spark_schema(metadata).fields) if metadata else []))
+
+
+def table_projections(spec: JobSpec, tables: Mapping[str, str]) -> dict[str, Projection]:
+    """The checked `select` of every table that has one, in the running Spark session (`projection.py`)."""
+    from pyspark.sql import SparkSession
+
+    selects = {table: select for table, select in (spec.table_selects or {}).items() if table in tables}
+    if not selects:
+        return {}
+    spark = SparkSession.getActiveSession()
+    assert spark is not None  # the schemas' DDL is parsed by Spark too: the job has started it
+    return {table: plan_projection(spark, table, select, projection_inputs(spec, tables[table]))
+            for table, select in selects.items()}
+
+
+def _unroutable(at: Mapping[str, Any], reason: Any, advice: str) -> Any:
+    """A route no table has, naming the message by its coordinates and saying why: its writer fails the batch."""
+    from pyspark.sql import functions as F
+
+    return F.concat(
+        F.lit("<bad message "), at["topic"], F.lit("/"), at["partition"].cast("string"), F.lit("@"),
+        at["offset"].cast("string"), F.lit(": "), reason, F.lit(f"{advice}>"),
+    )
 
 
 def table_schemas(spec: JobSpec, tables: dict[str, str]) -> dict[str, pa.Schema]:
     """The Arrow schema of every table the job writes, as the sink will hand it to the target."""
     schemas = {}
+    projections = table_projections(spec, tables)
     for table, ddl in tables.items():
-        metadata = ", ".join(f"{name} {kind}" for _, name, kind in spec.metadata())
-        fields = [f for f in arrow_schema(ddl) if f.name != spec.table_field]
-        fields += list(arrow_schema(metadata)) if metadata else []
-        schemas[table] = pa.schema(fields)
+        projection = projections.get(table)
+        schemas[table] = to_arrow(projection.output if projection else projection_inputs(spec, ddl))
     if spec.dead_letter_table:
         schemas[spec.dead_letter_table] = arrow_schema(DEAD_LETTER_COLUMNS)
     return schemas
@@ -176,19 +272,23 @@ def spark_schema(ddl: str, key: str = "schema") -> StructType:
     try:
         return cast("StructType", StructType.fromDDL(ddl))  # a field list parses to a struct
     except Exception as error:  # Spark's ParseException, raised through py4j or Spark Connect
-        reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-        raise ConfigurationError(f"{key}: {ddl!r} is not Spark DDL: {reason}") from None
+        raise ConfigurationError(f"{key}: {ddl!r} is not Spark DDL: {spark_reason(error)}") from None
 
 
 def arrow_schema(ddl: str) -> pa.Schema:
     """Spark DDL as the Arrow schema Spark hands to Python (timestamps as UTC instants)."""
+    return to_arrow(spark_schema(ddl))
+
+
+def to_arrow(schema: StructType) -> pa.Schema:
+    """A Spark schema as the Arrow schema Spark hands to Python (timestamps as UTC instants)."""
     import inspect
 
     from pyspark.sql.pandas.types import to_arrow_schema
 
     # pyspark 4.0 converts timestamps to UTC by default; 4.2 wants the zone named
     zone: dict[str, Any] = {"timezone": "UTC"} if "timezone" in inspect.signature(to_arrow_schema).parameters else {}
-    return to_arrow_schema(spark_schema(ddl), **zone)
+    return to_arrow_schema(schema, **zone)
 
 
 def check_columns(target: Target, rules: ColumnRules, schemas: Mapping[str, pa.Schema]) -> dict[str, dict[str, str] | None]:

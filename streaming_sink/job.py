@@ -21,7 +21,7 @@ import pyarrow as pa
 
 from .errors import ConfigurationError
 from .execution import SparkWriterRunner, sink_error_of
-from .frame import ROUTE_COLUMN, build_frame, check_columns, resolve_tables, spark_schema, table_schemas
+from .frame import ROUTE_COLUMN, build_frame, check_columns, resolve_tables, spark_schema, table_projections, table_schemas
 from .intervals import parse_interval
 from .job_spec import JobSpec
 from .kafka_source import KafkaSource, probe
@@ -123,6 +123,7 @@ def run(spec: JobSpec, on_session: Callable[[], None] = lambda: None) -> None:
     on_session()
     for table, ddl in (spec.tables or {}).items():  # Spark's parser needs the JVM: checked as soon as it runs
         spark_schema(ddl, f"tables.{table}.schema")
+    table_projections(spec, spec.tables or {})
     source = spec.kafka_source()
     logging.getLogger("streaming_sink").info("kafka: %s", probe(spark, source))
     sink = build_sink(spec)

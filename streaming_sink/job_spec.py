@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, get_args
 
+from .config_schema import UnknownFieldAction
 from .errors import ConfigurationError
 from .kafka_source import KafkaSource, check_options, check_starting_offsets
 from .targets import descriptor_for
@@ -20,6 +21,8 @@ METADATA_COLUMNS = {
     "key": ("kafka_key", "STRING"),  # the key's bytes as UTF-8 text; NULL for a record without a key
 }
 
+UNKNOWN_FIELD_ACTIONS: tuple[str, ...] = get_args(UnknownFieldAction)
+
 
 @dataclass
 class JobSpec:
@@ -32,11 +35,13 @@ class JobSpec:
     checkpoint: str
     tables: dict[str, str] | None = None  # table -> Spark DDL of its JSON fields; None: `schema` for every target table
     schema: str | None = None  # one schema shared by all tables (only with table_field and no `tables`)
+    table_selects: dict[str, str] | None = None  # table -> its Spark SQL projection (projection.py); None: none
     table: str | None = None  # every message to this table
     table_field: str | None = None  # or: the message field that names its table
     topic_tables: dict[str, str] | None = None  # or: topic -> table
     dead_letter_table: str | None = None  # None: a bad message fails the batch loudly instead
     metadata_columns: bool | list[str] = True  # record fields written as kafka_<field>; true: partition, offset
+    on_unknown_field: UnknownFieldAction = "dead-letter"  # a JSON field the table's schema lacks (frame.py)
     max_offsets_per_trigger: int | None = None
     starting_offsets: str = "earliest"
     trigger: str = "available-now"  # or a processing-time interval such as "5 seconds"
@@ -66,6 +71,9 @@ class JobSpec:
             raise ConfigurationError(f"route messages with exactly one of table, table_field, topic_tables (got {routes or 'none'})")
         if self.tables is None and self.schema is None:
             raise ConfigurationError("give `tables` (a schema per table) or `schema`")
+        unselected = sorted(set(self.table_selects or {}) - set(self.tables or {}))
+        if unselected:
+            raise ConfigurationError(f"table_selects: {unselected} have no schema in `tables`")
         if self.topic_tables and self.topics is not None and set(self.topic_tables) != set(self.topics):
             raise ConfigurationError(f"topic_tables must map every topic in `topics`: {sorted(self.topics)}")
         if isinstance(self.metadata_columns, bool):
@@ -73,6 +81,8 @@ class JobSpec:
         unknown = sorted(set(self.metadata_columns) - set(METADATA_COLUMNS))
         if unknown:
             raise ConfigurationError(f"metadata_columns: {unknown} are not Kafka record fields; choose from {list(METADATA_COLUMNS)}")
+        if self.on_unknown_field not in UNKNOWN_FIELD_ACTIONS:
+            raise ConfigurationError(f"on_unknown_field: {self.on_unknown_field!r} is not one of {', '.join(UNKNOWN_FIELD_ACTIONS)}")
         descriptor = descriptor_for(self.target_url)
         if self.create_tables and not descriptor.creates_tables:
             raise ConfigurationError(f"create_tables: {descriptor.product} tables are never created by the sink")

@@ -115,6 +115,9 @@ class BatchMetrics:
         self.rows = counter("rows", "Rows made visible, by target table (dead letters included).", ["table"])
         self.records_in = counter("records_in", "Kafka records the writers received.")
         self.dead_letters = counter("dead_letters", "Records written to the dead-letter table.")
+        self.unknown_fields = counter(
+            "messages_with_unknown_fields", "Messages routed to a table holding top-level JSON fields its schema lacks, "
+            "by table (what became of them: sink.on_unknown_field).", ["table"])
         self.transactions = counter("transactions", "Target transactions committed.")
         self.replayed = counter("replayed", "Prepared transactions the server lost, loaded again from Kafka.")
         self.bytes = counter("bytes", "Bytes sent to the target in committed transactions.")
@@ -184,6 +187,8 @@ class BatchMetrics:
         """Kafka lag from a StreamingQueryProgress (a dict in PySpark 4)."""
         job = self.job_id
         self.last_progress.labels(job).set(self._clock())
+        for table, messages in observed_unknown_fields(progress).items():
+            self.unknown_fields.labels(job, table).inc(messages)
         for lag in kafka_lag(progress):
             for (topic, partition), behind in lag.partitions.items():
                 self.lag.labels(job, topic, str(partition)).set(behind)
@@ -345,14 +350,31 @@ def _number(text: Any) -> float | None:
     return None if text is None else float(text)
 
 
+#: The observed metric of the packaged job's frame counting, per table, messages with fields its schema lacks.
+UNKNOWN_FIELDS_OBSERVED = "unknown_fields"
+
+
+def observed(progress: Mapping[str, Any]) -> dict[str, Any]:
+    """What the packaged job's frame observed in the batch of a progress (`OBSERVED_NAME`); {} if nothing."""
+    row = (progress.get("observedMetrics") or {}).get(OBSERVED_NAME)
+    if row is None:
+        return {}
+    return dict(row.asDict() if hasattr(row, "asDict") else row)
+
+
+def observed_unknown_fields(progress: Mapping[str, Any]) -> dict[str, int]:
+    """Table -> messages of the batch with top-level JSON fields the table's schema lacks."""
+    counts = observed(progress).get(UNKNOWN_FIELDS_OBSERVED) or {}
+    return {str(table): int(count) for table, count in dict(counts).items()}
+
+
 def progress_line(progress: Mapping[str, Any]) -> str:
     """One line per trigger: how far Kafka is ahead, and what Spark observed in the batch."""
     lags = kafka_lag(progress)
     behind = sum(lag.total for lag in lags)
     line = f"batch {progress.get('batchId')}: offsets behind latest {behind}"
-    observed = (progress.get("observedMetrics") or {}).get(OBSERVED_NAME)
-    if observed is not None:
-        values = observed.asDict() if hasattr(observed, "asDict") else dict(observed)
+    values = observed(progress)
+    if values:
         line += ", " + ", ".join(f"{key} {values[key]}" for key in sorted(values))
     return line
 

@@ -78,7 +78,7 @@ TRIALS: list[tuple[str, tuple, str | Callable[[JobSpec], bool]]] = [
     ("31", (("target", {"url": "doris://fe-host:8030", "options": {"timeout": 600}}),),
      "unknown key 'target.options.timeout' for doris"),
     ("32", (("dead_letters.table", "orders"),), "dead_letters.table: 'orders' is also a data table in [tables]"),
-    ("34", (("tables.orders.order_by", "id"),), "unknown key 'tables.orders.order_by'; known: ['schema']"),
+    ("34", (("tables.orders.order_by", "id"),), "unknown key 'tables.orders.order_by'; known: ['schema', 'select']"),
     ("35", (("target", {"url": "clickhouse://ch:8123", "database": 5}),), "target.database = 5: expected str, got int"),
     ("36", (STARROCKS, ("target.options", {"timeout": "ten minutes"})), "target.options.timeout = 'ten minutes': invalid literal"),
     ("37", (("target", {"url": "clickhouse://ch:8123", "options": {"timeout": 600}}),),

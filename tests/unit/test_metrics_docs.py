@@ -41,6 +41,7 @@ def exposition() -> str:
                      "latestOffset": {"events": {"0": 5}}, "numInputRows": 3, "inputRowsPerSecond": 0.0,
                      "processedRowsPerSecond": 0.0, "metrics": {"maxOffsetsBehindLatest": "2",
                                                                 "avgOffsetsBehindLatest": "2.0", "minOffsetsBehindLatest": "2"}}],
+        "observedMetrics": {"streaming_sink": {"records_in": 3, "dead_letters": 1, "unknown_fields": {"orders": 1}}},
     }))
     metrics.record_idle()
     return metrics.render()
