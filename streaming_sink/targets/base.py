@@ -16,6 +16,7 @@ from typing import Any, Protocol, runtime_checkable
 
 import pyarrow as pa
 
+from ..batch_plan import ServerLimits
 from ..committable import Committable, TxnRef
 from ..errors import (  # noqa: F401  moved to streaming_sink/errors.py
     CommitAmbiguousError,
@@ -141,6 +142,12 @@ class Target(ABC):
         """Why the sink cannot load `table` exactly once (its engine, say), where the target can tell; None otherwise.
         The job names it when a table it was given is not among `routable_tables`."""
         return None
+
+    def server_limits(self) -> ServerLimits:
+        """What the server allows at once per database (running transactions, remembered labels), read from the
+        server where it says, else its release defaults or the configured values: the sink keeps each batch within
+        a share of them (`batch_plan.py`). None for each: no limit."""
+        return ServerLimits()
 
     def expiry_limits(self) -> list[ExpiryLimit]:
         """What the server forgets that recovery depends on, and when. For `doctor`."""
