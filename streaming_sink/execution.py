@@ -79,6 +79,17 @@ class SparkWriterRunner:
         return _write_in_tasks(df, target, router, context, store, identity)
 
 
+    def writer_count(self, df: DataFrame, target: Target) -> int:
+        """How many writers the batch has without a plan: its partitions (in tasks), or one (in the driver)."""
+        return 1 if target.runs_writers_in_driver else df.rdd.getNumPartitions()
+
+    def table_rows(self, df: DataFrame, router: Router) -> dict[str, int]:
+        """Rows per table in the batch (one Spark job): what its plan is made from (`batch_plan.py`)."""
+        if router.table is not None:
+            return {router.table: df.count()}
+        return {str(row[0]): int(row[1]) for row in df.groupBy(router.table_column).count().collect()}
+
+
 def _task_context() -> TaskContext:
     """The running task's context. The functions that ask run only in Spark tasks, which always have one."""
     from pyspark import TaskContext

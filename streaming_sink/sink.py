@@ -56,6 +56,14 @@ class WriterRunner(Protocol):
         self, data: Any, target: Target, router: Router, context: WriteContext, store: StateStore
     ) -> list[PartitionResult]: ...
 
+    def writer_count(self, data: Any, target: Target) -> int:
+        """Writers the batch has without a plan (its partitions, or one for writers in the driver)."""
+        ...
+
+    def table_rows(self, data: Any, router: Router) -> dict[str, int]:
+        """Rows per table in the batch, tables without rows left out: what a `BatchPlan` is made from."""
+        ...
+
 
 @dataclass
 class BatchReport:

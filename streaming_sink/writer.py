@@ -17,6 +17,7 @@ from dataclasses import asdict, dataclass, field, replace
 
 import pyarrow as pa
 
+from .batch_plan import BatchPlan
 from .committable import Committable, TxnRef
 from .errors import ReplayAlignmentError
 from .labels import Attempt, make_label
@@ -39,6 +40,8 @@ class WriteContext:
     write_pass: int  # how many times this driver has written this batch before (fresh labels each pass)
     flush_bytes: int
     replay: ReplayPlan | None = None  # what a replay pass reloads and skips; None: a first pass writes everything
+    plan: BatchPlan | None = None  # writers per table and waves (`batch_plan.py`); None: every table, unspread
+    wave: int = 0  # the wave of `plan` this pass writes
 
     def attempt(self, task_attempt: int) -> str:
         return str(Attempt(self.epoch, self.write_pass, task_attempt))

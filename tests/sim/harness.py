@@ -973,6 +973,17 @@ class SimRunner:
     def __init__(self, sim: Simulation) -> None:
         self.sim = sim
 
+    def writer_count(self, data: Any, target: Any) -> int:
+        return len(data)
+
+    def table_rows(self, data: Any, router: Any) -> dict[str, int]:
+        rows: dict[str, int] = {}
+        for batches in data:
+            for batch in batches:
+                for table, part in router.split(batch):
+                    rows[table] = rows.get(table, 0) + part.num_rows
+        return rows
+
     def run(self, data: Any, target: Any, router: Any, context: WriteContext, store: Any) -> list[PartitionResult]:
         sim = self.sim
         actor = sim.sched.current
