@@ -85,8 +85,8 @@ class SparkWriterRunner:
 
     def table_rows(self, df: DataFrame, router: Router) -> dict[str, int]:
         """Rows per table in the batch (one Spark job): what its plan is made from (`batch_plan.py`)."""
-        if router.table is not None:
-            return {router.table: df.count()}
+        if router.table_column is None:
+            return {str(router.table): df.count()}
         return {str(row[0]): int(row[1]) for row in df.groupBy(router.table_column).count().collect()}
 
 
