@@ -58,6 +58,35 @@ def label_prefix(job_id: str, query_id: str) -> str:
     return "_".join(["ss", _sanitise(job_id, 24), _sanitise(query_id.replace("-", ""), 8), ""])
 
 
+@dataclass(frozen=True)
+class LabelParts:
+    """What the readable part of a label says. The protocol never reads labels back (the journal keeps every
+    field); operators' tools and tests do, through `parse_label` only."""
+
+    query: str  # the query id's first characters, as the label keeps them
+    batch_id: int
+    table: str  # as the label keeps it: characters a label cannot hold are "_", cut to 24
+    partition: int
+    attempt: Attempt
+    chunk: int
+
+
+def parse_label(label: str, job_id: str) -> LabelParts | None:
+    """The parts the readable part of a label `make_label` wrote for `job_id` says (None: not such a label, or one cut
+    short past LABEL_MAX_LENGTH). The job id anchors the left end and the attempt the right, so tables with "_" or
+    digits parse; what follows the chunk (the hash) is not read."""
+    found = re.match(
+        r"ss_" + re.escape(_sanitise(job_id, 24)) + r"_(?P<query>[A-Za-z0-9_]{1,8})_(?P<batch>\d+)_(?P<table>\w+)"
+        r"_p(?P<partition>-?\d+)_(?P<attempt>e\d+w\d+t\d+)_c(?P<chunk>\d+)_",
+        label, re.ASCII)
+    if found is None:
+        return None
+    attempt = Attempt.parse(found["attempt"])
+    assert attempt is not None  # the pattern above is the attempt's
+    return LabelParts(found["query"], int(found["batch"]), found["table"], int(found["partition"]), attempt,
+                      int(found["chunk"]))
+
+
 def _sanitise(text: str, limit: int) -> str:
     return _LABEL_UNSAFE.sub("_", text)[:limit] or "x"
 

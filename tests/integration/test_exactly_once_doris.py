@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 
 from tests.support.pipeline import DB, TABLES
-from tests.support.targets.base import COLUMNS, LABEL
+from tests.support.targets.base import COLUMNS, label_parts
 from tests.support.targets.doris import PASSWORD, USER, DorisAdapter, DorisPipeline, Rule, ScriptedDoris, batch_txns
 
 pytestmark = pytest.mark.slow
@@ -181,7 +181,7 @@ def test_commit_side_faults_and_an_emulator_restart_are_survived_exactly(tmp_pat
     assert fired["http_5xx"] == 3 and fired["expire_prepared"] == 1, fired
     record, _, _ = pipeline.batch_state(3)
     group = [c.label for c in record.committables if (c.table, c.partition) == ("payments", 1)
-             and LABEL.search(c.label).group("write_pass") == "0"]
+             and label_parts(c.label)["write_pass"] == "0"]
     assert len(group) >= 1 and sorted(record.lost) == sorted(group), (record.lost, group)  # the whole group, replayed
     pipeline.verify_all()
 
@@ -204,9 +204,9 @@ def test_a_task_that_fails_after_precommitting_is_retried_exactly(tmp_path, kafk
     )
     pipeline.run_to_completion(first_run=0)
     assert [r.fired for r in emulator.rules] == [2, 2]  # the load and its one retry; the abort and its retry
-    attempts = {int(m.group("task")): t["state"] for t in batch_txns(emulator, CRASH_BATCH)
-                if (m := LABEL.search(t["label"])) and m.group("chunk") == "0" and m.group("table") == "orders"
-                and m.group("partition") == "0"}
+    attempts = {int(m["task"]): t["state"] for t in batch_txns(emulator, CRASH_BATCH)
+                if (m := label_parts(t["label"])) and m["chunk"] == "0" and m["table"] == "orders"
+                and m["partition"] == "0"}
     first, retry = sorted(attempts)  # task attempt ids grow: the retry's is the larger
     assert attempts[first] == "ABORTED" and attempts[retry] == "VISIBLE", attempts
     pipeline.verify_all()

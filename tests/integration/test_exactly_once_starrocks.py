@@ -22,6 +22,7 @@ import pytest
 from streaming_sink.records import BatchState
 from tests.support.doubles.emulators.starrocks import StarRocksEmulator
 from tests.support.pipeline import DB, TABLES
+from tests.support.targets.base import label_parts
 from tests.support.targets.starrocks import DIE_AFTER_PREPARE, PASSWORD, TWIN, StarRocksAdapter
 
 pytestmark = pytest.mark.slow
@@ -111,7 +112,9 @@ def test_task_dying_after_prepare_and_a_speculative_twin_leave_no_duplicates(
 
 
 def _task_attempt(label: str) -> int:
-    return int(re.search(r"w\d+t(\d+)_c\d+_", label).group(1))
+    parts = label_parts(label)
+    assert parts is not None, label
+    return int(parts["task"])
 
 
 def test_prepared_transactions_that_expire_while_the_driver_is_down_are_replayed(

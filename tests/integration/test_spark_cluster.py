@@ -30,20 +30,21 @@ from tests.support.doubles.emulators.starrocks import StarRocksEmulator
 from tests.support.pipeline import DB, REPO, LocalPipeline
 from tests.support.services._proc import wait_until
 from tests.support.services.spark_cluster import executor_pids, standalone_cluster
+from tests.support.targets.base import label_parts
 from tests.support.targets.clickhouse import ClickHouseHttpAdapter
 from tests.support.targets.starrocks import StarRocksAdapter
 
 pytestmark = pytest.mark.slow
 
 HELD_BACK_S = 15.0  # far beyond 1.5x the median task time, and under the client read timeout (20 s): no retry
-LABEL = re.compile(r"_(?P<batch>\d+)_(?P<table>[a-z]+)_p(?P<partition>\d+)_e(?P<epoch>\d+)w(?P<write_pass>\d+)t(?P<task>\d+)_c")
 
 
 def _attempts(emulator: StarRocksEmulator) -> dict[tuple, dict[int, set[str]]]:
     """(batch, table, partition, epoch, write pass) -> task attempt id -> states of its transactions."""
     attempts: dict[tuple, dict[int, set[str]]] = defaultdict(lambda: defaultdict(set))
     for txn in emulator.transactions(DB):
-        part = LABEL.search(txn["label"])
+        part = label_parts(txn["label"])
+        assert part is not None, txn["label"]
         key = (part["batch"], part["table"], part["partition"], part["epoch"], part["write_pass"])
         attempts[key][int(part["task"])].add(txn["state"])
     return attempts
@@ -128,7 +129,8 @@ def _staging_attempts(front: ClickHouseFront) -> dict[tuple, dict[int, set[str]]
     for statement in list(front.statements):
         created = _CREATE_STAGING.match(statement)
         if created:
-            part = LABEL.search(created["label"])
+            part = label_parts(created["label"])
+            assert part is not None, created["label"]
             attempts[(part["batch"], part["table"], part["partition"], part["epoch"], part["write_pass"])][int(part["task"])].add(
                 created["label"])
     return attempts

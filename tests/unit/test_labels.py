@@ -45,3 +45,17 @@ def test_labels_unique_across_query_ids_even_when_sanitised_alike():
         for _ in range(3)
     }
     assert len(labels) == 20 * 5 * 3
+
+
+def test_a_label_parses_back_into_what_it_was_made_of():
+    from streaming_sink.labels import Attempt, LabelParts, parse_label
+
+    query = "3f2c6a1e-1111-2222-3333-444455556666"
+    for job, table in (("orders_ingest", "orders"), ("job", "t_2024_05_p1"), ("j-1", "x")):
+        label = make_label(job, query, 17, table, 3, "e2w1t40", 5)
+        assert parse_label(label, job) == LabelParts("3f2c6a1e", 17, table, 3, Attempt(2, 1, 40), 5)
+        assert parse_label(label[:-13] + "_twin_0123", job) == parse_label(label, job)  # a test twin's staging name
+        assert parse_label(label, job + "x") is None
+    assert parse_label(make_label("job", "query-1", 0, "t", -3, "e1w0t0"), "job").partition == -3
+    assert parse_label(make_label("j" * 30, query, 1, "t" * 200, 0, "e1w0t0"), "j" * 30).table == "t" * 24
+    assert parse_label("ss_probe", "job") is None

@@ -8,25 +8,34 @@ class and one line in its `TARGETS`, and its own scenarios take the same class (
 from __future__ import annotations
 
 import copy
-import re
 from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, ClassVar, TypeVar
 
+from streaming_sink.labels import parse_label
 from streaming_sink.targets import PASSWORD_ENV, USER_ENV
 from tests.support.crash import assert_stopped_at, hooked_driver_settings
 from tests.support.pipeline import DB, TABLES, LocalPipeline
 
-__all__ = ["ABORTED", "COLUMNS", "COMMITTED", "LABEL", "OPEN", "EmulatorAdapter", "TargetAdapter", "label_batch"]
+__all__ = ["ABORTED", "COLUMNS", "COMMITTED", "OPEN", "EmulatorAdapter", "TargetAdapter", "label_batch", "label_parts"]
 
-# The readable part of a label (streaming_sink.committable.make_label) of the pipeline's job:
-# query id prefix, batch, table, partition, attempt (epoch, write pass, task attempt), chunk.
-LABEL = re.compile(
-    r"^ss_orders_ingest_(?P<query>[0-9a-f]{8})_(?P<batch>\d+)_(?P<table>" + "|".join(TABLES) + r")_p(?P<partition>\d+)"
-    r"_e(?P<epoch>\d+)w(?P<write_pass>\d+)t(?P<task>\d+)_c(?P<chunk>\d+)_[0-9a-f]{12}$"
-)
+#: The job id of every pipeline the tests run (LocalPipeline's default): its labels start with it.
+PIPELINE_JOB = LocalPipeline.job_id
+
+
+def label_parts(label: str) -> dict[str, str] | None:
+    """The parts of a label of the pipeline's job as text (query, batch, table, partition, epoch, write_pass, task,
+    chunk), read by `streaming_sink.labels.parse_label`; None for another job's label."""
+    parts = parse_label(label, PIPELINE_JOB)
+    if parts is None:
+        return None
+    return {"query": parts.query, "batch": str(parts.batch_id), "table": parts.table, "partition": str(parts.partition),
+            "epoch": str(parts.attempt.epoch), "write_pass": str(parts.attempt.write_pass),
+            "task": str(parts.attempt.task), "chunk": str(parts.chunk)}
+
+
 OPEN, COMMITTED, ABORTED = "open", "committed", "aborted"  # a transaction's state, as the matrix compares it
 COLUMNS = [("id", "BIGINT"), ("name", "VARCHAR(64)"), ("amount", "DOUBLE"), ("kafka_partition", "INT"),
            ("kafka_offset", "BIGINT")]
@@ -36,9 +45,9 @@ Self = TypeVar("Self", bound="TargetAdapter")
 
 def label_batch(label: str) -> int:
     """The batch a label of the pipeline's job belongs to (a twin's label keeps the readable prefix)."""
-    found = re.match(r"^ss_orders_ingest_[0-9a-f]{8}_(\d+)_", label)
+    found = parse_label(label, PIPELINE_JOB)
     assert found, f"not a label of the pipeline's job: {label}"
-    return int(found.group(1))
+    return found.batch_id
 
 
 class TargetAdapter:

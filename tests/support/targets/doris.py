@@ -18,7 +18,7 @@ from tests.support.doubles.emulators.doris import DorisEmulator
 from tests.support.doubles.emulators.faults import Call
 from tests.support.doubles.emulators.http_server import Response
 from tests.support.pipeline import DB, LocalPipeline
-from tests.support.targets.base import LABEL, EmulatorAdapter, label_batch
+from tests.support.targets.base import EmulatorAdapter, label_batch, label_parts
 
 __all__ = ["PASSWORD", "USER", "DorisAdapter", "DorisPipeline", "Rule", "ScriptedDoris", "batch_txns"]
 
@@ -38,8 +38,8 @@ class Rule:
     def matches(self, call: Call) -> bool:
         if self.fired >= self.times or call.op != self.op or call.label is None:
             return False
-        found = LABEL.search(call.label)
-        return found is not None and all(found.group(k) == v for k, v in self.parts.items())
+        found = label_parts(call.label)
+        return found is not None and all(found[k] == v for k, v in self.parts.items())
 
 
 class ScriptedDoris(DorisEmulator):
