@@ -110,6 +110,7 @@ def build_parser() -> argparse.ArgumentParser:
     source = run.add_mutually_exclusive_group(required=True)
     source.add_argument("--config", help="path of the TOML job configuration (see docs/configuration.md)")
     source.add_argument("--spec", help="path of a resolved JSON job spec (streaming_sink/job_spec.py JobSpec)")
+    run.add_argument("--debug", action="store_true", help="show the traceback of an error that stops the job")
 
     status = commands.add_parser("status", help="batches, pending prepared transactions and leftovers of a job; "
                                                 "exit 1 unless healthy", **common)
@@ -474,6 +475,11 @@ def describe_error(error: BaseException) -> tuple[ExitCode, str]:
     names its path, anything else is a bug."""
     if isinstance(error, StreamingSinkError):
         return error.exit_code, error.one_line()
+    if type(error).__name__ == "StreamingQueryException":  # PySpark's, not imported: the operator commands run without it
+        said = next((line.strip() for line in str(error).splitlines() if line.strip()), type(error).__name__)
+        return ExitCode.SERVICE, (f"the streaming query stopped: {said[:400]}; the log above has Spark's account of "
+                                  "the cause (rerun with --debug for the traceback). Once it is fixed, the same command "
+                                  "resumes where the job stopped")
     if isinstance(error, OSError):
         if error.filename:
             return ExitCode.SERVICE, (f"cannot use {error.filename}: {error.strerror or error}; check the path in "
@@ -540,11 +546,11 @@ def _main(argv: list[str]) -> int:
 
                 return job.execute(lambda: load_config(args.config), lambda: job.exit_on_interrupt("streaming-sink run: "))
             return job.main(["--spec", args.spec])
-        except StreamingSinkError as error:  # the sink's own stops: one line and their code (others stay tracebacks)
-            return _fail(argv, "run", error, False, debug)
         except KeyboardInterrupt:  # Ctrl-C: the protocol makes a stop at any instant safe; restart with the same command
             print(f"streaming-sink run: {job.INTERRUPTED}", file=sys.stderr)
             return 130
+        except Exception as error:  # noqa: BLE001 - the sink's stops, Spark's and bugs alike: one line and a code
+            return _fail(argv, "run", error, False, debug)
     commands = {"status": cmd_status, "recover": cmd_recover, "abort": cmd_abort, "settle": cmd_settle,
                 "restore-offsets": cmd_restore_offsets, "doctor": cmd_doctor}
     try:
