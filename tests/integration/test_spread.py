@@ -7,7 +7,10 @@ does not plan batches yet on this branch, so `PlannedRunner` hands the runner a 
 from __future__ import annotations
 
 import dataclasses
+import json
 import random
+import subprocess
+import sys
 from collections import Counter
 from typing import Any
 
@@ -203,3 +206,31 @@ def test_without_a_plan_or_with_one_unspread_wave_the_writers_get_the_batch_unto
     assert {row["__table"] for row in second.collect()} == {"t01"}
     # a table no wave names stays in the first wave, where the router refuses it: never dropped by a filter
     assert {row["__table"] for row in wave_rows(df, router, two_waves, 0).collect()} == {"t00", "t02"}
+
+
+def test_spread_writers_in_tasks_on_two_executors_of_a_standalone_cluster_end_exact(
+    starrocks_emulator, redis_server, tmp_path
+) -> None:
+    from tests.support.pipeline import REPO
+    from tests.support.services.ports import free_port
+    from tests.support.services.spark_cluster import WORKER_HOSTS, standalone_cluster
+
+    sr = emulator_with_tables(starrocks_emulator(columns=None))
+    rows = source_rows()
+    plan = plan_of(rows)
+    with standalone_cluster(tmp_path / "cluster") as master:
+        spec = tmp_path / "spec.json"
+        spec.write_text(json.dumps({"master": master, "ui_port": free_port(), "fe_url": sr.fe_url,
+                                    "password": sr.password, "redis_url": redis_server.url}))
+        done = subprocess.run([sys.executable, "-m", "tests.integration.spread_on_cluster", str(spec)], cwd=REPO,
+                              capture_output=True, text=True, timeout=600)
+    lines = [line for line in done.stdout.splitlines() if line.startswith("SPREAD_RESULT ")]
+    assert done.returncode == 0 and lines, done.stderr[-4000:]
+    result = json.loads(lines[-1].removeprefix("SPREAD_RESULT "))
+    assert result["records_in"] == len(rows)
+    partitions: dict[str, set[int]] = {}
+    for committable in result["committables"]:
+        partitions.setdefault(committable["table"], set()).add(committable["partition"])
+    assert all(len(seen) <= plan.writers[table] for table, seen in partitions.items())
+    assert {c["host"] for c in result["committables"]} == set(WORKER_HOSTS)  # writers ran on both executors
+    assert visible(sr) == sorted(rows)
