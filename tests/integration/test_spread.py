@@ -234,3 +234,30 @@ def test_spread_writers_in_tasks_on_two_executors_of_a_standalone_cluster_end_ex
     assert all(len(seen) <= plan.writers[table] for table, seen in partitions.items())
     assert {c["host"] for c in result["committables"]} == set(WORKER_HOSTS)  # writers ran on both executors
     assert visible(sr) == sorted(rows)
+
+
+def test_writers_in_the_driver_get_only_their_wave_and_are_not_spread(spark) -> None:
+    from streaming_sink.state import MemoryStateStore
+    from streaming_sink.targets.memory import MemoryTarget
+
+    rows = [row for row in source_rows() if row[2] in ("t00", "t01", "t02")]
+    plan = BatchPlan({"t00": 2, "t01": 2, "t02": 1}, (("t00",), ("t01", "t02")), spread=True)
+    store = MemoryStateStore()
+    epoch = store.take_epoch(JOB, "test")
+    context = WriteContext(JOB, QUERY, 0, epoch=epoch, write_pass=0, flush_bytes=4096, plan=plan, wave=1)
+    results = SparkWriterRunner().run(frame(spark, rows), MemoryTarget(), Router(None, table_column="__table"),
+                                      context, store)
+    assert [r.partition for r in results] == [0]  # one writer in the driver, whatever the plan's spread
+    assert results[0].rows == sum(1 for row in rows if row[2] in ("t01", "t02"))
+    assert {c.table for c in results[0].committables} == {"t01", "t02"}
+
+
+def test_a_spread_hashes_every_column_type_and_keeps_every_row_once(spark) -> None:
+    from tests.integration.test_driver_fetch import typed_frame
+
+    df = typed_frame(spark, 3000, partitions=3)  # maps, structs, arrays, binary, decimals, dates, nulls
+    plan = plan_batch({"orders": 1500, "payments": 1500}, 3, None, spread=True)
+    spread = wave_rows(df, Router(None, table_column="__table"), plan, 0)
+    assert spread.columns == df.columns
+    assert spread.rdd.getNumPartitions() == plan.transactions(0)
+    assert sorted(map(repr, spread.collect())) == sorted(map(repr, df.collect()))
