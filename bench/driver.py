@@ -15,6 +15,8 @@ Modes (what each measures):
   eo-chdb-redis       ExactlyOnceSink -> chdb, Redis state store
   alo-null-starrocks  the sink's writers in tasks -> null server (StarRocks protocol), no journal
   eo-null-starrocks   ExactlyOnceSink, writers in tasks -> null server (StarRocks protocol), file store
+  eo-null-spread-starrocks  eo-null-starrocks with every batch planned and spread (`streaming_sink/spread.py`), forced:
+                      the cost of counting a batch's tables, the shuffle and the sort, on a topic that needs none
   alo-null-doris / eo-null-doris: the same with the Doris protocol (CSV bodies)
   eo-null-doris-arrow eo-null-doris with format "arrow": Arrow IPC bodies, column types from the null server's `_schema`
 """
@@ -40,7 +42,8 @@ SCHEMA = ("id BIGINT, `table` STRING, user_id BIGINT, name STRING, amount DOUBLE
 CH_DDL = ("CREATE TABLE IF NOT EXISTS {db}.{table} (id Int64, user_id Int64, name String, amount Float64, currency String, "
           "country String, status String, created_at String, note String) ENGINE = MergeTree ORDER BY id")
 MODES = ("noop", "toarrow", "tasks-arrow", "alo-chdb-hand", "alo-chdb-sink", "eo-chdb-file", "eo-chdb-redis",
-         "alo-null-starrocks", "eo-null-starrocks", "alo-null-doris", "eo-null-doris", "eo-null-doris-arrow")
+         "alo-null-starrocks", "eo-null-starrocks", "alo-null-doris", "eo-null-doris", "eo-null-doris-arrow",
+         "eo-null-spread-starrocks")
 
 
 def _epoch(timestamp: str) -> float:
@@ -149,8 +152,25 @@ def _batch_function(spec: dict[str, Any], reports: list[dict[str, Any]]) -> Call
         reports.append({"batch_id": batch.batch_id, "action": batch.action, "rows": batch.rows,
                         "transactions": batch.transactions, **(batch.timings or {})})
 
+    runner = _spread_every_batch() if "spread" in mode else None
     return ExactlyOnceSink(target, open_store(spec["state_url"]), job_id=f"bench-{mode}", table_column="table",
-                           checkpoint_location=spec["checkpoint"], listeners=[report])
+                           checkpoint_location=spec["checkpoint"], listeners=[report], runner=runner)
+
+
+def _spread_every_batch() -> Any:
+    """The Spark runner with every batch planned and spread, as the sink plans a batch that needs it: its rows counted
+    per table (`table_rows`, one Spark job), `plan_batch` over the batch's writers, no budget."""
+    import dataclasses
+
+    from streaming_sink.batch_plan import plan_batch
+    from streaming_sink.execution import SparkWriterRunner
+
+    class SpreadEveryBatch(SparkWriterRunner):
+        def run(self, df: Any, target: Any, router: Any, context: Any, store: Any) -> Any:
+            plan = plan_batch(self.table_rows(df, router), self.writer_count(df, target), None, spread=True)
+            return super().run(df, target, router, dataclasses.replace(context, plan=plan), store)
+
+    return SpreadEveryBatch()
 
 
 def run(spec: dict[str, Any]) -> dict[str, Any]:

@@ -20,6 +20,7 @@ LABELS = {
     "alo-null-doris": "sink's writers in tasks, at-least-once -> null server (Doris)",
     "eo-null-doris": "`ExactlyOnceSink`, writers in tasks -> null server (Doris), file store",
     "eo-null-doris-arrow": "`ExactlyOnceSink`, writers in tasks -> null server (Doris, format arrow), file store",
+    "eo-null-spread-starrocks": "`ExactlyOnceSink`, writers in tasks -> null server (StarRocks), every batch spread (forced)",
 }
 
 

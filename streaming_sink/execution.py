@@ -26,6 +26,10 @@ it learned the offsets: from the broker on the first run, from the offset log on
 replay first digests every partition and writes each under the number of the prepared partition
 with the same checksum (`_replay_identity`). The same holds in the driver for a batch prepared one
 writer per partition (by a version before the whole-batch writer), replayed that way.
+
+A batch with a plan (`WriteContext.plan`, `batch_plan.py`) that spreads or has several waves is first reduced to
+the rows of the pass's wave, spread over the plan's writers in a fixed order (`spread.py`); the writers, and a
+replay's digests, read that DataFrame. Without one, the batch's DataFrame goes to the writers as it is.
 """
 from __future__ import annotations
 
@@ -39,6 +43,7 @@ import pyarrow as pa
 from .errors import ConfigurationError, InvariantBreach, StreamingSinkError
 from .replay import PartitionIdentity, writer_partition
 from .routing import Router
+from .spread import shapes_rows, wave_rows
 from .state import StateStore
 from .targets.base import Target
 from .writer import ContentChecksum, PartitionResult, PartitionWriter, WriteContext
@@ -67,6 +72,9 @@ class SparkWriterRunner:
     def run(
         self, df: DataFrame, target: Target, router: Router, context: WriteContext, store: StateStore
     ) -> list[PartitionResult]:
+        if context.plan is not None and shapes_rows(context.plan):
+            # the writers, and a replay's digests below, all read the wave's rows, spread and ordered
+            df = wave_rows(df, router, context.plan, context.wave, spread=not target.runs_writers_in_driver)
         if target.runs_writers_in_driver:
             stream = self.driver_fetch == "stream" and _can_stream(df)
             fetch = _arrow_stream if stream else _ipc_partitions
@@ -77,7 +85,6 @@ class SparkWriterRunner:
             return _write_per_partition(fetch(df), target, router, context, store, identity)
         identity = _replay_identity(df, context, _task_digests)
         return _write_in_tasks(df, target, router, context, store, identity)
-
 
     def writer_count(self, df: DataFrame, target: Target) -> int:
         """How many writers the batch has without a plan: its partitions (in tasks), or one (in the driver)."""
