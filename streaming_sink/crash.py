@@ -16,6 +16,8 @@ POINTS = (
     "after-writers-prepared",  # every writer prepared, no PREPARED record yet: recovery must abort
     "after-prepared-record",  # PREPARED record durable, nothing committed: recovery must commit
     "after-first-commit",  # one committable committed, others not: recovery must finish
+    "between-waves",  # a wave committed, the next not yet opened: recovery writes the remaining waves
+    "after-wave-prepared",  # a later wave's committables recorded, none of them committed: recovery commits them
     "after-committed-record",  # COMMITTED record written, Spark's commit log not: re-run changes nothing
 )
 
