@@ -259,6 +259,9 @@ class Config:
     # The server's label memory by count, running transactions included (StarRocks label_keep_max_num); None: drawn.
     label_memory: int | None = None
     fault_kinds: tuple[str, ...] = FAULT_KINDS  # the kinds the planned faults are drawn from
+    # The server's running-transaction limit, which the sink takes whole as its budget per wave: a batch over it
+    # commits in waves (`waves.py`). 0: no limit; None: drawn (none in half the schedules, else 1 to 3).
+    txn_budget: int | None = None
 
 
 @dataclass
@@ -297,7 +300,9 @@ class Simulation:
         lists = random.Random(f"lists-{seed}").random() < 0.5 if config.lists_leftovers is None else config.lists_leftovers
         parallelism = (random.Random(f"parallel-{seed}").choice([1, 1, 2, 4]) if config.commit_parallelism is None
                        else config.commit_parallelism)
-        self.target = FakeTarget(_ServerProxy(self), per_flush, lists, parallelism)
+        budget = (random.Random(f"budget-{seed}").choice([0, 0, 0, 1, 2, 3]) if config.txn_budget is None
+                  else config.txn_budget)
+        self.target = FakeTarget(_ServerProxy(self), per_flush, lists, parallelism, running_limit=budget or None)
         self.raw_store = MemoryStateStore()
         self.store = _StoreProxy(self)
         self.checkpoint = checkpoint
@@ -497,6 +502,7 @@ class Simulation:
         return ExactlyOnceSink(
             self.target, self.store, JOB, table_column="__table", flush_bytes=self.flush_bytes,
             runner=SimRunner(self), checkpoint_location=self.checkpoint, heartbeat_seconds=None,
+            transaction_share=1.0, spread="never",  # the simulated tasks keep rows in their partition
         )
 
     def driver(self, actor: Actor, role: dict) -> None:
