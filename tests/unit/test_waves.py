@@ -8,8 +8,8 @@ from typing import Any
 import pyarrow as pa
 import pytest
 
-from streaming_sink.batch_plan import BatchPlan
 from streaming_sink.batch_log import BatchLog
+from streaming_sink.batch_plan import BatchPlan
 from streaming_sink.committable import BASE_FORMAT, JOURNAL_FORMAT, Committable, TxnRef
 from streaming_sink.labels import WAVE_STRIDE, partition_wave, wave_partition
 from streaming_sink.records import BatchRecord, BatchState
