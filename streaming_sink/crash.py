@@ -16,9 +16,13 @@ POINTS = (
     "after-writers-prepared",  # every writer prepared, no PREPARED record yet: recovery must abort
     "after-prepared-record",  # PREPARED record durable, nothing committed: recovery must commit
     "after-first-commit",  # one committable committed, others not: recovery must finish
+    "after-committed-record",  # COMMITTED record written, Spark's commit log not: re-run changes nothing
+)
+
+# Points only a batch committed in waves reaches (docs/design.md, "Waves"; tests/integration/test_commit_waves.py).
+WAVE_POINTS = (
     "between-waves",  # a wave committed, the next not yet opened: recovery writes the remaining waves
     "after-wave-prepared",  # a later wave's committables recorded, none of them committed: recovery commits them
-    "after-committed-record",  # COMMITTED record written, Spark's commit log not: re-run changes nothing
 )
 
 # Points inside one target's commit, declared by the target's module (`target_point`). A target does not know
@@ -38,7 +42,7 @@ def crash_point(name: str, batch_id: int) -> None:
     if not wanted:
         return
     point, _, batch = wanted.partition("@")
-    known = (*POINTS, *sorted(TARGET_POINTS))
+    known = (*POINTS, *WAVE_POINTS, *sorted(TARGET_POINTS))
     if point not in known:
         raise ValueError(f"{ENV}={wanted!r}: unknown point; known: {', '.join(known)}")
     if point == name and (not batch or int(batch) == batch_id):

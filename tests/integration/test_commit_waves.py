@@ -21,6 +21,7 @@ import pytest
 from streaming_sink import batch_log as batch_log_module
 from streaming_sink import committer as committer_module
 from streaming_sink import sink as sink_module
+from streaming_sink.crash import WAVE_POINTS
 from streaming_sink.labels import partition_wave
 from streaming_sink.records import BatchState
 from streaming_sink.sink import BatchReport, ExactlyOnceSink
@@ -120,6 +121,7 @@ def doris(tmp_path: Path) -> Iterator[DorisEmulator]:
 # Each run is killed once, and the next run starts from what the kill left: wave 1 recorded and none of it committed;
 # then killed amid wave 1's commits; then between waves (wave 1 committed, wave 2 not begun); then amid wave 2's write.
 KILLS = [("after-wave-prepared", 1), ("after-first-commit", 1), ("between-waves", 1), ("intent", 40)]
+assert set(WAVE_POINTS) < {point for point, _ in KILLS}
 
 
 def assert_exact(emu: BaseEmulator, store: MemoryStateStore) -> None:
