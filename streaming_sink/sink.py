@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import logging
-import re
 import time
 import weakref
 from collections.abc import Callable
@@ -24,7 +23,7 @@ from .batch_log import BatchLog
 from .batch_plan import BatchPlan
 from .checkpoint import planned_offsets, same_source, source_ranges
 from .checkpoint_marker import CheckpointMarker
-from .committable import Committable, TxnRef
+from .committable import Committable
 from .committer import Committer
 from .crash import crash_point
 from .errors import BatchDoesNotAddUpError, ReplayLostAgainError, ReplayMismatchError, SourceReplannedError, StopForOperator
@@ -36,7 +35,7 @@ from .replay import ReplayPlan
 from .routing import Router
 from .state import BatchRecord, FileStateStore, StateStore, StateStoreLostError
 from .targets.base import ConfigurationError, Target, TransactionLimitError
-from .waves import BatchPlanner
+from .waves import BatchPlanner, too_many_transactions
 from .writer import PartitionResult, WriteContext
 
 if TYPE_CHECKING:
@@ -353,25 +352,10 @@ class ExactlyOnceSink:
         except TransactionLimitError as refused:
             held = self.state.intents(self.job_id, query_id, batch_id)  # read before the abort forgets them
             self._abort_unprepared(query_id, batch_id)
-            raise TransactionLimitError(self._too_many_transactions(batch_id, held, refused)) from refused
+            raise TransactionLimitError(too_many_transactions(self.job_id, batch_id, held, refused)) from refused
         except BaseException:
             self._abort_unprepared(query_id, batch_id)
             raise
-
-    def _too_many_transactions(self, batch_id: int, held: list[TxnRef], refused: TransactionLimitError) -> str:
-        """What the batch needs and what the server allows, in one line: the batch cannot fit, and retrying it
-        the same way fails the same way (docs/protocol.md, StarRocks: concurrency and limits; Doris: timeouts
-        and label retention)."""
-        pairs = {(ref.table, ref.partition) for ref in held}
-        limit = re.search(r"larger than limit (\d+)", str(refused))
-        return (
-            f"job {self.job_id} batch {batch_id} needs at least {len(pairs)} transactions open at once (one per table "
-            f"per writer: {len({t for t, _ in pairs})} tables, {len({p for _, p in pairs})} writers so far), but the "
-            f"server allows {limit.group(1) if limit else 'fewer'} running transactions per database "
-            "(max_running_txn_num_per_db; a prepared transaction counts until the batch commits). Everything the "
-            f"batch held is rolled back and nothing was committed. The server said: {str(refused).splitlines()[0]} "
-            + TransactionLimitError.RUNBOOK
-        )
 
     def _write_pass(self, query_id: str, batch_id: int) -> int:
         """How many times this driver has written the batch: the next pass's number (labels differ per pass)."""

@@ -8,11 +8,14 @@ whose tables do not fit one round commits in waves, each its own two-phase round
 from __future__ import annotations
 
 import logging
+import re
+from collections.abc import Iterable
 from typing import Any, Protocol
 
 from .batch_plan import BatchPlan, ServerLimits, TransactionBudget, needs_plan, plan_batch
+from .committable import TxnRef
 from .routing import Router
-from .targets.base import ConfigurationError, Target
+from .targets.base import ConfigurationError, Target, TransactionLimitError
 
 log = logging.getLogger(__name__)
 
@@ -60,3 +63,18 @@ class BatchPlanner:
         for note in plan.notes:
             log.warning("batch plan: %s", note)
         return plan if plan.waves else None
+
+
+def too_many_transactions(job_id: str, batch_id: int, held: Iterable[TxnRef], refused: TransactionLimitError) -> str:
+    """What the batch (its unrecorded wave) needs and what the server allows, in one line: it cannot fit, and retrying
+    it the same way fails the same way (docs/protocol.md, StarRocks: concurrency and limits; Doris: timeouts and
+    label retention). `held`: the batch's intents when the server refused."""
+    pairs = {(ref.table, ref.partition) for ref in held}
+    limit = re.search(r"larger than limit (\d+)", str(refused))
+    return (
+        f"job {job_id} batch {batch_id} needs at least {len(pairs)} transactions open at once (one per table "
+        f"per writer: {len({t for t, _ in pairs})} tables, {len({p for _, p in pairs})} writers so far), but the "
+        f"server allows {limit.group(1) if limit else 'fewer'} running transactions per database "
+        "(max_running_txn_num_per_db; a prepared transaction counts until the batch commits). Everything the "
+        f"batch held beyond its record is rolled back. The server said: {str(refused).splitlines()[0]} " + TransactionLimitError.RUNBOOK
+    )
