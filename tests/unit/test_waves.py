@@ -17,6 +17,7 @@ from streaming_sink.replay import ReplayPlan
 from streaming_sink.routing import Router
 from streaming_sink.sink import ExactlyOnceSink
 from streaming_sink.state import MemoryStateStore
+from streaming_sink.status import job_status, render_status
 from streaming_sink.targets.base import ConfigurationError
 from streaming_sink.targets.doris import DorisTarget
 from streaming_sink.targets.memory import MemoryTarget
@@ -147,3 +148,14 @@ def test_the_servers_limits_are_their_release_defaults_unless_the_options_give_t
 def test_an_intent_of_a_later_wave_names_its_wave() -> None:
     ref = TxnRef("memory", "db", "c", "L", wave_partition(4, 3), "e1w0t1")
     assert partition_wave(TxnRef.from_json(ref.to_json()).partition) == 4
+
+
+def test_status_shows_how_many_waves_a_batch_has_recorded() -> None:
+    store = MemoryStateStore()
+    epoch = store.take_epoch("job", "me")
+    store.put_batch("job", epoch, BatchRecord("q", 0, BatchState.PREPARED, epoch, [committable("a", 0, "L0")],
+                                              plan=PLAN))
+    store.put_batch("job", epoch, BatchRecord("q", 1, BatchState.PREPARED, epoch, [committable("a", 0, "L1")]))
+    status = job_status(store, "job")
+    assert [b["waves"] for b in status["batches"]] == [[1, 2], None]
+    assert "          waves: 1 of 2 recorded" in render_status(status).splitlines()
