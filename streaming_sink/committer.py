@@ -293,10 +293,11 @@ class Committer:
         stop = ReplayImpossibleError(
             f"job {self.job_id}: batch {record.batch_id} of query {record.query_id} commits in "
             f"{len(record.plan.waves)} waves and waves {wave}.. ({len(tables)} table(s): {', '.join(tables[:10])}"
-            f"{', ...' if len(tables) > 10 else ''}) were never written; its recorded waves are committed, and the "
-            "streaming query will not re-run that batch: re-ingest those tables' rows of that batch's offsets, then "
-            f"record the loss with `streaming-sink settle --query-id {record.query_id} --batch {record.batch_id} "
-            "--accept-loss`. " + ReplayImpossibleError.RUNBOOK
+            f"{', ...' if len(tables) > 10 else ''}) were never written; its recorded waves are committed. Only the "
+            "batch's re-run holds the other waves' rows: if the job restarts on the same checkpoint, restarting it "
+            "writes them; if the streaming query will never re-run that batch, re-ingest those tables' rows of its "
+            f"offsets, then record the loss with `streaming-sink settle --query-id {record.query_id} --batch "
+            f"{record.batch_id} --accept-loss`. " + ReplayImpossibleError.RUNBOOK
         )
         stop.query_id, stop.batch_id = record.query_id, record.batch_id
         return stop
