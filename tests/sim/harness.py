@@ -352,7 +352,9 @@ class Simulation:
         self.first_sent_by: dict[str, str] = {}  # label -> the process whose durable `sent` first listed it
         self.answered: set[tuple[str, str]] = set()  # (process, label) that got any commit answer
         self.proofs: dict[str, list[tuple[str, int]]] = {}  # label -> (process, call number) of a first-send LOST
-        self.last_write: dict[str, int] = {}  # process -> call number of its last successful store write
+        # process -> the call count when its last successful store write was issued (before the write's yield: what
+        # it holds was decided then, so a proof that arrives while it waits is not in it)
+        self.last_write: dict[str, int] = {}
 
     # -- source ----------------------------------------------------------------------------------
 
@@ -633,7 +635,10 @@ class Simulation:
                     continue
                 args = _Args(command="settle", batch=batch_id, query_id=query_id, label=committable.label,
                              committed=fate)
-                code = cli.cmd_settle(args)
+                try:
+                    code = cli.cmd_settle(args)
+                except cli.CliError as error:  # the store was wiped under the command: it refuses, as it should
+                    code, args.said = error.code, str(error)
                 self.log(f"operator settle {committable.label} {'--committed' if fate else '--not-committed'}: exit {code}")
                 return
         self.log("operator settle: nothing to settle")
@@ -944,7 +949,7 @@ class _StoreProxy:
         sim = self._sim
         method = getattr(sim.raw_store, name)
 
-        def apply(*args: Any, **kwargs: Any) -> Any:
+        def apply(issued: int, *args: Any, **kwargs: Any) -> Any:
             result = method(*args, **kwargs)
             process = sim._process()
             actor = sim.sched.current
@@ -964,10 +969,14 @@ class _StoreProxy:
             if name in _EPOCH_CHECKED or (name == "current_epoch" and result == process.epoch):
                 sim.vouched[(id(actor), process.name)] = None  # the process was not fenced at this instant
             if name in _EPOCH_CHECKED:
-                sim.last_write[process.name] = sim.faults.calls
+                sim.last_write[process.name] = issued
             return result
 
-        return lambda *args, **kwargs: sim.call("store", name, lambda: apply(*args, **kwargs))
+        def issue(*args: Any, **kwargs: Any) -> Any:
+            issued = sim.faults.calls
+            return sim.call("store", name, lambda: apply(issued, *args, **kwargs))
+
+        return issue
 
 
 # -- the writers' runner --------------------------------------------------------------------------
