@@ -2,6 +2,7 @@
 
     (no record) --prepare--> PREPARED --mark_sent--> (commits go out) --mark_done--> (progress)
         PREPARED --open_replay--> replay open --close_replay--> PREPARED (more committables) --mark_committed--> COMMITTED
+        PREPARED (waves 0..k, committed) --open_wave--> wave k+1 open --add_wave--> PREPARED (waves 0..k+1)
 
 A transition builds the next record (`BatchRecord` is frozen) and writes it whole, fenced by the driver's epoch:
 the store holds the record the transition names or the one before it, never a half. `put_batch` is called nowhere
@@ -76,6 +77,26 @@ class BatchLog:
     def open_replay(self, write_pass: str) -> None:
         """The replay's writers (attempts of `write_pass`, a `labels.pass_prefix`), and only they, may begin."""
         self._write(replace(self._record, open_attempt=write_pass))
+
+    def open_wave(self, write_pass: str) -> None:
+        """The next wave's writers (attempts of `write_pass`), and only they, may begin: the recorded waves are
+        committed, and the batch's record stays the gate, as for a replay."""
+        self._write(replace(self._record, open_attempt=write_pass,
+                            events=[*self._record.events, f"wave {self._record.next_wave} opened"]))
+
+    def add_wave(self, wave: int, fresh: list[Committable], checksums: dict[int, str], records_in: int) -> None:
+        """Wave `wave` prepared `fresh`: the record takes them (the wave's commit point) and the gate closes."""
+        record = self._record
+        if wave != record.next_wave:
+            raise ValueError(f"batch {record.batch_id}: wave {wave} recorded, but the next is {record.next_wave}")
+        self._write(replace(
+            record,
+            committables=[*record.committables, *fresh],
+            checksums={**record.checksums, **checksums},
+            records_in=record.records_in + records_in,
+            waves_prepared=wave + 1,
+            open_attempt=None,
+        ))
 
     def close_gate(self) -> None:
         """A replay failed: no writer may begin any more (written only when a replay was open)."""

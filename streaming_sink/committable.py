@@ -13,10 +13,15 @@ from typing import Any
 
 from .errors import JournalFormatError
 
-#: The journal's format version, written as "v" in every record. A change an older reader may ignore
+#: The journal's newest format version, the highest "v" this release reads. A change an older reader may ignore
 #: (a new optional key: unknown keys are dropped) keeps it; any other change raises it, and older
 #: releases then refuse those records instead of misreading them. Records without "v" are version 1.
-JOURNAL_FORMAT = 1
+#: Version 2: a batch record committed in waves (`BatchRecord.plan`); an older release would take its first
+#: wave for the whole batch.
+JOURNAL_FORMAT = 2
+
+#: The version a record is written with when it needs nothing newer: releases before waves still read it.
+BASE_FORMAT = 1
 
 #: The protocol's fields that records of before format v1 kept in `extra`
 #: (see `Committable.typed_from_extra`).
@@ -61,7 +66,7 @@ class TxnRef:
     attempt: str
 
     def encode(self) -> dict[str, Any]:
-        return {"v": JOURNAL_FORMAT, **{k: getattr(self, k) for k in _REF_FIELDS}}
+        return {"v": BASE_FORMAT, **{k: getattr(self, k) for k in _REF_FIELDS}}
 
     @classmethod
     def decode(cls, data: Mapping[str, Any]) -> TxnRef:

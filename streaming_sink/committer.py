@@ -84,16 +84,27 @@ class Committer:
         check_target(self.target, self.job_id, refs, query_id, batch_id)
 
     def roll_forward(
-        self, batch: BatchLog, on_lost: Callable[[list[Committable]], bool], started: float | None = None
+        self, batch: BatchLog, on_lost: Callable[[list[Committable]], bool], started: float | None = None,
+        on_wave: Callable[[int], None] | None = None,
     ) -> BatchRecord | None:
         """Carry a PREPARED batch to COMMITTED (I2): commit what is pending, mark COMMITTED, abort the unchosen attempts.
 
         `on_lost` is told of parts that can no longer be committed: it replays them and answers True (the batch goes
-        on), raises, or answers False (the batch stays PREPARED; None is returned). `started`: when the commit phase
+        on), raises, or answers False (the batch stays PREPARED; None is returned). A batch committed in waves is
+        committed wave by wave: once the recorded waves are committed, `on_wave` writes the next one into the record
+        (only the batch's re-run can: without it the unwritten waves stop the job). `started`: when the commit phase
         began, kept as the record's `commit_s`."""
-        lost = self.commit_pending(batch)
-        if lost and not on_lost(lost):
-            return None
+        while True:
+            lost = self.commit_pending(batch)
+            if lost and not on_lost(lost):
+                return None
+            wave = batch.record.next_wave
+            if wave is None:
+                break
+            crash_point("between-waves", batch.record.batch_id)
+            if on_wave is None:
+                raise self._unwritten_waves(batch.record, wave)
+            on_wave(wave)
         committed = batch.mark_committed({"commit_s": time.time() - started} if started is not None else None)
         self.abort_intents(committed.query_id, committed.batch_id, keep={c.label for c in committed.committables})
         return committed
@@ -274,6 +285,22 @@ class Committer:
             raise stop
 
         self.roll_forward(self.log_of(record), cannot_replay)
+
+    def _unwritten_waves(self, record: BatchRecord, wave: int) -> ReplayImpossibleError:
+        """Waves `wave`.. of a batch were never written, and only the batch's re-run holds their rows."""
+        assert record.plan is not None
+        tables = [t for w in record.plan.waves[wave:] for t in w]
+        stop = ReplayImpossibleError(
+            f"job {self.job_id}: batch {record.batch_id} of query {record.query_id} commits in "
+            f"{len(record.plan.waves)} waves and waves {wave}.. ({len(tables)} table(s): {', '.join(tables[:10])}"
+            f"{', ...' if len(tables) > 10 else ''}) were never written; its recorded waves are committed. Only the "
+            "batch's re-run holds the other waves' rows: if the job restarts on the same checkpoint, restarting it "
+            "writes them; if the streaming query will never re-run that batch, re-ingest those tables' rows of its "
+            f"offsets, then record the loss with `streaming-sink settle --query-id {record.query_id} --batch "
+            f"{record.batch_id} --accept-loss`. " + ReplayImpossibleError.RUNBOOK
+        )
+        stop.query_id, stop.batch_id = record.query_id, record.batch_id
+        return stop
 
     def sweep(self, skip: tuple[str, int] | None = None, retain_batches: int = 100, now: float | None = None) -> None:
         """Finish or clean every batch of the job other than `skip`; drop COMMITTED records past retention.

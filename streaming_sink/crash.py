@@ -19,6 +19,12 @@ POINTS = (
     "after-committed-record",  # COMMITTED record written, Spark's commit log not: re-run changes nothing
 )
 
+# Points only a batch committed in waves reaches (docs/design.md, "Waves"; tests/integration/test_commit_waves.py).
+WAVE_POINTS = (
+    "between-waves",  # a wave committed, the next not yet opened: recovery writes the remaining waves
+    "after-wave-prepared",  # a later wave's committables recorded, none of them committed: recovery commits them
+)
+
 # Points inside one target's commit, declared by the target's module (`target_point`). A target does not know
 # the batch, so these take no @<batch>: the first commit that reaches the point kills the driver.
 TARGET_POINTS: set[str] = set()
@@ -36,7 +42,7 @@ def crash_point(name: str, batch_id: int) -> None:
     if not wanted:
         return
     point, _, batch = wanted.partition("@")
-    known = (*POINTS, *sorted(TARGET_POINTS))
+    known = (*POINTS, *WAVE_POINTS, *sorted(TARGET_POINTS))
     if point not in known:
         raise ValueError(f"{ENV}={wanted!r}: unknown point; known: {', '.join(known)}")
     if point == name and (not batch or int(batch) == batch_id):

@@ -3,7 +3,8 @@
 Checks connectivity and credentials (Kafka, state store, target), how loads reach the target (an
 https FE that redirects to plain-http BEs), that the tables exist with the columns the job writes (or
 that `run` will create them: target.create_tables), and that the server keeps prepared transactions
-and labels longer than the outage the operator plans to survive. Reads only: safe while the job runs.
+and labels longer than the outage the operator plans to survive, and how many transactions a batch may hold
+(the budget its waves keep to). Reads only: safe while the job runs.
 """
 from __future__ import annotations
 
@@ -11,14 +12,17 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from .batch_plan import DEFAULT_SHARE, TransactionBudget
 from .errors import UnknownDatabaseError
 from .frame import check_columns, resolve_tables, table_schemas
 from .job import tables_run_creates
 from .job_spec import JobSpec
 from .kafka_source import probe
+from .labels import partition_wave
+from .records import BatchRecord
 from .state import open_store
 from .targets import descriptor_for, target_from_url
-from .targets.base import ExpiryLimit
+from .targets.base import ExpiryLimit, Target
 
 
 @dataclass
@@ -44,12 +48,14 @@ def diagnose(spec: JobSpec, outage_tolerance_s: float, spark: Any) -> list[Check
     def kafka() -> str:
         return probe(spark, spec.kafka_source())
 
-    largest: list[int] = []  # transactions in the job's largest retained batch, once the store was read
+    largest: list[int] = []  # transactions in the job's largest retained wave, once the store was read
+    records: list[BatchRecord] = []
 
     def state() -> str:
         store = open_store(spec.state_url)
         owner = store.epoch_owner(spec.job_id)
-        largest.extend(_largest_batch(store, spec.job_id))
+        records.extend(_records(store, spec.job_id))
+        largest.extend(largest_wave(record) for record in records)
         return f"{store.url}: reachable; " + (f"epoch {owner['epoch']} held by {owner['owner']}" if owner else "no driver yet")
 
     known: dict[str, set[str] | None] = {}
@@ -84,13 +90,40 @@ def diagnose(spec: JobSpec, outage_tolerance_s: float, spark: Any) -> list[Check
 
     checks += [_run("kafka", kafka), _run("state store", state), _durability(spec.state_url),
                _run("target", connect), *_transport(target), _run("tables", tables)]
+    checks.append(_run("transaction budget", lambda: budget(target, records)))
     return checks + expiry_checks(target.expiry_limits(), outage_tolerance_s, max(largest, default=None))
 
 
-def _largest_batch(store: Any, job_id: str) -> list[int]:
-    """How many transactions each batch record the store keeps for the job holds (none before its first batch)."""
-    records = (store.get_batch(job_id, query_id, batch_id) for query_id, batch_id in store.batch_keys(job_id))
-    return [len(record.committables) for record in records if record is not None]
+def _records(store: Any, job_id: str) -> list[BatchRecord]:
+    """The batch records the store keeps for the job (none before its first batch)."""
+    found = (store.get_batch(job_id, query_id, batch_id) for query_id, batch_id in store.batch_keys(job_id))
+    return [record for record in found if record is not None]
+
+
+def largest_wave(record: BatchRecord) -> int:
+    """The most transactions one commit round of the batch held: its whole record, or its largest wave. A wave's
+    labels are what the server must remember while it commits."""
+    waves: dict[int, int] = {}
+    for c in record.committables:
+        waves[partition_wave(c.partition)] = waves.get(partition_wave(c.partition), 0) + 1
+    return max(waves.values(), default=0)
+
+
+def budget(target: Target, records: list[BatchRecord], share: float = DEFAULT_SHARE) -> str:
+    """The limits the sink assumes (and where they come from), the share a batch takes, the transactions a wave may
+    hold, and the largest batch the journal still shows."""
+    limits = target.server_limits()
+    per_wave = TransactionBudget(limits, share).per_wave
+    assumed = (f"the server allows {limits.running_transactions or 'unlimited'} running transactions and remembers "
+               f"{limits.label_memory or 'unlimited'} labels per database ({limits.source}); ")
+    allowed = (f"a batch holds at most {per_wave} at once (share {share:g}), more commit in waves" if per_wave
+               else "no limit: every batch commits in one round")
+    if not records:
+        return assumed + allowed + "; no batch recorded yet"
+    widest = max(records, key=lambda r: len(r.committables))
+    waves = len(widest.plan.waves) if widest.plan is not None else 1
+    return (assumed + allowed + f"; largest batch recorded: {len({c.table for c in widest.committables})} tables, "
+            f"{len(widest.committables)} transactions in {waves} wave(s) (batch {widest.batch_id})")
 
 
 def _transport(target: Any) -> list[Check]:

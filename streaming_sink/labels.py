@@ -149,3 +149,20 @@ def gate_admits(gate: str, attempt: str) -> bool:
         prefix = gate[len(_GATE_REPLAY):]
         return bool(prefix) and attempt.startswith(prefix + "t")
     return False
+
+
+#: A batch committed in waves numbers the writer partitions of wave k from k * WAVE_STRIDE, so the waves' labels and
+#: checksums never collide (a Spark batch has far fewer partitions); wave 0 keeps Spark's numbers.
+WAVE_STRIDE = 100_000
+
+
+def wave_partition(wave: int, partition: int) -> int:
+    """The writer partition `partition` (a runner's number: Spark's, or a replay's negative no-match) is in `wave`."""
+    if partition >= WAVE_STRIDE:
+        raise ValueError(f"writer partition {partition}: a batch committed in waves has fewer than {WAVE_STRIDE}")
+    return partition if partition < 0 else wave * WAVE_STRIDE + partition
+
+
+def partition_wave(partition: int) -> int:
+    """The wave a recorded writer partition belongs to (0 for a batch written in one round)."""
+    return max(0, partition) // WAVE_STRIDE

@@ -13,7 +13,8 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
-from .committable import JOURNAL_FORMAT, Committable, check_format
+from .batch_plan import BatchPlan
+from .committable import BASE_FORMAT, JOURNAL_FORMAT, Committable, check_format
 from .errors import JournalFormatError
 from .labels import GATE_OPEN, GATE_SEALED, replay_gate
 
@@ -71,6 +72,17 @@ class BatchRecord:
     stop: dict[str, Any] | None = None
     # labels an operator gave up (`settle --accept-loss`): never committed here, their rows re-ingested by other means
     discarded: list[str] = field(default_factory=list)
+    # the batch's plan when it commits in waves (None: one round, as before waves), and how many of its waves the
+    # record holds: each wave's committables and checksums are added by the wave's own round (`BatchLog.add_wave`)
+    plan: BatchPlan | None = None
+    waves_prepared: int = 1
+
+    @property
+    def next_wave(self) -> int | None:
+        """The wave still to be written after the recorded ones (None: the record holds the whole batch)."""
+        if self.plan is None or self.waves_prepared >= len(self.plan.waves):
+            return None
+        return self.waves_prepared
 
     def live_committables(self) -> list[Committable]:
         """The transactions whose rows the batch delivers: not those replayed under new labels or given up."""
@@ -79,7 +91,8 @@ class BatchRecord:
 
     def encode(self) -> dict[str, Any]:
         return {
-            "v": JOURNAL_FORMAT,
+            # a release before waves would take the first wave for the whole batch; one-round records it reads right
+            "v": JOURNAL_FORMAT if self.plan is not None and len(self.plan.waves) > 1 else BASE_FORMAT,
             "query_id": self.query_id,
             "batch_id": self.batch_id,
             "state": self.state.value,
@@ -97,6 +110,7 @@ class BatchRecord:
             "source": self.source,
             "stop": self.stop,
             "discarded": self.discarded,
+            **({} if self.plan is None else {"plan": json.loads(self.plan.to_json()), "waves_prepared": self.waves_prepared}),
         }
 
     @classmethod
@@ -128,6 +142,8 @@ class BatchRecord:
             source=data.get("source"),
             stop=dict(data["stop"]) if data.get("stop") else None,
             discarded=list(data.get("discarded", [])),
+            plan=BatchPlan.from_json(json.dumps(data["plan"])) if data.get("plan") else None,
+            waves_prepared=int(data.get("waves_prepared", 1)),
         )
 
     def to_json(self) -> str:
@@ -140,7 +156,7 @@ class BatchRecord:
 
 def owner_record(owner: str, at: float, epoch: int | None = None) -> dict[str, Any]:
     """The epoch record as a store writes it: who took the job's epoch and when (Redis adds the epoch itself)."""
-    record: dict[str, Any] = {"v": JOURNAL_FORMAT, "owner": owner, "at": at}
+    record: dict[str, Any] = {"v": BASE_FORMAT, "owner": owner, "at": at}
     if epoch is not None:
         record["epoch"] = epoch
     return record

@@ -14,6 +14,7 @@ from typing import NamedTuple, Protocol
 
 from .committable import Committable
 from .errors import ReplayMismatchError
+from .labels import WAVE_STRIDE, partition_wave
 from .records import BatchRecord
 
 
@@ -53,12 +54,19 @@ class ReplayPlan:
     committed_flushes: Mapping[FlushKey, int] = field(default_factory=dict)
     # the prepared record's writer partition -> content checksum: the re-run's partitions are matched to them
     prepared_checksums: Mapping[int, str] = field(default_factory=dict)
+    # the wave the lost parts belong to, in a batch committed in waves: the replay rewrites that wave's tables only,
+    # and its runner numbers partitions as for that wave's first pass (the writers add the wave's offset)
+    wave: int = 0
 
     @classmethod
-    def of(cls, record: BatchRecord, lost: Iterable[Committable], job_id: str) -> ReplayPlan:
-        """The plan for `lost` parts of `record`. Parts of the same (table, partition) that did commit must not be
-        loaded again: the replay skips their flushes, or this refuses when they do not say which rows they hold."""
+    def of(cls, record: BatchRecord, lost: Iterable[Committable], job_id: str, wave: int = 0) -> ReplayPlan:
+        """The plan for `lost` parts of `record` (all of wave `wave`). Parts of the same (table, partition) that did
+        commit must not be loaded again: the replay skips their flushes, or this refuses when they do not say which
+        rows they hold."""
         lost = tuple(lost)
+        strays = [c.label for c in lost if partition_wave(c.partition) != wave]
+        if strays:
+            raise ValueError(f"replay of wave {wave} of batch {record.batch_id} given parts of another wave: {strays}")
         reload = frozenset(TablePartition(c.table, c.partition) for c in lost)
         lost_labels = {c.label for c in lost}
         survivors = [c for c in record.live_committables()
@@ -72,7 +80,8 @@ class ReplayPlan:
             )
         committed = {FlushKey(c.table, c.partition, c.flush): c.flush_rows
                      for c in survivors if c.flush is not None and c.flush_rows is not None}
-        return cls(lost, reload, committed, dict(record.checksums))
+        checksums = {p: c for p, c in record.checksums.items() if record.plan is None or partition_wave(p) == wave}
+        return cls(lost, reload, committed, checksums, wave)
 
     def wants(self, table: str, partition: int) -> bool:
         """Whether the writer of `partition` sends `table`'s rows in this pass."""
@@ -84,8 +93,8 @@ class ReplayPlan:
 
     @property
     def prepared_partitions(self) -> list[int]:
-        """The writer partitions the prepared batch had."""
-        return sorted(int(partition) for partition in self.prepared_checksums)
+        """The writer partitions the prepared batch (its replayed wave) had, as its runner numbered them."""
+        return sorted(int(partition) - self.wave * WAVE_STRIDE for partition in self.prepared_checksums)
 
     def identity(self, digests: Mapping[int, str]) -> PartitionIdentity | None:
         """Match the re-run batch's partitions (Spark's numbers -> their checksums) to the prepared ones by content:
@@ -99,7 +108,7 @@ class ReplayPlan:
         for spark_partition in sorted(digests):
             candidates = unclaimed.get(digests[spark_partition])
             if candidates:
-                identity[spark_partition] = candidates.pop(0)
+                identity[spark_partition] = candidates.pop(0) - self.wave * WAVE_STRIDE  # the writer adds it back
         return identity
 
     def check(self, results: Iterable[_Prepared], job_id: str, batch_id: int) -> None:

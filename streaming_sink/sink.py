@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import logging
-import re
 import time
 import weakref
 from collections.abc import Callable
@@ -21,20 +20,22 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 from .batch_log import BatchLog
+from .batch_plan import BatchPlan
 from .checkpoint import planned_offsets, same_source, source_ranges
 from .checkpoint_marker import CheckpointMarker
-from .committable import Committable, TxnRef
+from .committable import Committable
 from .committer import Committer
 from .crash import crash_point
 from .errors import BatchDoesNotAddUpError, ReplayLostAgainError, ReplayMismatchError, SourceReplannedError, StopForOperator
 from .job_id import JOB_ID as _JOB_ID
-from .labels import pass_prefix
+from .labels import partition_wave, pass_prefix
 from .liveness import HEARTBEAT_SECONDS, Heartbeat, process_owner
 from .records import COMMITTED_AT, BatchState
 from .replay import ReplayPlan
 from .routing import Router
 from .state import BatchRecord, FileStateStore, StateStore, StateStoreLostError
 from .targets.base import ConfigurationError, Target, TransactionLimitError
+from .waves import BatchPlanner, too_many_transactions
 from .writer import PartitionResult, WriteContext
 
 if TYPE_CHECKING:
@@ -77,6 +78,7 @@ class BatchReport:
     dead_letters: int = 0  # of `rows`, those in the dead-letter table
     bytes: int = 0
     transactions: int = 0
+    waves: int = 1  # the two-phase rounds the batch was committed in (`waves.py`)
     replayed: int = 0
     timings: dict[str, float] | None = None
 
@@ -100,6 +102,9 @@ class ExactlyOnceSink:
         checkpoint_location: str | None = None,
         accept_empty_state: bool = False,
         heartbeat_seconds: float | None = HEARTBEAT_SECONDS,
+        transaction_share: float = 0.5,
+        spread: str = "auto",
+        spread_above: int = 100,
     ) -> None:
         if not _JOB_ID.match(job_id):
             raise ConfigurationError(f"job_id {job_id!r}: 1-64 characters of letters, digits, '.', '_' or '-'")
@@ -109,6 +114,8 @@ class ExactlyOnceSink:
             raise ConfigurationError(f"flush_bytes must be positive, got {flush_bytes}")
         if retain_batches < 1:
             raise ConfigurationError(f"retain_batches must be at least 1 (batch N proves the store by N-1), got {retain_batches}")
+        # a batch holds at most this share of the server's transaction limits at once, in waves if need be
+        self.planner = BatchPlanner(transaction_share, spread, spread_above)
         self.target, self.state, self.job_id = target, state, job_id
         self.table, self.table_column = table, table_column
         self.flush_bytes, self.retain_batches = flush_bytes, retain_batches
@@ -140,6 +147,7 @@ class ExactlyOnceSink:
         if self._committer is not None:
             return
         tables = self.target.routable_tables()
+        self.planner.start(self.target)
         self._router = Router(
             frozenset(tables) if tables is not None else None, self.table, self.table_column, self.struct_columns
         )
@@ -332,35 +340,22 @@ class ExactlyOnceSink:
 
     # -- steps -----------------------------------------------------------------------------------
 
-    def _write(self, df: Any, query_id: str, batch_id: int, replay: ReplayPlan | None = None) -> list[PartitionResult]:
+    def _write(self, df: Any, query_id: str, batch_id: int, replay: ReplayPlan | None = None,
+               plan: BatchPlan | None = None, wave: int = 0) -> list[PartitionResult]:
         write_pass = self._write_pass(query_id, batch_id)
         self._write_passes = ((query_id, batch_id), write_pass + 1)
-        context = WriteContext(self.job_id, query_id, batch_id, self.epoch, write_pass, self.flush_bytes, replay)
+        context = WriteContext(self.job_id, query_id, batch_id, self.epoch, write_pass, self.flush_bytes, replay,
+                               plan, wave)
         assert self._router is not None
         try:
             return self.runner.run(df, self.target, self._router, context, self.state)
         except TransactionLimitError as refused:
             held = self.state.intents(self.job_id, query_id, batch_id)  # read before the abort forgets them
             self._abort_unprepared(query_id, batch_id)
-            raise TransactionLimitError(self._too_many_transactions(batch_id, held, refused)) from refused
+            raise TransactionLimitError(too_many_transactions(self.job_id, batch_id, held, refused)) from refused
         except BaseException:
             self._abort_unprepared(query_id, batch_id)
             raise
-
-    def _too_many_transactions(self, batch_id: int, held: list[TxnRef], refused: TransactionLimitError) -> str:
-        """What the batch needs and what the server allows, in one line: the batch cannot fit, and retrying it
-        the same way fails the same way (docs/protocol.md, StarRocks: concurrency and limits; Doris: timeouts
-        and label retention)."""
-        pairs = {(ref.table, ref.partition) for ref in held}
-        limit = re.search(r"larger than limit (\d+)", str(refused))
-        return (
-            f"job {self.job_id} batch {batch_id} needs at least {len(pairs)} transactions open at once (one per table "
-            f"per writer: {len({t for t, _ in pairs})} tables, {len({p for _, p in pairs})} writers so far), but the "
-            f"server allows {limit.group(1) if limit else 'fewer'} running transactions per database "
-            "(max_running_txn_num_per_db; a prepared transaction counts until the batch commits). Everything the "
-            f"batch held is rolled back and nothing was committed. The server said: {str(refused).splitlines()[0]} "
-            + TransactionLimitError.RUNBOOK
-        )
 
     def _write_pass(self, query_id: str, batch_id: int) -> int:
         """How many times this driver has written the batch: the next pass's number (labels differ per pass)."""
@@ -378,13 +373,8 @@ class ExactlyOnceSink:
         except Exception as error:
             log.error("job %s batch %s: could not abort after a failed write (%s); the next start will", self.job_id, batch_id, error)
 
-    def _write_and_commit(self, df: Any, query_id: str, batch_id: int, planned: str | None) -> BatchReport:
-        committer = self._committer
-        assert committer is not None
-        started = time.time()
-        results = self._write(df, query_id, batch_id)
-        written = time.time()
-        crash_point("after-writers-prepared", batch_id)
+    def _added_up(self, results: list[PartitionResult], query_id: str, batch_id: int) -> list[Committable]:
+        """The pass's committables, once its rows add up: every row the writers received was prepared."""
         committables = [c for r in results for c in r.committables]
         records_in = sum(r.rows for r in results)
         # Rows the server filtered under the user's max_filter_ratio are accounted for, not lost.
@@ -395,20 +385,35 @@ class ExactlyOnceSink:
                 f"job {self.job_id} batch {batch_id}: the writers received {records_in} rows but prepared "
                 f"{accounted} (filtered included); refusing to commit a batch that does not add up"
             )
+        return committables
+
+    def _write_and_commit(self, df: Any, query_id: str, batch_id: int, planned: str | None) -> BatchReport:
+        committer = self._committer
+        assert committer is not None
+        started = time.time()
+        assert self._router is not None
+        tables = 1 if self.table is not None else len(self.known_tables or ()) or None
+        plan = self.planner.plan(self.runner, df, self.target, self._router, tables)
+        results = self._write(df, query_id, batch_id, plan=plan)
+        written = time.time()
+        crash_point("after-writers-prepared", batch_id)
+        committables = self._added_up(results, query_id, batch_id)
+        more_waves = plan is not None and len(plan.waves) > 1
         batch = BatchLog.prepare(self.state, self.job_id, self.epoch, BatchRecord(
             query_id=query_id,
             batch_id=batch_id,
-            state=BatchState.PREPARED if committables else BatchState.COMMITTED,
+            state=BatchState.PREPARED if committables or more_waves else BatchState.COMMITTED,
             epoch=self.epoch,
             committables=committables,
             checksums={r.partition: r.checksum for r in results},
             timings={"write_s": written - started},
-            records_in=records_in,
+            records_in=sum(r.rows for r in results),
             source=planned,
+            plan=plan,
         ))
         recorded = time.time()
         batch.note_timing("record_s", recorded - written)
-        if not committables:
+        if batch.record.state is BatchState.COMMITTED:
             committer.abort_intents(query_id, batch_id)
             return BatchReport(batch_id, "empty", timings=batch.record.timings)
         crash_point("after-prepared-record", batch_id)
@@ -433,25 +438,43 @@ class ExactlyOnceSink:
             self._replay(df, batch, lost)
             return True
 
-        committed = self._committer.roll_forward(batch, replay, started=started_commit)
+        committed = self._committer.roll_forward(batch, replay, started=started_commit,
+                                                 on_wave=lambda wave: self._write_wave(df, batch, wave))
         assert committed is not None, "a replay that returns replayed every lost part"
         return committed
 
+    def _write_wave(self, df: Any, batch: BatchLog, wave: int) -> None:
+        """The next wave of a batch committed in waves: its own round, under the gate the record opens for it, its
+        committables and checksums added to the record (the wave's commit point). Its rows must add up alone."""
+        record = batch.record
+        assert record.plan is not None
+        query_id, batch_id = record.query_id, record.batch_id
+        batch.open_wave(pass_prefix(self.epoch, self._write_pass(query_id, batch_id)))
+        results = self._write(df, query_id, batch_id, plan=record.plan, wave=wave)
+        batch.add_wave(wave, self._added_up(results, query_id, batch_id), {r.partition: r.checksum for r in results},
+                       sum(r.rows for r in results))
+        log.info("job %s batch %s: wave %d of %d prepared (%d transactions)", self.job_id, batch_id, wave + 1,
+                 len(record.plan.waves), sum(len(r.committables) for r in results))
+        crash_point("after-wave-prepared", batch_id)
+
     def _replay(self, df: Any, batch: BatchLog, lost: list[Committable]) -> None:
-        """Load the lost parts again from the re-run batch, under fresh labels, proved identical by checksum."""
+        """Load the lost parts again from the re-run batch, under fresh labels, proved identical by checksum: one
+        pass per wave they belong to, which rewrites that wave's tables as its first pass did."""
         committer = self._committer
         assert committer is not None
         record = batch.record
-        plan = ReplayPlan.of(record, lost, self.job_id)
-        batch.open_replay(pass_prefix(self.epoch, self._write_pass(record.query_id, record.batch_id)))
-        results = self._write(df, record.query_id, record.batch_id, replay=plan)
-        try:
-            plan.check(results, self.job_id, record.batch_id)
-        except ReplayMismatchError:
-            self._abort_unprepared(record.query_id, record.batch_id)
-            raise
-        event = batch.close_replay(lost, [c for r in results for c in r.committables])
-        log.warning("job %s batch %s: %s", self.job_id, record.batch_id, event)
+        for wave in sorted({partition_wave(c.partition) for c in lost}):
+            in_wave = [c for c in lost if partition_wave(c.partition) == wave]
+            plan = ReplayPlan.of(batch.record, in_wave, self.job_id, wave)
+            batch.open_replay(pass_prefix(self.epoch, self._write_pass(record.query_id, record.batch_id)))
+            results = self._write(df, record.query_id, record.batch_id, replay=plan, plan=record.plan, wave=wave)
+            try:
+                plan.check(results, self.job_id, record.batch_id)
+            except ReplayMismatchError:
+                self._abort_unprepared(record.query_id, record.batch_id)
+                raise
+            event = batch.close_replay(in_wave, [c for r in results for c in r.committables])
+            log.warning("job %s batch %s: %s", self.job_id, record.batch_id, event)
         still_lost = committer.commit_pending(batch)
         if still_lost:
             raise ReplayLostAgainError(
@@ -473,6 +496,7 @@ class ExactlyOnceSink:
             dead_letters=by_table.get(self.dead_letter_table, 0) if self.dead_letter_table else 0,
             bytes=sum(c.bytes for c in live),
             transactions=len(live),
+            waves=len(record.plan.waves) if record.plan is not None else 1,
             replayed=len(record.lost),
             timings={name: seconds for name, seconds in record.timings.items() if name != COMMITTED_AT},
         )

@@ -40,6 +40,7 @@ class BatchStatus:
     events: list[str] = field(default_factory=list)
     created_at: str | None = None  # ISO-8601 UTC of age_s
     committed_at: str | None = None  # ISO-8601 UTC of timings["committed_at"]
+    waves: list[int] | None = None  # a batch committed in waves: [waves recorded, waves in its plan]
 
 
 @dataclass
@@ -145,6 +146,7 @@ def job_status(
                 len(live) if record.state is BatchState.COMMITTED else len(done & {c.label for c in live}),
                 len(intents), age, record.timings, record.events,
                 iso_utc(record.created_at), iso_utc(record.timings.get(COMMITTED_AT)),
+                [record.waves_prepared, len(record.plan.waves)] if record.plan and len(record.plan.waves) > 1 else None,
             ))
         if record.state is BatchState.PREPARED:
             for c in live:
@@ -241,6 +243,8 @@ def render_status(status: dict[str, Any]) -> str:
             f"  {b['batch_id']:>7} {b['state']:<10} {b['rows']:>10} {b['bytes']:>12} {b['transactions']:>5} "
             f"{b['committed']:>5} {b['intents']:>7}  {age:<11} {phases:<22} {','.join(b['tables'])}"
         )
+        if b.get("waves"):
+            lines.append(f"          waves: {b['waves'][0]} of {b['waves'][1]} recorded")
         for event in b["events"]:
             lines.append(f"          event: {event}")
     if status["pending_transactions"]:

@@ -20,7 +20,7 @@ import pyarrow as pa
 from .batch_plan import BatchPlan
 from .committable import Committable, TxnRef
 from .errors import ReplayAlignmentError
-from .labels import Attempt, make_label
+from .labels import Attempt, make_label, wave_partition
 from .replay import ReplayPlan
 from .routing import Router
 from .state import StateStore
@@ -46,9 +46,16 @@ class WriteContext:
     def attempt(self, task_attempt: int) -> str:
         return str(Attempt(self.epoch, self.write_pass, task_attempt))
 
-
-
-
+    def writes(self, table: str) -> bool:
+        """Whether this pass writes `table`'s rows: every table without a plan; with one, the tables of its wave,
+        and in the last wave every table the plan does not name (a routing the plan's count could not see, the
+        dead-letter table's), so no row is left out of every wave."""
+        plan = self.plan
+        if plan is None:
+            return True
+        if table in plan.writers:
+            return table in plan.waves[self.wave]
+        return self.wave == len(plan.waves) - 1
 
 @dataclass
 class PartitionResult:
@@ -120,7 +127,9 @@ class PartitionWriter:
         task_attempt: int = 0,
     ) -> None:
         self._context, self._target, self._router, self._store = context, target, router, store
-        self._partition = partition
+        # a wave's writers are numbered apart from the other waves' (their labels and checksums never collide)
+        self._partition = partition if context.plan is None else wave_partition(context.wave, partition)
+        self._wave_rows = 0  # with a plan: the rows of this wave's tables, all this pass delivers
         self._attempt = context.attempt(task_attempt)
         self._checksum = ContentChecksum()
         self._buffers: dict[str, list[pa.RecordBatch]] = {}
@@ -135,8 +144,9 @@ class PartitionWriter:
         """`source`: the Spark partition the batch came from, when one writer takes several (the driver's)."""
         self._checksum.update(batch, source)
         for table, rows in self._router.split(batch):
-            if rows.num_rows == 0:
+            if rows.num_rows == 0 or not self._context.writes(table):
                 continue
+            self._wave_rows += rows.num_rows
             # A replay keeps only the tables it reloads, but counts every table's bytes as the first
             # pass did, so flushes fall on the same rows and committed ones can be recognised.
             replay = self._context.replay
@@ -178,7 +188,10 @@ class PartitionWriter:
                 flush, rows = written[index] if one_per_flush else (None, None)
                 # the target's counts of rejected rows arrive in `extra`; the journal holds them typed
                 committables.append(replace(part.committable(checksum), flush=flush, flush_rows=rows))
-        return PartitionResult(self._partition, self._attempt, self._checksum.hexdigest(), self._checksum.rows, committables)
+        # the checksum digests the whole partition (the same in every wave, so a replay matches partitions by it);
+        # the rows are those this pass delivers, so each wave adds up on its own
+        delivered = self._checksum.rows if self._context.plan is None else self._wave_rows
+        return PartitionResult(self._partition, self._attempt, checksum, delivered, committables)
 
     def abort(self) -> None:
         for table, transaction in self._transactions.items():

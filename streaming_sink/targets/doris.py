@@ -115,12 +115,15 @@ class DorisOptions(SharedOptions):
     retries: int = 3
     backoff_s: float = 0.5
     backoff_max_s: float = 8.0
+    label_num_threshold: int | None = None  # the FE's finished-label memory per database when not 2000; -1: none
 
     def _validate(self) -> None:
         if self.format not in ("csv", "json", "arrow"):
             raise ConfigurationError(f"DorisTarget: format must be 'csv', 'json' or 'arrow', got {self.format!r}")
         if self.max_filter_ratio is not None and not 0.0 <= float(self.max_filter_ratio) <= 1.0:
             raise ConfigurationError(f"DorisTarget: max_filter_ratio must be within [0, 1], got {self.max_filter_ratio}")
+        if self.label_num_threshold is not None and (self.label_num_threshold == 0 or self.label_num_threshold < -1):
+            raise ConfigurationError(f"DorisTarget: label_num_threshold must be positive or -1, got {self.label_num_threshold}")
         if self.retries < 0 or self.piece_bytes <= 0 or self.commit_parallelism < 1:
             raise ConfigurationError("DorisTarget: retries >= 0, piece_bytes > 0 and commit_parallelism >= 1 are required")
 
@@ -284,6 +287,9 @@ class DorisTarget(StreamLoadTarget):
     label_retention = LabelRetention("streaming_label_keep_max_second", 43200.0, "label_num_threshold", 2000,
                                      "newer finished txns in the database")
 
+    # Config.max_running_txn_num_per_db: 100 in 2.x, 1000 in 3.x, 10000 from 4.0 (apache/doris#51367). The target
+    # does not learn the server's release, so it assumes the least; the option names the server's own value.
+    running_limit = (100, "Doris 2.x release (3.x: 1000, 4.x: 10000)")
     options_class = DorisOptions
 
     def _started(self) -> None:

@@ -94,6 +94,7 @@ class StarRocksOptions(SharedOptions):
     read_timeout: float = 300.0
     http_retries: int = 3  # for requests that never reached the server, and idempotent ones
     busy_retries: int = 20  # TXN_IN_PROCESSING, write-lock timeouts, FE routing misses
+    label_keep_max_num: int | None = None  # the FE's label memory per database, when not its default (1000)
 
     @classmethod
     def _adjusted(cls, values: dict[str, Any]) -> dict[str, Any]:
@@ -106,7 +107,7 @@ class StarRocksOptions(SharedOptions):
         for name in ("timeout", "load_chunk_bytes", "commit_parallelism"):
             if int(getattr(self, name)) <= 0:
                 raise ConfigurationError(f"StarRocksTarget {name} must be positive, got {getattr(self, name)}")
-        for name in ("prepared_timeout", "publish_timeout"):
+        for name in ("prepared_timeout", "publish_timeout", "label_keep_max_num"):
             value = getattr(self, name)
             if value is not None and int(value) <= 0:
                 raise ConfigurationError(f"StarRocksTarget {name} must be a positive number of seconds, got {value}")
@@ -180,6 +181,7 @@ class StarRocksTarget(StreamLoadTarget):
     kind = "starrocks"
     display_name = "StarRocks"
     label_retention = LABEL_RETENTION
+    running_limit = (1000, "StarRocks 2.x-3.x release")  # Config.max_running_txn_num_per_db (docs/protocol.md)
 
     options_class = StarRocksOptions
 

@@ -5,7 +5,11 @@ import json
 import subprocess
 import sys
 
-from streaming_sink.doctor import expiry_checks, render
+from streaming_sink.batch_plan import BatchPlan
+from streaming_sink.committable import Committable
+from streaming_sink.doctor import budget, expiry_checks, largest_wave, render
+from streaming_sink.labels import wave_partition
+from streaming_sink.records import BatchRecord, BatchState
 from streaming_sink.targets.doris import DorisTarget
 from streaming_sink.targets.starrocks import StarRocksTarget
 from tests.support.jobs import write_job_toml
@@ -58,6 +62,28 @@ def test_the_label_history_the_job_can_rely_on_counts_its_largest_batch():
     assert "section 'Replay ambiguous: a committed label was forgotten'" in larger.detail
 
 
+def test_the_budget_says_the_limits_assumed_their_source_the_share_and_the_largest_batch():
+    """StarRocks 3.x defaults (1000 running, 1000 labels): waves of 500; a Doris FE configured otherwise says so.
+    The largest batch is read from the journal: its tables, transactions and waves."""
+    assert budget(StarRocksTarget(), []) == (
+        "the server allows 1000 running transactions and remembers 1000 labels per database (StarRocks: "
+        "max_running_txn_num_per_db 1000 (StarRocks 2.x-3.x release default); label_keep_max_num 1000 (release "
+        "default)); a batch holds at most 500 at once (share 0.5), more commit in waves; no batch recorded yet")
+    doris = budget(DorisTarget(max_running_txn_num_per_db=1000, label_num_threshold=-1), [])
+    assert "allows 1000 running transactions and remembers unlimited labels" in doris, doris
+    assert "max_running_txn_num_per_db 1000 (configured); label_num_threshold unlimited (configured)" in doris
+    assert "at most 500 at once" in doris
+    tables = [f"t{n}" for n in range(300)]
+    plan = BatchPlan({t: 4 for t in tables}, (tuple(tables[:125]), tuple(tables[125:250]), tuple(tables[250:])),
+                     budget=500)
+    committables = [Committable("starrocks", "db", t, f"L{t}{w}", wave_partition(plan.wave_of(t), w), "e1w0t1")
+                    for t in tables for w in range(4)]
+    record = BatchRecord("q", 7, BatchState.COMMITTED, 1, committables, plan=plan, waves_prepared=3)
+    assert budget(StarRocksTarget(), [record]).endswith(
+        "largest batch recorded: 300 tables, 1200 transactions in 3 wave(s) (batch 7)")
+    assert largest_wave(record) == 500  # what the label memory must hold while a wave commits, not the 1200
+
+
 def test_doctor_verdicts(tmp_path, kafka_broker, new_topic):
     topic = new_topic(partitions=1)
     with open_target(tmp_path / "ch", DB) as target:
@@ -69,7 +95,7 @@ def test_doctor_verdicts(tmp_path, kafka_broker, new_topic):
     assert code == 0, checks
     assert {name: c["verdict"] for name, c in checks.items()} == {
         "kafka": "OK", "state store": "OK", "state store durability": "OK", "target": "OK", "tables": "OK",
-        "timeout commit ledger": "OK", "timeout prepared staging tables": "OK",
+        "transaction budget": "OK", "timeout commit ledger": "OK", "timeout prepared staging tables": "OK",
     }
 
     code, checks = doctor(write_config(tmp_path, kafka_broker.bootstrap, "no-such-topic"), "60 days")

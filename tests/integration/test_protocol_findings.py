@@ -54,6 +54,17 @@ class InMemoryRunner:
     def __init__(self) -> None:
         self.next_attempt = 0
 
+    def writer_count(self, data: Any, target: Any) -> int:
+        return len(data)
+
+    def table_rows(self, data: Any, router: Router) -> dict[str, int]:
+        rows: dict[str, int] = {}
+        for batches in data:
+            for batch in batches:
+                for table, part in router.split(batch):
+                    rows[table] = rows.get(table, 0) + part.num_rows
+        return rows
+
     def run(self, data: Any, target: Any, router: Router, context: WriteContext, store: Any) -> list[PartitionResult]:
         results = []
         for partition, batches in enumerate(data):

@@ -12,6 +12,7 @@ import pytest
 
 from streaming_sink.actions import abort_batch, apply_recovery, plan_recovery, settle_label
 from streaming_sink.batch_log import BatchLog
+from streaming_sink.batch_plan import ServerLimits
 from streaming_sink.committable import Committable, TxnRef
 from streaming_sink.committer import Committer, _ProgressMarks
 from streaming_sink.errors import OperatorActionRefused, ReplayImpossibleError, TargetMismatchError
@@ -187,6 +188,9 @@ class RecordingTarget:
 
     def routable_tables(self) -> None:
         return None
+
+    def server_limits(self) -> ServerLimits:
+        return ServerLimits()
 
     def leftover_transactions(self, label_prefix: str) -> None:
         return None

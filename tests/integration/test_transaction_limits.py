@@ -1,9 +1,11 @@
-"""Running-transaction limits (issue 23): a batch that cannot fit fails at once, says why, and holds nothing.
+"""Running-transaction limits (issues 23 and 26): a batch of many tables commits in waves that fit the server; what
+still cannot fit (one table alone wider than the server allows) fails at once, says why, and holds nothing.
 
 A prepared StarRocks or pre-committed Doris transaction counts as running until the driver commits
 the batch (max_running_txn_num_per_db: StarRocks 1000, Doris 100 in 2.0/2.1: docs/protocol.md). A
-batch holds one per table per writer, so many tables times many writers may not fit. No Spark: the
-real `ExactlyOnceSink` and `PartitionWriter`s over in-memory Arrow batches, the emulators over HTTP.
+batch holds one per table per writer, so many tables times many writers may not fit one round. No Spark: the
+real `ExactlyOnceSink` and `PartitionWriter`s over in-memory Arrow batches (unspread: this runner keeps rows in
+their partition, so the sink is told `spread="never"`), the emulators over HTTP.
 """
 from __future__ import annotations
 
@@ -14,6 +16,7 @@ from typing import Any
 import pyarrow as pa
 import pytest
 
+from streaming_sink.labels import partition_wave
 from streaming_sink.sink import ExactlyOnceSink
 from streaming_sink.state import MemoryStateStore
 from streaming_sink.targets.base import Target, TransactionLimitError
@@ -56,39 +59,67 @@ def starrocks(tmp_path: Path) -> Iterator[StarRocksEmulator]:
         yield with_tables(emu)  # type: ignore[misc]
 
 
-def refused_then_fits(emu: BaseEmulator, target: Target, too_many: int, fits: int, needs: int, allows: int,
-                      monkeypatch: pytest.MonkeyPatch) -> None:
+def wave_sizes(store: MemoryStateStore) -> list[int]:
+    """The transactions each wave of batch 0 held open, from its record (writer partitions number the waves)."""
+    record = store.get_batch(JOB, QUERY, 0)
+    assert record is not None
+    sizes: dict[int, int] = {}
+    for c in record.committables:
+        sizes[partition_wave(c.partition)] = sizes.get(partition_wave(c.partition), 0) + 1
+    return [sizes[w] for w in sorted(sizes)]
+
+
+def fits_in_waves(emu: BaseEmulator, target: Target, writers: int, waves: int,
+                  monkeypatch: pytest.MonkeyPatch) -> list[int]:
     pauses: list[object] = []
     monkeypatch.setattr("streaming_sink.retry.sleep", pauses.append)
     store = MemoryStateStore()
-    sink = ExactlyOnceSink(target, store, JOB, table_column="__table", runner=InMemoryRunner())
+    sink = ExactlyOnceSink(target, store, JOB, table_column="__table", runner=InMemoryRunner(), spread="never")
+    report = sink.process(batch(writers), 0, QUERY)
+    assert (report.action, report.waves, report.transactions) == ("written", waves, len(TABLES) * writers)
+    assert pauses == [], "a begin was refused and retried"
+    for n, table in enumerate(TABLES):
+        assert sorted(emu.visible_rows(DB, table)) == expected(n, writers)
+    assert {t["state"] for t in emu.transactions(DB)} == {"VISIBLE"}
+    assert store.intents(JOB, QUERY, 0) == []
+    return wave_sizes(store)
+
+
+def test_a_doris_batch_past_100_running_transactions_commits_in_waves(
+        doris: DorisEmulator, monkeypatch: pytest.MonkeyPatch) -> None:
+    """10 tables x 16 writers on Doris 2.1 (100 running transactions at most): 160 transactions, in waves of at most
+    half the limit (transaction_share 0.5): 3 tables (48 transactions) a wave."""
+    target = DorisTarget(doris.fe_url, DB, "root", "", backoff_s=0.0)
+    assert fits_in_waves(doris, target, writers=16, waves=4, monkeypatch=monkeypatch) == [48, 48, 48, 16]
+
+
+def test_a_starrocks_batch_past_its_running_limit_commits_in_waves(
+        starrocks: StarRocksEmulator, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The server's own limit (25) given as the target option of its name: waves of 12 transactions."""
+    target = StarRocksTarget(starrocks.fe_url, DB, "root", "", backoff_s=0.0, backoff_max_s=0.0, read_timeout=5.0,
+                             max_running_txn_num_per_db=25)
+    assert fits_in_waves(starrocks, target, writers=3, waves=3, monkeypatch=monkeypatch) == [12, 12, 6]
+
+
+def test_one_table_wider_than_the_server_allows_fails_fast_and_releases_everything(
+        starrocks: StarRocksEmulator, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Waves cannot split a table: one table over 30 writers, unspread, on a server that allows 25."""
+    pauses: list[object] = []
+    monkeypatch.setattr("streaming_sink.retry.sleep", pauses.append)
+    target = StarRocksTarget(starrocks.fe_url, DB, "root", "", backoff_s=0.0, backoff_max_s=0.0, read_timeout=5.0,
+                             max_running_txn_num_per_db=25)
+    store = MemoryStateStore()
+    sink = ExactlyOnceSink(target, store, JOB, table_column="__table", runner=InMemoryRunner(), spread="never",
+                           transaction_share=1.0)
+    one_table = [[pa.record_batch({"__table": ["t0"], "id": [w], "name": [f"w{w}"]})] for w in range(30)]
     with pytest.raises(TransactionLimitError) as refused:
-        sink.process(batch(too_many), 0, QUERY)
+        sink.process(one_table, 0, QUERY)
     message = str(refused.value)
     assert "\n" not in message, message
-    assert f"needs at least {needs} transactions open at once" in message, message
-    assert f"allows {allows} running transactions per database" in message, message
+    assert "needs at least 26 transactions open at once" in message, message
+    assert "allows 25 running transactions per database" in message, message
     assert "section 'Too many open transactions for the server'" in message
     assert pauses == [], "the refusal was retried"
-    states = {t["state"] for t in emu.transactions(DB)}
-    assert states == {"ABORTED"}, states  # everything the batch held is released
-    assert all(emu.visible_rows(DB, table) == [] for table in TABLES)
+    assert {t["state"] for t in starrocks.transactions(DB)} == {"ABORTED"}  # everything the batch held is released
+    assert starrocks.visible_rows(DB, "t0") == []
     assert store.intents(JOB, QUERY, 0) == []
-
-    assert sink.process(batch(fits), 0, QUERY).action == "written"  # the same batch, with fewer writers
-    for n, table in enumerate(TABLES):
-        assert sorted(emu.visible_rows(DB, table)) == expected(n, fits)
-
-
-def test_a_doris_batch_past_100_running_transactions_fails_fast_and_releases_them(
-        doris: DorisEmulator, monkeypatch: pytest.MonkeyPatch) -> None:
-    """10 tables x 16 writers on Doris 2.1 (100 running transactions at most): before, each refused load was
-    retried with backoff, then the writer failed while the writers before it kept their slots."""
-    target = DorisTarget(doris.fe_url, DB, "root", "", backoff_s=0.0)
-    refused_then_fits(doris, target, too_many=16, fits=8, needs=101, allows=100, monkeypatch=monkeypatch)
-
-
-def test_a_starrocks_batch_past_its_running_limit_fails_fast_and_releases_them(
-        starrocks: StarRocksEmulator, monkeypatch: pytest.MonkeyPatch) -> None:
-    target = StarRocksTarget(starrocks.fe_url, DB, "root", "", backoff_s=0.0, backoff_max_s=0.0, read_timeout=5.0)
-    refused_then_fits(starrocks, target, too_many=3, fits=2, needs=26, allows=25, monkeypatch=monkeypatch)

@@ -6,6 +6,7 @@ DESIGN.md states as an invariant.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from collections.abc import Iterator
 from typing import Any
 
@@ -154,3 +155,30 @@ def abort_without_rereading_the_record() -> Iterator[None]:
 
     with _patched(cli, "abort_batch", abort_every_intent), _patched(actions_module, "abort_batch", abort_every_intent):
         yield
+
+
+def later_wave_committed_before_its_record() -> contextlib.AbstractContextManager:
+    """I1 broken for waves: a later wave's transactions are committed as soon as its writers prepared them, before
+    the record holds them (the first wave keeps its PREPARED record first)."""
+    write = ExactlyOnceSink._write
+
+    def eager_later_waves(self, df, query_id, batch_id, *args, **kwargs):
+        results = write(self, df, query_id, batch_id, *args, **kwargs)
+        if kwargs.get("wave", 0) > 0 and kwargs.get("replay") is None:
+            for result in results:
+                for committable in result.committables:
+                    self.target.commit(committable)
+        return results
+
+    return _patched(ExactlyOnceSink, "_write", eager_later_waves)
+
+
+def waves_forgotten_at_recovery() -> contextlib.AbstractContextManager:
+    """A PREPARED batch's unwritten waves are forgotten by a restart: it commits the recorded waves and marks the
+    batch COMMITTED, as a release before waves would read the record (rows lost)."""
+    recover_prepared = ExactlyOnceSink._recover_prepared
+
+    def forgetting(self, df, record):
+        return recover_prepared(self, df, dataclasses.replace(record, plan=None))
+
+    return _patched(ExactlyOnceSink, "_recover_prepared", forgetting)

@@ -22,6 +22,7 @@ from enum import Enum
 
 import pyarrow as pa
 
+from streaming_sink.batch_plan import ServerLimits
 from streaming_sink.committable import Committable, TxnRef
 from streaming_sink.targets.base import (
     CommitOutcome,
@@ -223,8 +224,10 @@ class FakeTarget(Target):
     kind = "sim"
     database = "db"
 
-    def __init__(self, server: FakeOlapServer, per_flush: bool, lists_leftovers: bool = True, commit_parallelism: int = 1) -> None:
+    def __init__(self, server: FakeOlapServer, per_flush: bool, lists_leftovers: bool = True, commit_parallelism: int = 1,
+                 running_limit: int | None = None) -> None:
         self.server = server  # the simulation swaps in a fault-injecting proxy
+        self.running_limit = running_limit  # what the sink is told the server allows (the fake enforces no limit)
         self.per_flush = per_flush
         self.lists_leftovers = lists_leftovers  # can the server list open transactions (like ClickHouse)?
         self._parallelism = commit_parallelism
@@ -238,6 +241,9 @@ class FakeTarget(Target):
 
     def routable_tables(self) -> set[str] | None:
         return None  # like StarRocks: a wrong table fails at the server's begin
+
+    def server_limits(self) -> ServerLimits:
+        return ServerLimits(self.running_limit, None, "simulation")
 
     def begin(self, table: str, new_ref: NewRef, record_intent: RecordIntent) -> TableTransaction:
         if self.per_flush:

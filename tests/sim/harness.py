@@ -259,6 +259,9 @@ class Config:
     # The server's label memory by count, running transactions included (StarRocks label_keep_max_num); None: drawn.
     label_memory: int | None = None
     fault_kinds: tuple[str, ...] = FAULT_KINDS  # the kinds the planned faults are drawn from
+    # The server's running-transaction limit, which the sink takes whole as its budget per wave: a batch over it
+    # commits in waves (`waves.py`). 0: no limit; None: drawn (none in half the schedules, else 1 to 3).
+    txn_budget: int | None = None
 
 
 @dataclass
@@ -297,7 +300,9 @@ class Simulation:
         lists = random.Random(f"lists-{seed}").random() < 0.5 if config.lists_leftovers is None else config.lists_leftovers
         parallelism = (random.Random(f"parallel-{seed}").choice([1, 1, 2, 4]) if config.commit_parallelism is None
                        else config.commit_parallelism)
-        self.target = FakeTarget(_ServerProxy(self), per_flush, lists, parallelism)
+        budget = (random.Random(f"budget-{seed}").choice([0, 0, 0, 1, 2, 3]) if config.txn_budget is None
+                  else config.txn_budget)
+        self.target = FakeTarget(_ServerProxy(self), per_flush, lists, parallelism, running_limit=budget or None)
         self.raw_store = MemoryStateStore()
         self.store = _StoreProxy(self)
         self.checkpoint = checkpoint
@@ -347,7 +352,9 @@ class Simulation:
         self.first_sent_by: dict[str, str] = {}  # label -> the process whose durable `sent` first listed it
         self.answered: set[tuple[str, str]] = set()  # (process, label) that got any commit answer
         self.proofs: dict[str, list[tuple[str, int]]] = {}  # label -> (process, call number) of a first-send LOST
-        self.last_write: dict[str, int] = {}  # process -> call number of its last successful store write
+        # process -> the call count when its last successful store write was issued (before the write's yield: what
+        # it holds was decided then, so a proof that arrives while it waits is not in it)
+        self.last_write: dict[str, int] = {}
 
     # -- source ----------------------------------------------------------------------------------
 
@@ -497,6 +504,7 @@ class Simulation:
         return ExactlyOnceSink(
             self.target, self.store, JOB, table_column="__table", flush_bytes=self.flush_bytes,
             runner=SimRunner(self), checkpoint_location=self.checkpoint, heartbeat_seconds=None,
+            transaction_share=1.0, spread="never",  # the simulated tasks keep rows in their partition
         )
 
     def driver(self, actor: Actor, role: dict) -> None:
@@ -627,7 +635,10 @@ class Simulation:
                     continue
                 args = _Args(command="settle", batch=batch_id, query_id=query_id, label=committable.label,
                              committed=fate)
-                code = cli.cmd_settle(args)
+                try:
+                    code = cli.cmd_settle(args)
+                except cli.CliError as error:  # the store was wiped under the command: it refuses, as it should
+                    code, args.said = error.code, str(error)
                 self.log(f"operator settle {committable.label} {'--committed' if fate else '--not-committed'}: exit {code}")
                 return
         self.log("operator settle: nothing to settle")
@@ -938,7 +949,7 @@ class _StoreProxy:
         sim = self._sim
         method = getattr(sim.raw_store, name)
 
-        def apply(*args: Any, **kwargs: Any) -> Any:
+        def apply(issued: int, *args: Any, **kwargs: Any) -> Any:
             result = method(*args, **kwargs)
             process = sim._process()
             actor = sim.sched.current
@@ -958,10 +969,14 @@ class _StoreProxy:
             if name in _EPOCH_CHECKED or (name == "current_epoch" and result == process.epoch):
                 sim.vouched[(id(actor), process.name)] = None  # the process was not fenced at this instant
             if name in _EPOCH_CHECKED:
-                sim.last_write[process.name] = sim.faults.calls
+                sim.last_write[process.name] = issued
             return result
 
-        return lambda *args, **kwargs: sim.call("store", name, lambda: apply(*args, **kwargs))
+        def issue(*args: Any, **kwargs: Any) -> Any:
+            issued = sim.faults.calls
+            return sim.call("store", name, lambda: apply(issued, *args, **kwargs))
+
+        return issue
 
 
 # -- the writers' runner --------------------------------------------------------------------------

@@ -37,6 +37,9 @@ RACED_ABORTS = Config(operators=3, operator_actions=("abort",))
 # A commit answer lost after it landed, the label forgotten at once: a label memory (running transactions
 # counted, as StarRocks does) smaller than a batch, and lost answers as the only faults.
 LABEL_MEMORY = Config(label_memory=2, fault_kinds=("timeout-after",), faults=4)
+# Batches in waves: a server that allows one transaction at a time, so every batch of more than one writer's table
+# commits in several waves.
+WAVES = Config(txn_budget=1)
 
 
 @pytest.mark.parametrize("variant, expected, config", [
@@ -49,6 +52,8 @@ LABEL_MEMORY = Config(label_memory=2, fault_kinds=("timeout-after",), faults=4)
     (broken.no_recheck_after_begin, "I3", UNLISTED),
     (broken.commit_without_epoch_check, "I5", RACED_COMMITS),
     (broken.abort_without_rereading_the_record, "I2", RACED_ABORTS),
+    (broken.later_wave_committed_before_its_record, "I1", WAVES),
+    (broken.waves_forgotten_at_recovery, "missing", WAVES),
 ], ids=lambda v: getattr(v, "__name__", None) if callable(v) else None)
 def test_broken_protocol_is_caught(variant: Callable, expected: str, config: Config | None) -> None:
     with variant():

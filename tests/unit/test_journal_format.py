@@ -14,7 +14,7 @@ from typing import Any
 import pyarrow as pa
 import pytest
 
-from streaming_sink.committable import JOURNAL_FORMAT, Committable, JournalFormatError, TxnRef
+from streaming_sink.committable import BASE_FORMAT, JOURNAL_FORMAT, Committable, JournalFormatError, TxnRef
 from streaming_sink.committer import Committer
 from streaming_sink.records import BatchState, decode_owner
 from streaming_sink.routing import Router
@@ -28,7 +28,7 @@ BATCH_RECORDS = sorted(p.name for p in FIXTURES.glob("*_prepared.json"))
 BATCH_RECORDS += sorted(p.name for p in FIXTURES.glob("*_committed*.json"))
 INTENTS = sorted(p.name for p in FIXTURES.glob("*_intent.json"))
 PROTOCOL_KEYS = ("flush", "flush_rows", "filtered_rows", "unselected_rows")  # in `extra` before format v1
-NEWER = "format version 2 was written by a newer streaming-sink.*upgrade"
+NEWER = f"format version {JOURNAL_FORMAT + 1} was written by a newer streaming-sink.*upgrade"
 
 
 def fixture(name: str) -> str:
@@ -132,7 +132,7 @@ def test_recover_rolls_forward_a_prepared_record_of_before_v1_from_a_file_store(
     assert target.calls == [("commit", c["label"]) for c in raw["committables"]]
     committed = store.get_batch("doris-job", raw["query_id"], 0)
     assert committed.state is BatchState.COMMITTED and committed.committables[0].filtered_rows == 1
-    assert json.loads(path.read_text())["v"] == JOURNAL_FORMAT  # rewritten in the current format
+    assert json.loads(path.read_text())["v"] == BASE_FORMAT  # rewritten in the oldest format that holds it
 
 
 # -- format v1 -------------------------------------------------------------------------------------
@@ -146,7 +146,7 @@ def committable(**fields: Any) -> Committable:
 def test_v1_writes_the_version_and_the_protocol_fields_as_attributes() -> None:
     c = committable(flush=2, flush_rows=12, filtered_rows=1, unselected_rows=1, extra={"load_bytes": 99})
     data = json.loads(c.to_json())
-    assert data["v"] == 1 == JOURNAL_FORMAT
+    assert data["v"] == 1 == BASE_FORMAT
     assert (data["flush"], data["flush_rows"], data["filtered_rows"], data["unselected_rows"]) == (2, 12, 1, 1)
     assert data["extra"] == {"load_bytes": 99}
     assert json.loads(TxnRef("sim", "db", "t", "L", 0, "a").to_json())["v"] == 1
@@ -189,13 +189,13 @@ def test_v1_ignores_keys_it_does_not_know() -> None:
 def test_a_record_of_a_newer_format_is_refused(tmp_path: Path) -> None:
     data = json.loads(BatchRecord("q", 1, BatchState.PREPARED, 1, [committable()]).to_json())
     with pytest.raises(JournalFormatError, match=f"^batch record of {NEWER} before running recover/status"):
-        BatchRecord.from_json(json.dumps({**data, "v": 2}))
+        BatchRecord.from_json(json.dumps({**data, "v": JOURNAL_FORMAT + 1}))
     with pytest.raises(JournalFormatError, match=f"^committable of {NEWER}"):
-        BatchRecord.from_json(json.dumps({**data, "committables": [{**data["committables"][0], "v": 2}]}))
+        BatchRecord.from_json(json.dumps({**data, "committables": [{**data["committables"][0], "v": JOURNAL_FORMAT + 1}]}))
     with pytest.raises(JournalFormatError, match=f"^intent record of {NEWER}"):
-        TxnRef.from_json(json.dumps({**json.loads(committable().ref().to_json()), "v": 2}))
+        TxnRef.from_json(json.dumps({**json.loads(committable().ref().to_json()), "v": JOURNAL_FORMAT + 1}))
     with pytest.raises(JournalFormatError, match=f"^epoch record of {NEWER}"):
-        decode_owner({"v": 2, "epoch": 3, "owner": "x", "at": 0.0})
+        decode_owner({"v": JOURNAL_FORMAT + 1, "epoch": 3, "owner": "x", "at": 0.0})
     with pytest.raises(JournalFormatError, match="format version 0"):
         BatchRecord.from_json(json.dumps({**data, "v": 0}))
     assert not issubclass(RuntimeError, JournalFormatError) and JournalFormatError is not RuntimeError
@@ -206,11 +206,11 @@ def test_a_store_refuses_a_newer_record_instead_of_acting_on_it(tmp_path: Path) 
     epoch = store.take_epoch("job", "me")
     store.put_batch("job", epoch, BatchRecord("q", 1, BatchState.PREPARED, epoch, [committable()]))
     path = tmp_path / "job" / "batches" / "q" / "1.record.json"
-    path.write_text(json.dumps({**json.loads(path.read_text()), "v": 2}))
+    path.write_text(json.dumps({**json.loads(path.read_text()), "v": JOURNAL_FORMAT + 1}))
     with pytest.raises(JournalFormatError, match=NEWER):
         store.get_batch("job", "q", 1)
     epoch_file = tmp_path / "job" / "epoch.json"
-    epoch_file.write_text(json.dumps({**json.loads(epoch_file.read_text()), "v": 2}))
+    epoch_file.write_text(json.dumps({**json.loads(epoch_file.read_text()), "v": JOURNAL_FORMAT + 1}))
     with pytest.raises(JournalFormatError, match=f"epoch record of {NEWER}"):
         store.current_epoch("job")
 

@@ -12,6 +12,7 @@ from typing import Any, ClassVar, Self
 
 import pyarrow as pa
 
+from ...batch_plan import ServerLimits
 from ...errors import ConfigurationError
 from ..base import CommitOutcome, ExpiryKind, ExpiryLimit, Target, own_names
 from ..encoding import EncodingError, check_header_names
@@ -74,6 +75,8 @@ class SharedOptions:
     # https: consent to the FE's redirect to a plain-http BE, which then gets credentials and data unencrypted;
     # StarRocks FEs redirect only that way (docs/protocol.md, Common: redirects)
     allow_plain_http_redirect: bool = False
+    # the FE's running-transaction limit per database, when it is not the release default (`server_limits`)
+    max_running_txn_num_per_db: int | None = None
 
     @classmethod
     def parse(cls, options: Mapping[str, Any]) -> Self:
@@ -98,6 +101,9 @@ class SharedOptions:
                     f"{target}: {key} {clash} are set by the target itself; use its options ({cls.managed_by}) instead")
             values[key] = tuple(sorted(headers.items()))
         parsed = cls(**cls._adjusted(values))
+        running = parsed.max_running_txn_num_per_db
+        if running is not None and (isinstance(running, bool) or not isinstance(running, int) or running < 1):
+            raise ConfigurationError(f"{target}: max_running_txn_num_per_db must be a positive integer, got {running!r}")
         parsed._validate()
         return parsed
 
@@ -120,6 +126,8 @@ class StreamLoadTarget(Target):
     display_name: ClassVar[str]
     options_class: Any  # a SharedOptions dataclass
     label_retention: ClassVar[LabelRetention]  # the FE's defaults
+    # the FE's default max_running_txn_num_per_db, and the releases it is the default of
+    running_limit: ClassVar[tuple[int, str]]
 
     def __init__(
         self, fe_url: str = "http://127.0.0.1:8030", database: str = "db", user: str | None = "root", password: str = "",
@@ -173,6 +181,23 @@ class StreamLoadTarget(Target):
         routing). SHOW PROC, SHOW TRANSACTION and information_schema.loads need the MySQL protocol.
         """
         return None
+
+    def server_limits(self) -> ServerLimits:
+        """The FE's running-transaction limit and label memory per database: the options' values (the FE's own
+        setting names) where given, else the release defaults. Neither FE shows its configuration to the sink's
+        user: ADMIN SHOW FRONTEND CONFIG needs the MySQL protocol and an admin (Doris) or OPERATE (StarRocks)
+        privilege, and the HTTP APIs documented for either only set it (StarRocks `/api/_set_config`)."""
+        kept = self.label_retention
+        default_running, releases = self.running_limit
+        given_running = self.options.max_running_txn_num_per_db
+        given_labels = getattr(self.options, kept.count_setting)
+        labels = kept.count if given_labels is None else given_labels
+        said = [f"max_running_txn_num_per_db {given_running} (configured)" if given_running is not None
+                else f"max_running_txn_num_per_db {default_running} ({releases} default)",
+                f"{kept.count_setting} {'unlimited' if labels < 0 else labels} "
+                f"({'configured' if given_labels is not None else 'release default'})"]
+        return ServerLimits(given_running if given_running is not None else default_running,
+                            None if labels < 0 else labels, f"{self.display_name}: " + "; ".join(said))
 
     def outage_limits(self, prepared: str, prepared_s: float, raise_prepared: str, raise_labels: str) -> list[ExpiryLimit]:
         """The two limits both products put on an outage (docs/protocol.md, StarRocks: label retention; Doris:
