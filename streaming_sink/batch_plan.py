@@ -69,6 +69,14 @@ class BatchPlan:
     budget: int | None = None  # the per-wave budget the plan was made for (None: unbounded)
     notes: tuple[str, ...] = field(default=())  # what could not fit, for logs and `doctor`
 
+    def in_wave(self, table: str, wave: int) -> bool:
+        """Whether `wave` writes `table`'s rows: a planned table in its wave; every table the plan does not name (a
+        routing the plan's count could not see) in the last wave, so no row is left out of every wave. The writers
+        (`WriteContext.writes`) and the Spark runner's filter (`spread.py`) both follow this rule."""
+        if table in self.writers:
+            return table in self.waves[wave]
+        return wave == len(self.waves) - 1
+
     def wave_of(self, table: str) -> int:
         for index, tables in enumerate(self.waves):
             if table in tables:

@@ -16,8 +16,8 @@ Slots become partitions one to one: Spark places a row by `pmod(murmur3(key), pa
 the same function as SQL `hash`), so each slot is given the smallest key that Spark places in the partition of the
 slot's number (`partition_keys`), and no two slots share a partition.
 
-Rows no wave names (a null or unknown table) stay in wave 0, so the router refuses them (`UnknownTableError`)
-before any wave commits, as it does without a plan: a wave's filter never drops rows silently.
+Rows of a table the plan does not name (or of no table: null) belong to the last wave (`BatchPlan.in_wave`, the
+writers' rule too), where the writers load them or the router refuses them: a wave's filter never drops rows.
 """
 from __future__ import annotations
 
@@ -67,9 +67,8 @@ def _in_wave(column: str, plan: BatchPlan, wave: int) -> Column:
 
     table = F.col(column)
     keep = table.isin(list(plan.waves[wave]))
-    if wave == 0:  # rows of no wave: the router refuses them in the first wave, before anything commits
-        named = [name for names in plan.waves for name in names]
-        keep = keep | table.isNull() | ~table.isin(named)
+    if wave == len(plan.waves) - 1:  # rows of no planned table, null ones too (`isin` is null for them)
+        keep = keep | table.isNull() | ~table.isin(list(plan.writers))
     return keep
 
 
@@ -93,7 +92,7 @@ def _spread(df: DataFrame, router: Router, plan: BatchPlan, tables: tuple[str, .
     keys = partition_keys(slots)
     hash_a = F.xxhash64(*content)
     hash_b = F.xxhash64(F.lit("streaming-sink"), *content)  # another seed: independent of hash_a
-    # rows of no table of the wave (refused by the router in wave 0) go to slot 0
+    # rows of no planned table (the last wave's, `BatchPlan.in_wave`) go to slot 0
     slot = F.coalesce(base + F.pmod(hash_a, F.coalesce(width, F.lit(1))), F.lit(0)).cast("int")
     key = F.element_at(F.array(*[F.lit(k) for k in keys]), slot + 1).cast("int")
     spread = (

@@ -47,15 +47,9 @@ class WriteContext:
         return str(Attempt(self.epoch, self.write_pass, task_attempt))
 
     def writes(self, table: str) -> bool:
-        """Whether this pass writes `table`'s rows: every table without a plan; with one, the tables of its wave,
-        and in the last wave every table the plan does not name (a routing the plan's count could not see, the
-        dead-letter table's), so no row is left out of every wave."""
-        plan = self.plan
-        if plan is None:
-            return True
-        if table in plan.writers:
-            return table in plan.waves[self.wave]
-        return self.wave == len(plan.waves) - 1
+        """Whether this pass writes `table`'s rows: every table without a plan; with one, `BatchPlan.in_wave`."""
+        return self.plan is None or self.plan.in_wave(table, self.wave)
+
 
 @dataclass
 class PartitionResult:

@@ -18,7 +18,8 @@ import pytest
 
 from streaming_sink import ExactlyOnceSink
 from streaming_sink.batch_plan import BatchPlan, plan_batch
-from streaming_sink.execution import SparkWriterRunner
+from streaming_sink.execution import WHOLE_BATCH, SparkWriterRunner
+from streaming_sink.labels import wave_partition
 from streaming_sink.routing import Router
 from streaming_sink.spread import partition_keys, spark_hash_int, wave_rows
 from streaming_sink.state import FileStateStore
@@ -203,9 +204,9 @@ def test_without_a_plan_or_with_one_unspread_wave_the_writers_get_the_batch_unto
     two_waves = BatchPlan({"t00": 4, "t01": 4}, (("t00",), ("t01",)), spread=False)
     second = wave_rows(df, router, two_waves, 1)
     assert second.rdd.getNumPartitions() == df.rdd.getNumPartitions()  # filtered in place, no shuffle
-    assert {row["__table"] for row in second.collect()} == {"t01"}
-    # a table no wave names stays in the first wave, where the router refuses it: never dropped by a filter
-    assert {row["__table"] for row in wave_rows(df, router, two_waves, 0).collect()} == {"t00", "t02"}
+    # a table no wave names goes to the last wave, as the writers' rule says: never dropped by a filter
+    assert {row["__table"] for row in wave_rows(df, router, two_waves, 0).collect()} == {"t00"}
+    assert {row["__table"] for row in second.collect()} == {"t01", "t02"}
 
 
 def test_spread_writers_in_tasks_on_two_executors_of_a_standalone_cluster_end_exact(
@@ -247,7 +248,8 @@ def test_writers_in_the_driver_get_only_their_wave_and_are_not_spread(spark) -> 
     context = WriteContext(JOB, QUERY, 0, epoch=epoch, write_pass=0, flush_bytes=4096, plan=plan, wave=1)
     results = SparkWriterRunner().run(frame(spark, rows), MemoryTarget(), Router(None, table_column="__table"),
                                       context, store)
-    assert [r.partition for r in results] == [0]  # one writer in the driver, whatever the plan's spread
+    # one writer in the driver, whatever the plan's spread: WHOLE_BATCH, numbered for its wave
+    assert [r.partition for r in results] == [wave_partition(1, WHOLE_BATCH)]
     assert results[0].rows == sum(1 for row in rows if row[2] in ("t01", "t02"))
     assert {c.table for c in results[0].committables} == {"t01", "t02"}
 

@@ -60,3 +60,9 @@ def test_the_same_counts_make_the_same_plan_and_it_survives_the_journal() -> Non
 def test_no_writers_is_a_mistake() -> None:
     with pytest.raises(ValueError):
         plan_batch({"a": 1}, 0, None, True)
+
+
+def test_a_table_the_plan_does_not_name_belongs_to_the_last_wave_only() -> None:
+    plan = BatchPlan({"a": 1, "b": 1}, (("a",), ("b",)))
+    assert [plan.in_wave("a", w) for w in (0, 1)] == [True, False]
+    assert [plan.in_wave("dead_letters", w) for w in (0, 1)] == [False, True]
