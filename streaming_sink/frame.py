@@ -71,11 +71,13 @@ def resolve_tables(
 
 
 def build_frame(raw: DataFrame, spec: JobSpec, tables: dict[str, str],
-                column_types: dict[str, dict[str, str] | None] | None = None) -> DataFrame:
+                column_types: dict[str, dict[str, str] | None] | None = None,
+                unavailable: Mapping[str, str] | None = None) -> DataFrame:
     """Kafka records -> one route column plus one struct column per table (only the routed one set).
 
     `column_types` are the target's, per table (`Target.table_columns`): a value its column
     cannot hold makes the message a dead letter naming the column (streaming_sink/value_checks.py).
+    `unavailable`: tables `routing.topic_table` derives that the job cannot load, and why (target_tables.py).
     """
     from pyspark.sql import functions as F
     from pyspark.sql.types import StringType, StructField, StructType
@@ -89,6 +91,10 @@ def build_frame(raw: DataFrame, spec: JobSpec, tables: dict[str, str],
         # from_json, not get_json_object: it reads what the tables' parsing reads (NaN included), so a
         # message with a NaN is routed and its reason names the column rather than the routing field
         route = F.from_json(value, StructType([StructField(spec.table_field, StringType(), True)]))[spec.table_field]
+    elif spec.topic_table:
+        whole = f"^(?:{spec.topic_table})$"  # the whole topic, as Kafka matches a subscription pattern
+        derived = F.regexp_extract(F.col("topic"), whole, 1)
+        route = F.when(F.col("topic").rlike(whole) & (derived != F.lit("")), derived)
     else:
         assert spec.topic_tables is not None  # JobSpec: exactly one way to route
         mapping = F.create_map(*[F.lit(x) for pair in spec.topic_tables.items() for x in pair])
@@ -109,9 +115,7 @@ def build_frame(raw: DataFrame, spec: JobSpec, tables: dict[str, str],
     if any(source == "key" for source, _, _ in spec.metadata()):
         key = F.col("key").cast("string")
         reason = reason.when(key.isNotNull() & ~F.is_valid_utf8(key), F.lit("the record's key is not valid UTF-8 text"))
-    reason = reason.when(
-        route.isNull(), F.lit(f"message has no {spec.table_field!r} field" if spec.table_field else "no table for the topic")
-    ).when(~route.isin(list(tables)), F.concat(F.lit("unknown table "), route))
+    reason = reason.when(route.isNull(), _no_route(spec)).when(~route.isin(list(tables)), _unknown_table(spec, route, unavailable))
     # the message's top-level keys, NULL for one that is not a JSON object: Spark reads them without a Python UDF
     keys = F.json_object_keys(value)
     unknown_fields_of = F.lit(None).cast("string")  # the table of a message with fields its schema lacks
@@ -214,6 +218,29 @@ def build_frame(raw: DataFrame, spec: JobSpec, tables: dict[str, str],
         F.map_from_arrays(F.array(*map(F.lit, tables)), F.array(
             *[F.count_if(F.col(_UNKNOWN_COLUMN) == F.lit(table)) for table in tables])).alias(UNKNOWN_FIELDS_OBSERVED),
     ).drop(_BAD_COLUMN, _UNKNOWN_COLUMN)
+
+
+def _no_route(spec: JobSpec) -> Any:
+    """Why a message has no table."""
+    from pyspark.sql import functions as F
+
+    if spec.topic_table:
+        return F.concat(F.lit("topic "), F.col("topic"), F.lit(f" does not match routing.topic_table {spec.topic_table!r}"))
+    return F.lit(f"message has no {spec.table_field!r} field" if spec.table_field else "no table for the topic")
+
+
+def _unknown_table(spec: JobSpec, route: Any, unavailable: Mapping[str, str] | None) -> Any:
+    """Why a message's table is not one the job loads: with `routing.topic_table`, naming the topic, the table and
+    the reason found at start, or that its topic appeared after the job started."""
+    from pyspark.sql import functions as F
+
+    if not spec.topic_table:
+        return F.concat(F.lit("unknown table "), route)
+    later = F.lit("it was not among the tables of the topics read when the job started (a topic created since): "
+                  "restart the job to load it")
+    why = F.coalesce(F.create_map(*[F.lit(x) for pair in unavailable.items() for x in pair])[route], later) \
+        if unavailable else later
+    return F.concat(F.lit("topic "), F.col("topic"), F.lit(" maps to table "), route, F.lit(": "), why)
 
 
 def _input_column(index: int) -> str:
