@@ -176,3 +176,38 @@ def test_three_hundred_tables_make_a_frame_that_routes_each_message(tmp_path, sp
     filled = F.concat_ws(",", *[F.when(F.col(struct_column_for(table)).isNotNull(), F.lit(table)) for table in tables])
     rows = frame.select(F.col(ROUTE_COLUMN).alias("route"), filled.alias("filled")).collect()
     assert sorted((row.route, row.filled) for row in rows) == [(f"t{n:03d}", f"t{n:03d}") for n in range(0, 300, 7)]
+
+
+def test_doctor_resolves_the_tables_as_run_does(tmp_path, kafka_broker):
+    """For a whole-database job, `doctor` finds the same tables `run` would (from the topics the pattern matches now
+    and the target's tables) and names the topics whose messages would go to the dead letters, and why."""
+    import subprocess
+    import sys
+
+    from tests.support.jobs import write_job_toml
+
+    prefix = f"doc{tmp_path.name[-6:].replace('_', '')}"
+    topics = _topics(prefix)
+    for name in ("orders", "refunds"):
+        kafka_broker.create_topic(topics[name], 1)
+    with open_target(tmp_path / "ch", "shop") as target:
+        client = target.client()
+        client.command("CREATE DATABASE shop")
+        client.command(f"CREATE TABLE shop.orders ({TARGET_TABLES['orders']}) ENGINE = MergeTree ORDER BY id")
+        client.command("CREATE TABLE shop.dead_letters (raw_value Nullable(String), topic Nullable(String), partition "
+                       "Nullable(Int32), offset Nullable(Int64), kafka_timestamp Nullable(DateTime64(6, 'UTC')), "
+                       "reason Nullable(String)) ENGINE = MergeTree ORDER BY tuple()")
+    config = write_job_toml(
+        tmp_path, job_id="doc", tables=None, routing={"topic_table": rf"^{prefix}\.public\.(.+)$"},
+        kafka={"bootstrap_servers": kafka_broker.bootstrap, "topic_pattern": rf"^{prefix}\..+$"},
+        dead_letters={"table": DEAD}, target={"url": f"chdb://{tmp_path / 'ch'}", "database": "shop"},
+        state={"url": f"file://{tmp_path / 'state'}"})
+    proc = subprocess.run([sys.executable, "-m", "streaming_sink.cli", "doctor", "--config", str(config),
+                           "--outage-tolerance", "6 hours", "--json"], capture_output=True, text=True, timeout=300)
+    checks = {c["name"]: c for c in json.loads(proc.stdout)}
+    assert proc.returncode == 0, checks
+    assert checks["tables"]["verdict"] == "OK"
+    assert checks["tables"]["detail"] == (
+        f"tables ['{DEAD}', 'orders'] exist with every column the job writes; table refunds: its topics' messages go "
+        f"to the dead letters: {NO_TABLE.replace('default', 'shop')}")
+    assert f"pattern matches 2 topic(s) now ['{topics['orders']}', '{topics['refunds']}']" in checks["kafka"]["detail"]
