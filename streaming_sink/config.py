@@ -55,21 +55,28 @@ def resolve_config(data: dict[str, Any], base_dir: Path) -> JobSpec:
     data_dir = (base_dir / (config.data_dir or f"data/{config.job_id}")).resolve()
     kafka = config.kafka
     kafka_options = check_options(msgspec.to_builtins(kafka.options))
-    subscription = [name for name in kafka_options if name in ("subscribePattern", "assign")]
     topics = kafka.topics
-    if topics is None and not subscription:
-        raise ConfigurationError("missing key 'kafka.topics' (or a subscribePattern or assign in kafka.options)")
-    if topics is not None and subscription:
-        raise ConfigurationError(f"kafka.topics and kafka.options.{subscription[0]} both choose topics; keep one")
+    choices = [key for key, given in (("kafka.topics", topics is not None), ("kafka.topic_pattern", kafka.topic_pattern is not None),
+                                      *((f"kafka.options.{name}", True) for name in kafka_options
+                                        if name in ("subscribePattern", "assign"))) if given]
+    if not choices:
+        raise ConfigurationError("missing key 'kafka.topics' (a list of topics), or instead 'kafka.topic_pattern' (a regex "
+                                 "over topic names; or a subscribePattern or assign in kafka.options)")
+    if len(choices) > 1:
+        raise ConfigurationError(f"{' and '.join(choices)} both choose topics; keep one")
     if topics is not None and (not topics or not all(topics)):
         raise ConfigurationError("kafka.topics: give a non-empty list of topic names, e.g. topics = [\"events\"]")
+    if kafka.topic_pattern is not None:
+        _regex(kafka.topic_pattern, "kafka.topic_pattern")
+        kafka_options["subscribePattern"] = kafka.topic_pattern
     bootstrap = ",".join(kafka.bootstrap_servers) if isinstance(kafka.bootstrap_servers, list) else kafka.bootstrap_servers
     if not bootstrap.strip() or (isinstance(kafka.bootstrap_servers, list) and not all(kafka.bootstrap_servers)):
         raise ConfigurationError("kafka.bootstrap_servers: give \"host:port[,host:port]\" or a list of \"host:port\"")
 
     tables = {name: _table_schema(name, table) for name, table in config.tables.items()}
-    if not tables:
-        raise ConfigurationError("tables: give at least one [tables.<name>] with its schema")
+    if not tables and config.routing.topic_table is None:
+        raise ConfigurationError("tables: give at least one [tables.<name>] with its schema "
+                                 "(only routing.topic_table takes tables from the target)")
     dead_letter_table = config.dead_letters.table if config.dead_letters else None
     if dead_letter_table in tables:
         raise ConfigurationError(f"dead_letters.table: {dead_letter_table!r} is also a data table in [tables]; "
@@ -111,6 +118,7 @@ def resolve_config(data: dict[str, Any], base_dir: Path) -> JobSpec:
         table=routing.table,
         table_field=routing.field,
         topic_tables=routing.topics,
+        topic_table=routing.topic_table,
         dead_letter_table=dead_letter_table,
         metadata_columns=_metadata_columns(sink.metadata_columns),
         on_unknown_field=sink.on_unknown_field,
@@ -231,12 +239,17 @@ def _struct_in(annotation: Any) -> type | None:
 
 
 def _check_routing(routing: Any, topics: list[str] | None, tables: dict[str, str]) -> None:
-    given = [k for k in ("field", "topics", "table") if getattr(routing, k) is not None]
+    given = [k for k in ("field", "topics", "table", "topic_table") if getattr(routing, k) is not None]
     if len(given) != 1:
         raise ConfigurationError(
             "routing: give exactly one of routing.field (a message field names the table), "
-            "routing.topics (topic -> table) or routing.table (every message to one table)"
+            "routing.topics (topic -> table), routing.table (every message to one table) or "
+            "routing.topic_table (a regex whose first group over the topic is the table)"
+            + (f"; the file gives {', '.join('routing.' + key for key in given)}" if given else "")
         )
+    if routing.topic_table is not None and _regex(routing.topic_table, "routing.topic_table").groups < 1:
+        raise ConfigurationError(f"routing.topic_table: {routing.topic_table!r} has no group; write the table's part "
+                                 "of the topic in parentheses, e.g. \"^pg\\\\.public\\\\.(.+)$\"")
     if routing.field is not None and not routing.field.strip():
         raise ConfigurationError("routing.field: give the name of the message field that names the table")
     if routing.topics is not None:
@@ -251,6 +264,17 @@ def _check_routing(routing: Any, topics: list[str] | None, tables: dict[str, str
         hint = difflib.get_close_matches(routing.table, sorted(tables), n=1)
         raise ConfigurationError(f"routing.table: {routing.table!r} has no [tables.{routing.table}] schema"
                                  + (f" (did you mean {hint[0]!r}?)" if hint else ""))
+
+
+def _regex(pattern: str, key: str) -> re.Pattern[str]:
+    """A regex Python reads (the job routes by it in Spark, which reads Java's dialect: keep to their common part)."""
+    try:
+        compiled = re.compile(pattern)
+    except re.error as error:
+        raise ConfigurationError(f"{key}: {pattern!r} is not a regular expression: {error}") from None
+    if not pattern.strip():
+        raise ConfigurationError(f"{key}: give a regular expression, e.g. \"^pg\\\\.public\\\\..+$\"")
+    return compiled
 
 
 def _check_target(url: str, database: str, options: dict[str, Any]) -> None:

@@ -31,6 +31,9 @@ class _Section(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, omit_de
 class Kafka(_Section):
     bootstrap_servers: Annotated[str | list[str], msgspec.Meta(description='"host:port[,host:port]" or a list')]
     topics: list[str] | None = None
+    topic_pattern: Annotated[str | None, msgspec.Meta(
+        description='subscribe to every topic whose whole name matches this regex (Spark\'s subscribePattern), '
+                    'e.g. "^pg\\.public\\..+$"; instead of topics')] = None
     starting_offsets: Annotated[str, msgspec.Meta(description='earliest, latest or JSON {"topic": {"0": offset}}')] = "earliest"
     max_offsets_per_trigger: Positive | None = None
     options: Annotated[dict[str, Any], msgspec.Meta(
@@ -42,6 +45,9 @@ class Routing(_Section):
     field: str | None = None
     topics: dict[str, str] | None = None
     table: str | None = None
+    topic_table: Annotated[str | None, msgspec.Meta(
+        description='a regex over the topic whose first group is the table, e.g. "^pg\\.public\\.(.+)$"; a table '
+                    'not under [tables] takes its columns from the target\'s table')] = None
 
 
 class Table(_Section):
@@ -99,9 +105,9 @@ class JobConfig(_Section):
     """One packaged job: Kafka topics to target tables, exactly once."""
 
     job_id: Annotated[str, msgspec.Meta(pattern=JOB_ID_PATTERN)]
-    tables: dict[str, Table]
     kafka: Kafka
     routing: Routing
+    tables: dict[str, Table] = {}
     data_dir: str | None = None
     dead_letters: DeadLetters | None = None
     target: Target = msgspec.field(default_factory=Target)

@@ -14,13 +14,14 @@ from typing import Any
 
 from .batch_plan import DEFAULT_SHARE, TransactionBudget
 from .errors import UnknownDatabaseError
-from .frame import check_columns, resolve_tables, table_schemas
+from .frame import check_columns, table_schemas
 from .job import tables_run_creates
 from .job_spec import JobSpec
-from .kafka_source import probe
+from .kafka_source import describe_topics, read_topics
 from .labels import partition_wave
 from .records import BatchRecord
 from .state import open_store
+from .target_tables import job_tables
 from .targets import descriptor_for, target_from_url
 from .targets.base import ExpiryLimit, Target
 
@@ -45,8 +46,12 @@ def diagnose(spec: JobSpec, outage_tolerance_s: float, spark: Any) -> list[Check
     checks: list[Check] = []
     target = target_from_url(spec.target_url, spec.database, spec.target_options)
 
+    topics: list[str] = []  # those the job would read now, once Kafka answered
+
     def kafka() -> str:
-        return probe(spark, spec.kafka_source())
+        source = spec.kafka_source()
+        topics.extend(read_topics(spark, source))
+        return describe_topics(source, topics)
 
     largest: list[int] = []  # transactions in the job's largest retained wave, once the store was read
     records: list[BatchRecord] = []
@@ -76,17 +81,20 @@ def diagnose(spec: JobSpec, outage_tolerance_s: float, spark: Any) -> list[Check
             raise RuntimeError("skipped: the target check failed")
         existing = known["tables"]
         created = tables_run_creates(spec, target, existing)  # as `run` would, without creating anything here
-        resolved = resolve_tables(spec, None if existing is None else existing | set(created))
+        found = job_tables(spec, target, None if existing is None else existing | set(created), topics)
+        resolved = found.tables
         schemas = table_schemas(spec, resolved)
         check_columns(target, descriptor_for(spec.target_url).columns,
                       {table: schema for table, schema in schemas.items() if table not in created})
         if existing is None:
             return f"tables {sorted(resolved)}: this target cannot list tables over its load protocol; not checked"
         there = sorted(set(schemas) - set(created))
-        found = f"tables {there} exist with every column the job writes" if there else ""
+        there_line = f"tables {there} exist with every column the job writes" if there else ""
         will = (f"table(s) {sorted(created)} do not exist yet: `run` creates them from the job's schemas "
                 "(target.create_tables)") if created else ""
-        return "; ".join(filter(None, [found, will]))
+        skipped = "; ".join(f"table {table}: its topics' messages go to the dead letters: {why}"
+                            for table, why in found.unavailable.items())
+        return "; ".join(filter(None, [there_line, will, skipped]))
 
     checks += [_run("kafka", kafka), _run("state store", state), _durability(spec.state_url),
                _run("target", connect), *_transport(target), _run("tables", tables)]

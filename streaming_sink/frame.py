@@ -31,6 +31,7 @@ _BAD_COLUMN = "__streaming_sink_bad"  # only between build_frame's select and it
 _UNKNOWN_COLUMN = "__streaming_sink_unknown"  # likewise: the table of a message with unknown fields, else NULL
 _INTERNAL = INTERNAL_PREFIX  # the frame's columns between its stages (a `select` may not name them)
 _ROUTE, _REASON, _FATAL = _INTERNAL + "route", _INTERNAL + "reason", _INTERNAL + "fatal"
+_TEXT, _TABLE, _KEYS = _INTERNAL + "text", _INTERNAL + "table", _INTERNAL + "keys"  # stage 0 of build_frame
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
     from pyspark.sql.types import StructType
@@ -71,11 +72,13 @@ def resolve_tables(
 
 
 def build_frame(raw: DataFrame, spec: JobSpec, tables: dict[str, str],
-                column_types: dict[str, dict[str, str] | None] | None = None) -> DataFrame:
+                column_types: dict[str, dict[str, str] | None] | None = None,
+                unavailable: Mapping[str, str] | None = None) -> DataFrame:
     """Kafka records -> one route column plus one struct column per table (only the routed one set).
 
     `column_types` are the target's, per table (`Target.table_columns`): a value its column
     cannot hold makes the message a dead letter naming the column (streaming_sink/value_checks.py).
+    `unavailable`: tables `routing.topic_table` derives that the job cannot load, and why (target_tables.py).
     """
     from pyspark.sql import functions as F
     from pyspark.sql.types import StringType, StructField, StructType
@@ -89,10 +92,19 @@ def build_frame(raw: DataFrame, spec: JobSpec, tables: dict[str, str],
         # from_json, not get_json_object: it reads what the tables' parsing reads (NaN included), so a
         # message with a NaN is routed and its reason names the column rather than the routing field
         route = F.from_json(value, StructType([StructField(spec.table_field, StringType(), True)]))[spec.table_field]
+    elif spec.topic_table:
+        whole = f"^(?:{spec.topic_table})$"  # the whole topic, as Kafka matches a subscription pattern
+        derived = F.regexp_extract(F.col("topic"), whole, 1)
+        route = F.when(F.col("topic").rlike(whole) & (derived != F.lit("")), derived)
     else:
         assert spec.topic_tables is not None  # JobSpec: exactly one way to route
         mapping = F.create_map(*[F.lit(x) for pair in spec.topic_tables.items() for x in pair])
         route = mapping[F.col("topic")]
+
+    # Stage 0: what every table's expressions read (the message as text, its route, its top-level keys: NULL for one
+    # that is not a JSON object), computed once per message rather than once per table
+    raw = raw.select("*", value.alias(_TEXT), route.alias(_TABLE), F.json_object_keys(value).alias(_KEYS))
+    value, route, keys = F.col(_TEXT), F.col(_TABLE), F.col(_KEYS)
 
     inputs = []  # each table's input row: its parsed fields and the metadata columns
     projections = table_projections(spec, tables)
@@ -109,12 +121,10 @@ def build_frame(raw: DataFrame, spec: JobSpec, tables: dict[str, str],
     if any(source == "key" for source, _, _ in spec.metadata()):
         key = F.col("key").cast("string")
         reason = reason.when(key.isNotNull() & ~F.is_valid_utf8(key), F.lit("the record's key is not valid UTF-8 text"))
-    reason = reason.when(
-        route.isNull(), F.lit(f"message has no {spec.table_field!r} field" if spec.table_field else "no table for the topic")
-    ).when(~route.isin(list(tables)), F.concat(F.lit("unknown table "), route))
-    # the message's top-level keys, NULL for one that is not a JSON object: Spark reads them without a Python UDF
-    keys = F.json_object_keys(value)
-    unknown_fields_of = F.lit(None).cast("string")  # the table of a message with fields its schema lacks
+    reason = reason.when(route.isNull(), _no_route(spec)).when(~route.isin(list(tables)), _unknown_table(spec, route, unavailable))
+    # the table of a message with fields its schema lacks: one flat CASE (nested ones overflow Spark's stack at
+    # a few hundred tables), begun with a branch that never holds
+    unknown_fields_of = F.when(F.lit(False), F.lit(None).cast("string"))
     fatal = F.when(F.lit(False), F.lit(None).cast("string"))  # why the batch must fail (on_unknown_field = "fail")
     for table, ddl in tables.items():
         schema = spark_schema(ddl, f"tables.{table}.schema")
@@ -122,8 +132,9 @@ def build_frame(raw: DataFrame, spec: JobSpec, tables: dict[str, str],
             [StructField(f.name, f.dataType, True) for f in schema.fields if f.name != spec.table_field]
             + [StructField("__corrupt", StringType(), True)]
         )
-        parsed = F.from_json(value, parse_schema, {"mode": "PERMISSIVE", "columnNameOfCorruptRecord": "__corrupt"})
         mine = route == F.lit(table)
+        # parsed only for the messages routed here: with hundreds of tables, one parse per message, not one per table
+        parsed = F.when(mine, F.from_json(value, parse_schema, {"mode": "PERMISSIVE", "columnNameOfCorruptRecord": "__corrupt"}))
         reason = reason.when(mine & parsed["__corrupt"].isNotNull(), F.lit(f"not valid JSON for the schema of {table}"))
         for f in schema.fields:
             if not f.nullable:
@@ -134,9 +145,9 @@ def build_frame(raw: DataFrame, spec: JobSpec, tables: dict[str, str],
                     for problem, text in column_problems(table, f, parsed[f.name]):
                         reason = reason.when(mine & problem, F.lit(text))
         known = [f.name for f in schema.fields] + ([spec.table_field] if spec.table_field else [])
-        unknown = F.array_except(F.coalesce(keys, F.array().cast("array<string>")), F.array(*map(F.lit, known)))
+        unknown = F.when(mine, F.array_except(F.coalesce(keys, F.array().cast("array<string>")), F.array(*map(F.lit, known))))
         has_unknown = mine & (F.size(unknown) > 0)
-        unknown_fields_of = F.when(has_unknown, F.lit(table)).otherwise(unknown_fields_of)
+        unknown_fields_of = unknown_fields_of.when(has_unknown, F.lit(table))
         why = F.concat(F.lit(f"field(s) not in the schema of {table}: "), F.array_join(unknown, ", "),
                        F.lit(f' (sink.on_unknown_field = "{spec.on_unknown_field}")'))
         if spec.on_unknown_field == "dead-letter":
@@ -146,7 +157,7 @@ def build_frame(raw: DataFrame, spec: JobSpec, tables: dict[str, str],
         fields = [parsed[f.name].alias(f.name) for f in parse_schema.fields if f.name != "__corrupt"]
         fields += [F.col(source).cast("string").alias(name) if source == "key" else F.col(source).alias(name)
                    for source, name, _ in spec.metadata()]
-        inputs.append(F.struct(*fields))
+        inputs.append(F.when(mine, F.struct(*fields)))
 
     # Stage 1: what every message is (route, reason, each table's input row), under the frame's own names only, so
     # that a projection stage can put a table's fields at the top level without meeting a Kafka column's name.
@@ -214,6 +225,29 @@ def build_frame(raw: DataFrame, spec: JobSpec, tables: dict[str, str],
         F.map_from_arrays(F.array(*map(F.lit, tables)), F.array(
             *[F.count_if(F.col(_UNKNOWN_COLUMN) == F.lit(table)) for table in tables])).alias(UNKNOWN_FIELDS_OBSERVED),
     ).drop(_BAD_COLUMN, _UNKNOWN_COLUMN)
+
+
+def _no_route(spec: JobSpec) -> Any:
+    """Why a message has no table."""
+    from pyspark.sql import functions as F
+
+    if spec.topic_table:
+        return F.concat(F.lit("topic "), F.col("topic"), F.lit(f" does not match routing.topic_table '{spec.topic_table}'"))
+    return F.lit(f"message has no {spec.table_field!r} field" if spec.table_field else "no table for the topic")
+
+
+def _unknown_table(spec: JobSpec, route: Any, unavailable: Mapping[str, str] | None) -> Any:
+    """Why a message's table is not one the job loads: with `routing.topic_table`, naming the topic, the table and
+    the reason found at start, or that its topic appeared after the job started."""
+    from pyspark.sql import functions as F
+
+    if not spec.topic_table:
+        return F.concat(F.lit("unknown table "), route)
+    later = F.lit("it was not among the tables of the topics read when the job started (a topic created since): "
+                  "restart the job to load it")
+    why = F.coalesce(F.create_map(*[F.lit(x) for pair in unavailable.items() for x in pair])[route], later) \
+        if unavailable else later
+    return F.concat(F.lit("topic "), F.col("topic"), F.lit(" maps to table "), route, F.lit(": "), why)
 
 
 def _input_column(index: int) -> str:

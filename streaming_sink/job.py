@@ -21,13 +21,14 @@ import pyarrow as pa
 
 from .errors import ConfigurationError
 from .execution import SparkWriterRunner, sink_error_of
-from .frame import ROUTE_COLUMN, build_frame, check_columns, resolve_tables, spark_schema, table_projections, table_schemas
+from .frame import ROUTE_COLUMN, build_frame, check_columns, spark_schema, table_projections, table_schemas
 from .intervals import parse_interval
 from .job_spec import JobSpec
-from .kafka_source import KafkaSource, probe
+from .kafka_source import KafkaSource, describe_topics, read_topics
 from .metrics import BatchMetrics, progress_listener
 from .sink import ExactlyOnceSink
 from .state import open_store
+from .target_tables import job_tables
 from .targets import descriptor_for, target_from_url
 from .targets.base import SupportsCreateTable, Target
 
@@ -125,10 +126,11 @@ def run(spec: JobSpec, on_session: Callable[[], None] = lambda: None) -> None:
         spark_schema(ddl, f"tables.{table}.schema")
     table_projections(spec, spec.tables or {})
     source = spec.kafka_source()
-    logging.getLogger("streaming_sink").info("kafka: %s", probe(spark, source))
+    topics = read_topics(spark, source)
+    logging.getLogger("streaming_sink").info("kafka: %s", describe_topics(source, topics))
     sink = build_sink(spec)
     try:
-        _stream(spark, spec, source, sink)
+        _stream(spark, spec, source, sink, topics)
     finally:  # an embedded engine holds its path for the whole process until its target is closed
         sink.close()
 
@@ -142,16 +144,18 @@ def tables_run_creates(spec: JobSpec, target: Target, existing: set[str] | None)
             if existing is None or table not in existing}
 
 
-def _stream(spark: SparkSession, spec: JobSpec, source: KafkaSource, sink: ExactlyOnceSink) -> None:
-    """Check the tables, then run the query to its end."""
+def _stream(spark: SparkSession, spec: JobSpec, source: KafkaSource, sink: ExactlyOnceSink, topics: list[str]) -> None:
+    """Check the tables, then run the query to its end. `topics`: those the job reads now."""
     for table, schema in tables_run_creates(spec, sink.target, None).items():
         cast(SupportsCreateTable, sink.target).create_table(table, schema)  # each: unless it exists
     # configuration, connectivity, tables, columns and fencing all fail here, before Spark reads anything
     sink.start()
-    tables = resolve_tables(spec, sink.known_tables, sink.target.refusal)
-    columns = check_columns(sink.target, descriptor_for(spec.target_url).columns, table_schemas(spec, tables))
+    resolved = job_tables(spec, sink.target, sink.known_tables, topics)
+    for table, why in resolved.unavailable.items():
+        logging.getLogger("streaming_sink").warning("table %s: its topics' messages go to the dead letters: %s", table, why)
+    columns = check_columns(sink.target, descriptor_for(spec.target_url).columns, table_schemas(spec, resolved.tables))
     reader = spark.readStream.format("kafka").options(**source.reader_options())
-    frame = build_frame(reader.load(), spec, tables, columns)
+    frame = build_frame(reader.load(), spec, resolved.tables, columns, resolved.unavailable)
     writer = frame.writeStream.foreachBatch(sink).option("checkpointLocation", spec.checkpoint)
     if spec.trigger == "available-now":
         writer = writer.trigger(availableNow=True)

@@ -39,6 +39,7 @@ class JobSpec:
     table: str | None = None  # every message to this table
     table_field: str | None = None  # or: the message field that names its table
     topic_tables: dict[str, str] | None = None  # or: topic -> table
+    topic_table: str | None = None  # or: a regex whose first group over the topic is the table (target_tables.py)
     dead_letter_table: str | None = None  # None: a bad message fails the batch loudly instead
     metadata_columns: bool | list[str] = True  # record fields written as kafka_<field>; true: partition, offset
     on_unknown_field: UnknownFieldAction = "dead-letter"  # a JSON field the table's schema lacks (frame.py)
@@ -66,9 +67,12 @@ class JobSpec:
         return spec
 
     def validate(self) -> None:
-        routes = [k for k in ("table", "table_field", "topic_tables") if getattr(self, k)]
+        routes = [k for k in ("table", "table_field", "topic_tables", "topic_table") if getattr(self, k)]
         if len(routes) != 1:
-            raise ConfigurationError(f"route messages with exactly one of table, table_field, topic_tables (got {routes or 'none'})")
+            raise ConfigurationError(
+                f"route messages with exactly one of table, table_field, topic_tables, topic_table (got {routes or 'none'})")
+        if self.topic_table and self.tables is None:
+            self.tables = {}  # the tables not listed take their columns from the target
         if self.tables is None and self.schema is None:
             raise ConfigurationError("give `tables` (a schema per table) or `schema`")
         unselected = sorted(set(self.table_selects or {}) - set(self.tables or {}))

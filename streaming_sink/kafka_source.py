@@ -191,7 +191,20 @@ def check_consumer_options(source: KafkaSource, known: set[str], key_prefix: str
 
 
 def probe(spark: Any, source: KafkaSource, timeout_s: float = 30.0) -> str:
-    """List the cluster's topics with the Kafka client Spark uses and the settings the job reads with.
+    """What `read_topics` finds, in a line."""
+    return describe_topics(source, read_topics(spark, source, timeout_s))
+
+
+def describe_topics(source: KafkaSource, topics: list[str]) -> str:
+    """The probe's line for the topics the job reads now."""
+    if assigned_topics(source) is not None:
+        return f"{source.describe()}: reachable, topics exist"
+    return f"{source.describe()}: reachable, pattern matches {len(topics)} topic(s) now {topics[:5]}"
+
+
+def read_topics(spark: Any, source: KafkaSource, timeout_s: float = 30.0) -> list[str]:
+    """The topics the job reads now (a pattern's matches at this moment), listed with the Kafka client Spark uses
+    and the settings the job reads with.
 
     Runs in the driver's JVM before the query starts, so a wrong password, an untrusted
     certificate or a missing topic stops the job with one clear line instead of a failed batch.
@@ -222,10 +235,9 @@ def probe(spark: Any, source: KafkaSource, timeout_s: float = 30.0) -> str:
         missing = sorted(set(wanted) - names)
         if missing:
             raise KafkaUnreachableError(f"Kafka at {source.describe()}: topic(s) {missing} do not exist")
-        return f"{source.describe()}: reachable, topics exist"
+        return sorted(wanted)
     pattern = source.option("subscribePattern") or ""
-    matched = sorted(n for n in names if re.fullmatch(pattern, n))
-    return f"{source.describe()}: reachable, pattern matches {len(matched)} topic(s) now {matched[:5]}"
+    return sorted(n for n in names if re.fullmatch(pattern, n))
 
 
 def root_cause(error: BaseException) -> str:

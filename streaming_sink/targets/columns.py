@@ -64,6 +64,20 @@ class ColumnRules(Protocol):
         """Bytes the dead-letter table's `raw_value` column, typed `spelling`, holds (None: no limit to respect)."""
         ...
 
+    def spark_type(self, spelling: str) -> str | None:
+        """The Spark SQL type a message's JSON field is parsed as for a column typed `spelling` (a table whose
+        schema the job takes from the target); None for a type the job cannot fill (arrays, maps, ...)."""
+        ...
+
+
+def integer_spark_type(bits: int, signed: bool = True) -> str:
+    """The narrowest Spark type holding every integer of `bits` (DECIMAL beyond 64 bits)."""
+    needed = bits if signed else bits + 1
+    for width, name in ((8, "TINYINT"), (16, "SMALLINT"), (32, "INT"), (64, "BIGINT")):
+        if needed <= width:
+            return name
+    return "DECIMAL(38,0)" if needed > 65 else "DECIMAL(20,0)"
+
 
 def column_key(rules: ColumnRules, name: str) -> str:
     """The name as the target compares column names."""

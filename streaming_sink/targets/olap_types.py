@@ -7,7 +7,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from .columns import DAY_US, ColumnLimits, days_from_epoch, int_range, type_arguments
+from .columns import DAY_US, ColumnLimits, days_from_epoch, int_range, integer_spark_type, type_arguments
 
 # DATE and DATETIME from 0000-01-01 (719528 days before 1970, proleptic Gregorian like Spark) to
 # 9999-12-31; the text wire formats write no other years, whatever the column.
@@ -16,6 +16,9 @@ _RANGES: dict[str, Any] = dict(date_days=(-719528, _LAST_DAY), time_micros=(-719
                                range_text="0000-01-01 .. 9999-12-31 (UTC)")
 _INTS = {"TINYINT": 8, "SMALLINT": 16, "INT": 32, "INTEGER": 32, "BIGINT": 64, "LARGEINT": 128}
 _DECIMALS = ("DECIMAL", "DECIMALV3", "DECIMAL32", "DECIMAL64", "DECIMAL128", "NUMERIC")
+#: types a JSON field fills as it is: base name -> Spark type (integers and decimals below)
+_SPARK_TYPES = {"BOOLEAN": "BOOLEAN", "FLOAT": "FLOAT", "DOUBLE": "DOUBLE", "CHAR": "STRING", "VARCHAR": "STRING",
+                "STRING": "STRING", "DATE": "DATE", "DATETIME": "TIMESTAMP"}
 #: `_schema` reports VARCHAR without its length: StarRocks' STRING and Doris' largest VARCHAR hold this many bytes
 _UNSIZED_VARCHAR_BYTES = 65533
 
@@ -51,6 +54,16 @@ class OlapColumnRules:
         if base in ("DATETIME", "DATETIMEV2"):
             return ColumnLimits(fraction_digits=int(args[0]) if args else self.datetime_digits, **common)
         return ColumnLimits(**common)
+
+    def spark_type(self, spelling: str) -> str | None:
+        text = re.sub(r"\s+NOT\s+NULL\s*$", "", spelling.strip(), flags=re.IGNORECASE)
+        base = re.split(r"[(<\s]", text, maxsplit=1)[0].upper()
+        if base in _INTS:
+            return integer_spark_type(_INTS[base])
+        decimal = self.limits(text).decimal
+        if decimal is not None:
+            return f"DECIMAL({min(decimal[0], 38)},{decimal[1]})"
+        return _SPARK_TYPES.get(base)
 
     def raw_value_room(self, spelling: str | None) -> int | None:
         """A VARCHAR reported without its length is taken as 65,533 bytes, rather than let a long message be

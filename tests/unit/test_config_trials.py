@@ -43,7 +43,7 @@ TRIALS: list[tuple[str, tuple, str | Callable[[JobSpec], bool]]] = [
     ("02", (("kafka_options", {}),), "unknown key 'kafka_options'"),
     ("03", (('kafka."kafka.security.protocol"', "SASL_SSL"),),
      "unknown key 'kafka.kafka.security.protocol'; known: ['bootstrap_servers', 'max_offsets_per_trigger', 'options', "
-     "'starting_offsets', 'topics']; Spark's Kafka source options go in [kafka.options]"),
+     "'starting_offsets', 'topic_pattern', 'topics']; Spark's Kafka source options go in [kafka.options]"),
     ("04", (("kafka.topics", "events"),), "kafka.topics = 'events': expected array, got str"),
     ("05", (("kafka.max_offsets_per_trigger", "1000"),), "kafka.max_offsets_per_trigger = '1000': expected int, got str"),
     ("06", (("kafka.bootstrap_servers", ["b1:9092", "b2:9092"]),), lambda s: s.bootstrap == "b1:9092,b2:9092"),

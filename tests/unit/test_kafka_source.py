@@ -66,7 +66,7 @@ def test_a_pattern_or_an_assignment_replaces_the_topic_list(tmp_path):
     assert spec.kafka_source().reader_options()["subscribePattern"] == "events-.*"
     with pytest.raises(ConfigurationError, match="kafka.topics and kafka.options.subscribePattern both choose topics"):
         resolve_config(with_change("kafka.options", {"subscribePattern": "e.*"}), tmp_path)
-    with pytest.raises(ConfigurationError, match=r"missing key 'kafka.topics' \(or a subscribePattern or assign"):
+    with pytest.raises(ConfigurationError, match=r"missing key 'kafka.topics' \(a list of topics\), or instead 'kafka.topic_pattern'"):
         resolve_config(with_change("kafka.topics", KeyError), tmp_path)
 
 

@@ -8,7 +8,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from ..columns import DAY_US, ColumnLimits, days_from_epoch, int_range, type_arguments
+from ..columns import DAY_US, ColumnLimits, days_from_epoch, int_range, integer_spark_type, type_arguments
 
 _DATE: dict[str, Any] = dict(date_days=(0, days_from_epoch(dt.date(2149, 6, 6))), range_text="1970-01-01 .. 2149-06-06")
 _DATE32: dict[str, Any] = dict(date_days=(days_from_epoch(dt.date(1900, 1, 1)), days_from_epoch(dt.date(2299, 12, 31))),
@@ -18,6 +18,10 @@ _DATETIME64: dict[str, Any] = dict(
     time_micros=(days_from_epoch(dt.date(1900, 1, 1)) * DAY_US, (days_from_epoch(dt.date(2299, 12, 31)) + 1) * DAY_US - 1),
     range_text="1900-01-01 00:00:00 .. 2299-12-31 23:59:59.999999 UTC")
 _DECIMAL_PRECISION = {"DECIMAL32": 9, "DECIMAL64": 18, "DECIMAL128": 38, "DECIMAL256": 76}
+#: ClickHouse types a JSON field fills as it is: base name -> Spark type (the others below, or none)
+_SPARK_TYPES = {"Bool": "BOOLEAN", "Float32": "FLOAT", "Float64": "DOUBLE", "String": "STRING", "FixedString": "STRING",
+                "UUID": "STRING", "Enum8": "STRING", "Enum16": "STRING", "IPv4": "STRING", "IPv6": "STRING",
+                "Date": "DATE", "Date32": "DATE", "DateTime": "TIMESTAMP", "DateTime64": "TIMESTAMP"}
 
 
 @dataclass(frozen=True)
@@ -31,6 +35,20 @@ class ClickHouseColumnRules:
 
     def raw_value_room(self, spelling: str | None) -> int | None:
         return None if spelling is None else self.limits(spelling).max_bytes
+
+    def spark_type(self, spelling: str) -> str | None:
+        text = spelling.strip()
+        while re.fullmatch(r"(Nullable|LowCardinality)\(.*\)", text):
+            text = text[text.index("(") + 1:-1].strip()
+        base = re.split(r"[(\s]", text, maxsplit=1)[0]
+        integer = re.fullmatch(r"(U?)Int(8|16|32|64|128|256)", base)
+        if integer:
+            return integer_spark_type(int(integer.group(2)), signed=not integer.group(1))
+        decimal = self.limits(text).decimal
+        if decimal is not None:
+            precision, scale = decimal
+            return f"DECIMAL({min(precision, 38)},{min(scale, 38)})"
+        return _SPARK_TYPES.get(base)
 
 
 def _limits(spelling: str, text: str, nullable: bool = False) -> ColumnLimits:
