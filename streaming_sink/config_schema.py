@@ -92,6 +92,14 @@ class Sink(_Section):
     metrics_port: Port | None = None
     metrics_host: str = "127.0.0.1"
     accept_empty_state: bool = False
+    transaction_share: Annotated[float, msgspec.Meta(gt=0, le=1, description=(
+        "the share of the server's transaction limits (running transactions, remembered labels) one batch may "
+        "hold at once; a batch past it commits in waves"))] = 0.5
+    spread: Annotated[Literal["auto", "always", "never"], msgspec.Meta(description=(
+        'whether a table\'s rows go to a bounded number of writers: "auto" when a batch could hold more than '
+        'spread_above transactions or the budget, "always", "never"'))] = "auto"
+    spread_above: Annotated[int, msgspec.Meta(ge=1, description=(
+        "with spread = \"auto\": spread a batch whose tables x writers could pass this many transactions"))] = 100
     driver_fetch: Annotated[Literal["stream", "partitions"], msgspec.Meta(
         description='an engine embedded in the driver: "stream" computes every partition at once (faster, the driver JVM may hold '
                     'the whole batch); "partitions" one at a time (two held)')] = "stream"

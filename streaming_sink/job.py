@@ -60,6 +60,9 @@ def build_sink(spec: JobSpec) -> ExactlyOnceSink:
         checkpoint_location=spec.checkpoint,
         accept_empty_state=spec.accept_empty_state,
         runner=SparkWriterRunner(spec.driver_fetch),
+        transaction_share=spec.transaction_share,
+        spread=spec.spread,
+        spread_above=spec.spread_above,
     )
 
 
@@ -151,6 +154,7 @@ def _stream(spark: SparkSession, spec: JobSpec, source: KafkaSource, sink: Exact
     # configuration, connectivity, tables, columns and fencing all fail here, before Spark reads anything
     sink.start()
     resolved = job_tables(spec, sink.target, sink.known_tables, topics)
+    sink.expect_tables({*resolved.tables, *([spec.dead_letter_table] if spec.dead_letter_table else [])})
     for table, why in resolved.unavailable.items():
         logging.getLogger("streaming_sink").warning("table %s: its topics' messages go to the dead letters: %s", table, why)
     columns = check_columns(sink.target, descriptor_for(spec.target_url).columns, table_schemas(spec, resolved.tables))

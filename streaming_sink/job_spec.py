@@ -49,6 +49,9 @@ class JobSpec:
     flush_bytes: int = 64 * 1024 * 1024
     accept_empty_state: bool = False  # start once on a deliberately emptied state store (see the runbook)
     driver_fetch: str = "stream"  # writers in the driver (chdb): how the batch reaches them (execution.DRIVER_FETCHES)
+    transaction_share: float = 0.5  # of the server's transaction limits, per batch (waves.py)
+    spread: str = "auto"  # a table's rows over a bounded number of writers (waves.SPREADS)
+    spread_above: int = 100  # with "auto": spread past this many transactions
     create_tables: bool = False  # create missing tables from the schemas (embedded ClickHouse only)
     metrics_port: int | None = None  # serve per-batch figures as Prometheus text on this port
     metrics_host: str = "127.0.0.1"  # the address the metrics endpoint binds ("0.0.0.0": every interface)

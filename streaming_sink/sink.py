@@ -15,7 +15,7 @@ import json
 import logging
 import time
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -135,6 +135,7 @@ class ExactlyOnceSink:
         self._marker: CheckpointMarker | None = None
         self._leftovers_swept = False  # the first batch of this driver clears the server's unnamed leftovers
         self._router: Router | None = None
+        self._expected_tables: frozenset[str] = frozenset()  # `expect_tables`
         self._committer: Committer | None = None
         self._query_id: str | None = None  # the query of the batch being processed
         self._write_passes: tuple[tuple[str, int] | None, int] = (None, 0)  # (batch, passes written by this driver)
@@ -182,6 +183,11 @@ class ExactlyOnceSink:
         """The tables the target said rows may go to (None: it cannot tell)."""
         assert self._router is not None, "start() first"
         return set(self._router.known_tables) if self._router.known_tables is not None else None
+
+    def expect_tables(self, tables: Collection[str]) -> None:
+        """The tables rows may route to, when the caller knows them and the target cannot list them (the packaged job
+        resolves its own): a batch of few known tables is then written without counting its rows to plan it."""
+        self._expected_tables = frozenset(tables)
 
     @property
     def epoch(self) -> int:
@@ -392,7 +398,7 @@ class ExactlyOnceSink:
         assert committer is not None
         started = time.time()
         assert self._router is not None
-        tables = 1 if self.table is not None else len(self.known_tables or ()) or None
+        tables = 1 if self.table is not None else len(self.known_tables or self._expected_tables) or None
         plan = self.planner.plan(self.runner, df, self.target, self._router, tables)
         results = self._write(df, query_id, batch_id, plan=plan)
         written = time.time()

@@ -83,6 +83,10 @@ def test_a_real_target_does_not_create_tables(tmp_path, monkeypatch):
         ("sink.flush_bytes", 10, "sink.flush_bytes: 10 is not a byte count"),
         ("sink.metrics_port", 70000, "sink.metrics_port = 70000: expected int <= 65535"),
         ("sink.driver_fetch", "all", "sink.driver_fetch = 'all': not one of stream, partitions"),
+        ("sink.transaction_share", 0, "sink.transaction_share = 0: expected float > 0"),
+        ("sink.transaction_share", 1.5, "sink.transaction_share = 1.5: expected float <= 1"),
+        ("sink.spread", "sometimes", "sink.spread = 'sometimes': not one of auto, always, never"),
+        ("sink.spread_above", 0, "sink.spread_above = 0: expected int >= 1"),
     ],
 )
 def test_configuration_errors_name_the_key(tmp_path, monkeypatch, path, value, message):
@@ -99,6 +103,14 @@ def test_driver_fetch_reaches_the_sink_s_runner(tmp_path):
     assert resolve_config(GOOD, tmp_path).driver_fetch == "stream"
     spec = resolve_config(with_change("sink.driver_fetch", "partitions"), tmp_path)
     assert build_sink(spec).runner.driver_fetch == "partitions"
+
+
+def test_the_batch_budget_options_reach_the_sink_s_planner(tmp_path):
+    from streaming_sink.job import build_sink
+
+    spec = resolve_config(with_change("sink", {"transaction_share": 0.25, "spread": "never", "spread_above": 7}), tmp_path)
+    planner = build_sink(spec).planner
+    assert (planner.share, planner.spread, planner.spread_above) == (0.25, "never", 7)
 
 
 def test_state_url_from_the_environment(tmp_path, monkeypatch):

@@ -159,3 +159,34 @@ def test_status_shows_how_many_waves_a_batch_has_recorded() -> None:
     status = job_status(store, "job")
     assert [b["waves"] for b in status["batches"]] == [[1, 2], None]
     assert "          waves: 1 of 2 recorded" in render_status(status).splitlines()
+
+
+def test_a_batch_of_tables_the_caller_expects_is_not_counted_when_they_cannot_pass_the_budget() -> None:
+    """A target that cannot list its tables (StarRocks, Doris without `tables`) made every batch count its rows per
+    table (one more Spark job) to learn it needed no plan; the packaged job knows its tables and says so."""
+    from streaming_sink.batch_plan import ServerLimits
+    from tests.integration.test_protocol_findings import InMemoryRunner
+
+    class Limited(MemoryTarget):
+        def server_limits(self) -> ServerLimits:
+            return ServerLimits(1000, 1000, "test")
+
+    class Counting(InMemoryRunner):
+        counted = 0
+
+        def table_rows(self, data: Any, router: Router) -> dict[str, int]:
+            self.counted += 1
+            return super().table_rows(data, router)
+
+    def batch() -> list[list[pa.RecordBatch]]:
+        return [[pa.record_batch({"__table": ["a", "b"], "id": [p, p]})] for p in range(4)]
+
+    for expected, counts in ((None, 1), ({"a", "b", "dead_letters"}, 0)):
+        runner = Counting()
+        sink = ExactlyOnceSink(Limited(), MemoryStateStore(), "job", table_column="__table", runner=runner,
+                               heartbeat_seconds=None)
+        sink.start()
+        if expected is not None:
+            sink.expect_tables(expected)
+        assert sink.process(batch(), 0, "q").transactions == 8
+        assert runner.counted == counts, expected
