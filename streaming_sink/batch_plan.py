@@ -68,6 +68,9 @@ class BatchPlan:
     spread: bool = False
     budget: int | None = None  # the per-wave budget the plan was made for (None: unbounded)
     notes: tuple[str, ...] = field(default=())  # what could not fit, for logs and `doctor`
+    #: the writers the batch had when planned: a spread wave runs on at most this many Spark partitions (None: one
+    #: per slot), so many small tables share a task instead of each paying for one
+    partitions: int | None = None
 
     def in_wave(self, table: str, wave: int) -> bool:
         """Whether `wave` writes `table`'s rows: a planned table in its wave; every table the plan does not name (a
@@ -89,13 +92,14 @@ class BatchPlan:
 
     def to_json(self) -> str:
         return json.dumps({"writers": dict(sorted(self.writers.items())), "waves": [list(w) for w in self.waves],
-                           "spread": self.spread, "budget": self.budget, "notes": list(self.notes)}, sort_keys=True)
+                           "spread": self.spread, "budget": self.budget, "notes": list(self.notes),
+                           "partitions": self.partitions}, sort_keys=True)
 
     @classmethod
     def from_json(cls, text: str) -> BatchPlan:
         data = json.loads(text)
         return cls({str(t): int(n) for t, n in data["writers"].items()}, tuple(tuple(w) for w in data["waves"]),
-                   bool(data["spread"]), data["budget"], tuple(data.get("notes", ())))
+                   bool(data["spread"]), data["budget"], tuple(data.get("notes", ())), data.get("partitions"))
 
 
 def plan_batch(table_rows: Mapping[str, int], writers: int, budget: int | None, spread: bool) -> BatchPlan:
@@ -133,4 +137,4 @@ def plan_batch(table_rows: Mapping[str, int], writers: int, budget: int | None, 
         held += count
     if current:
         waves.append(tuple(current))
-    return BatchPlan(per_table, tuple(waves), spread, budget, tuple(notes))
+    return BatchPlan(per_table, tuple(waves), spread, budget, tuple(notes), writers)

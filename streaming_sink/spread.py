@@ -1,9 +1,9 @@
 """The rows of one wave of a batch's plan (`batch_plan.py`), spread over the plan's writers and put in a fixed order.
 
 A wave keeps only its own tables' rows. A spread plan gives each table `writers[table]` slots, numbered one after
-the other (`base[table]` .. `base[table] + writers[table] - 1`), and each row the slot its content hashes to; one
-Spark partition per slot then holds the rows of that slot, so a table's rows reach at most `writers[table]` task
-writers and the wave holds at most `BatchPlan.transactions(wave)` transactions.
+the other (`base[table]` .. `base[table] + writers[table] - 1`), and each row the slot its content hashes to; each
+slot's rows are in one Spark partition (below), so a table's rows reach at most `writers[table]` task writers and
+the wave holds at most `BatchPlan.transactions(wave)` transactions.
 
 A writer's checksum, its flush boundaries and a replay's partition matching all depend on each partition holding
 the same rows in the same order on every run of the batch (`writer.ContentChecksum` is order-sensitive). A shuffle
@@ -12,9 +12,11 @@ independent 64-bit hashes of the row's content: equal keys mean equal rows (to a
 order changes nothing. Were two different rows ever to tie, a replay's checksum would differ and the sink would stop
 with `ReplayMismatchError`: loud, never silent.
 
-Slots become partitions one to one: Spark places a row by `pmod(murmur3(key), partitions)` (its hash partitioning,
-the same function as SQL `hash`), so each slot is given the smallest key that Spark places in the partition of the
-slot's number (`partition_keys`), and no two slots share a partition.
+Slot s goes to partition s mod P, P the fewer of the slots and the writers the batch had when planned
+(`BatchPlan.partitions`): many small tables share a task instead of each paying for its own, and a table's slots,
+consecutive and no more than P, still land in different partitions. Spark places a row by `pmod(murmur3(key), P)`
+(its hash partitioning, the same function as SQL `hash`), so each partition p is given the smallest key Spark places
+in p (`partition_keys`): where a row goes is a function of the recorded plan and the row alone.
 
 Rows of a table the plan does not name (or of no table: null) belong to the last wave (`BatchPlan.in_wave`, the
 writers' rule too), where the writers load them or the router refuses them: a wave's filter never drops rows.
@@ -83,22 +85,23 @@ def _spread(df: DataFrame, router: Router, plan: BatchPlan, tables: tuple[str, .
         bases[table] = offset
         offset += plan.writers[table]
     slots = offset
+    partitions = min(slots, plan.partitions or slots)
     if router.table_column is None:
         table_of: Column = F.lit(str(router.table))
     else:
         table_of = F.col(router.table_column)
     base = _lookup(table_of, bases)
     width = _lookup(table_of, {table: plan.writers[table] for table in tables})
-    keys = partition_keys(slots)
+    keys = partition_keys(partitions)
     hash_a = F.xxhash64(*content)
     hash_b = F.xxhash64(F.lit("streaming-sink"), *content)  # another seed: independent of hash_a
     # rows of no planned table (the last wave's, `BatchPlan.in_wave`) go to slot 0
     slot = F.coalesce(base + F.pmod(hash_a, F.coalesce(width, F.lit(1))), F.lit(0)).cast("int")
-    key = F.element_at(F.array(*[F.lit(k) for k in keys]), slot + 1).cast("int")
+    key = F.element_at(F.array(*[F.lit(k) for k in keys]), F.pmod(slot, F.lit(partitions)) + 1).cast("int")
     spread = (
         df.withColumn(SLOT_COLUMN, slot)
         .withColumn(KEY_COLUMN, key)
-        .repartition(slots, KEY_COLUMN)
+        .repartition(partitions, KEY_COLUMN)
         .withColumn(HASH_COLUMNS[0], hash_a)
         .withColumn(HASH_COLUMNS[1], hash_b)
         .sortWithinPartitions(SLOT_COLUMN, *HASH_COLUMNS)
