@@ -27,6 +27,7 @@ from .committer import Committer
 from .errors import UNEXPECTED, CliError, ExitCode, OperatorActionRefused, StreamingSinkError
 from .job_id import JOB_ID, JOB_ID_RULE
 from .liveness import SILENT_SECONDS, process_owner, running_driver
+from .metrics import metrics_url
 from .state import STATE_URL_ENV, STORE_SCHEMES, BatchRecord, StateStore, open_store
 from .state.redis import redact_url
 from .status import job_status, render_status, unknown_job
@@ -121,6 +122,9 @@ def build_parser() -> argparse.ArgumentParser:
     status.add_argument("--expiry-margin", type=_positive(float), default=None, metavar="SECONDS",
                         help="a prepared transaction with less time left than this is a problem "
                              "(default: a quarter of --prepared-timeout)")
+    status.add_argument("--metrics", metavar="URL", default=None,
+                        help="the running job's metrics endpoint, to show its messages with unknown fields per table "
+                             "(default: from sink.metrics_port in --config)")
 
     recover = commands.add_parser("recover", help="commit PREPARED batches and abort leftover intents, without Spark",
                                   **common)
@@ -180,6 +184,8 @@ def _resolve(args: argparse.Namespace, target: str) -> None:
     args.job = args.job or (spec.job_id if spec else None)
     if hasattr(args, "checkpoint"):
         args.checkpoint = args.checkpoint or (spec.checkpoint if spec else None)
+    if hasattr(args, "metrics") and not args.metrics and spec and spec.metrics_port is not None:
+        args.metrics = metrics_url(spec.metrics_host, spec.metrics_port)
     args.state = args.state or (spec.state_url if spec else None) or os.environ.get(STATE_URL_ENV) or None
     missing = [flag for flag, value in (("--job", args.job), ("--state", args.state)) if not value]
     if target == "none":
@@ -274,7 +280,8 @@ def cmd_status(args: argparse.Namespace) -> int:
     try:
         _require_job(store, args.job, ExitCode.PROBLEM)  # for a monitoring check, a job with no state is a problem
         target = _open_target(args) if args.target else None
-        status = job_status(store, args.job, args.last, args.prepared_timeout, target, args.expiry_margin)
+        status = job_status(store, args.job, args.last, args.prepared_timeout, target, args.expiry_margin,
+                            metrics_url=args.metrics)
     finally:
         store.close()
     _emit(args, status, render_status(status))

@@ -87,6 +87,14 @@ def parse_label(label: str, job_id: str) -> LabelParts | None:
                       int(found["chunk"]))
 
 
+def label_batch(label: str, table: str, partition: int) -> tuple[str, int] | None:
+    """(what every label of the label's job and query begins with, its batch id), read back from a label `make_label`
+    wrote for `table` and writer `partition`; None where the readable part was cut short of them."""
+    head, found, _ = label.rpartition(f"_{_sanitise(table, 24)}_p{partition}_")
+    series, _, batch = head.rpartition("_")
+    return (series, int(batch)) if found and series and batch.isdigit() else None
+
+
 def _sanitise(text: str, limit: int) -> str:
     return _LABEL_UNSAFE.sub("_", text)[:limit] or "x"
 

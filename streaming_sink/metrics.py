@@ -62,6 +62,10 @@ disable_created_metrics()
 
 #: The name of the `observe()` metrics the packaged job's frame carries into Spark's progress.
 OBSERVED_NAME = "streaming_sink"
+#: The counter of messages with top-level fields their table's schema lacks (also read back by `status`).
+UNKNOWN_FIELDS_METRIC = "messages_with_unknown_fields"
+#: How long `status` waits for a running job's endpoint.
+SCRAPE_TIMEOUT_S = 5.0
 
 
 def build_info(target: str | None) -> dict[str, str]:
@@ -116,7 +120,7 @@ class BatchMetrics:
         self.records_in = counter("records_in", "Kafka records the writers received.")
         self.dead_letters = counter("dead_letters", "Records written to the dead-letter table.")
         self.unknown_fields = counter(
-            "messages_with_unknown_fields", "Messages routed to a table holding top-level JSON fields its schema lacks, "
+            UNKNOWN_FIELDS_METRIC, "Messages routed to a table holding top-level JSON fields its schema lacks, "
             "by table (what became of them: sink.on_unknown_field).", ["table"])
         self.transactions = counter("transactions", "Target transactions committed.")
         self.replayed = counter("replayed", "Prepared transactions the server lost, loaded again from Kafka.")
@@ -366,6 +370,34 @@ def observed_unknown_fields(progress: Mapping[str, Any]) -> dict[str, int]:
     """Table -> messages of the batch with top-level JSON fields the table's schema lacks."""
     counts = observed(progress).get(UNKNOWN_FIELDS_OBSERVED) or {}
     return {str(table): int(count) for table, count in dict(counts).items()}
+
+
+def metrics_url(host: str, port: int) -> str:
+    """Where a job serving on (host, port) answers; a wildcard bind is reached on this machine's loopback."""
+    reachable = "127.0.0.1" if host in ("0.0.0.0", "") else "[::1]" if host == "::" else host
+    return f"http://{reachable}:{port}/metrics"
+
+
+def scrape_unknown_fields(url: str, job_id: str, timeout_s: float = SCRAPE_TIMEOUT_S) -> tuple[dict[str, int], float | None]:
+    """(table -> messages with unknown fields, the Unix time the driver's exporter started) from a running job's
+    endpoint: the counts since that driver started, as counters restart with it. Raises OSError if unreachable."""
+    from urllib.request import urlopen
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    with urlopen(url, timeout=timeout_s) as answer:  # noqa: S310 - an http(s) URL the operator gave, or the job's own
+        text = answer.read().decode()
+    counts: dict[str, int] = {}
+    started = None
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.labels.get("job_id") != job_id:
+                continue
+            if sample.name == f"{PREFIX}{UNKNOWN_FIELDS_METRIC}_total":
+                counts[sample.labels["table"]] = int(sample.value)
+            elif sample.name == f"{PREFIX}started_timestamp_seconds":
+                started = float(sample.value)
+    return counts, started
 
 
 def progress_line(progress: Mapping[str, Any]) -> str:

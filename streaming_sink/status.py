@@ -16,6 +16,7 @@ from typing import Any
 
 from .committer import leftover_labels
 from .liveness import running_driver
+from .metrics import scrape_unknown_fields
 from .records import COMMITTED_AT, BatchState
 from .state import StateStore
 from .targets.base import Target
@@ -102,8 +103,11 @@ def job_status(
     target: Target | None = None,
     expiry_margin_s: float | None = None,
     now: float | None = None,
+    metrics_url: str | None = None,
 ) -> dict[str, Any]:
-    """The last `last` batches for display; the verdict looks at every batch the store keeps."""
+    """The last `last` batches for display; the verdict looks at every batch the store keeps. With `metrics_url` (the
+    running job's endpoint), also its messages with unknown fields per table: Spark hands those counts only to the
+    running driver (observed metrics), so no journal holds them."""
     now = time.time() if now is None else now
     if expiry_margin_s is None and prepared_timeout_s is not None:
         expiry_margin_s = prepared_timeout_s * DEFAULT_EXPIRY_SHARE
@@ -177,9 +181,19 @@ def job_status(
         # transactions on the server that no record or intent names (None: no target given, or it cannot list)
         "server_leftovers": server_leftovers,
         "stops": stops,
+        "unknown_fields": _unknown_fields(metrics_url, job_id) if metrics_url else None,
         "problems": problems,
         "healthy": not problems,
     }
+
+
+def _unknown_fields(url: str, job_id: str) -> dict[str, Any]:
+    """What the running job counted; an endpoint that does not answer is no problem of the job's (it may be stopped)."""
+    try:
+        counts, started = scrape_unknown_fields(url, job_id)
+    except (OSError, ValueError) as error:
+        return {"source": url, "error": str(error)}
+    return {"source": url, "since": iso_utc(started), "by_table": counts}
 
 
 def _stopped(stop: dict[str, Any]) -> str:
@@ -258,6 +272,13 @@ def render_status(status: dict[str, Any]) -> str:
                 expiry = f", server drops it in {human_duration(p['expires_in_s'])} ({p['expires_at']})"
             lines.append(f"    batch {p['batch_id']} {p['table']} {p['label']} age {human_duration(p['age_s'])}{expiry}")
     lines.append(f"  leftover intents (begun, never prepared or not chosen): {status['leftover_intents']}")
+    unknown = status.get("unknown_fields")
+    if unknown and "error" in unknown:
+        lines.append(f"  messages with unknown fields: cannot read {unknown['source']} (is the job running?): {unknown['error']}")
+    elif unknown:
+        counts = ", ".join(f"{table} {n}" for table, n in sorted(unknown["by_table"].items())) or "no table counted yet"
+        lines.append(f"  messages with unknown fields (sink.on_unknown_field), since the driver started at {unknown['since']}: "
+                     f"{counts}")
     if status["server_leftovers"]:
         lines.append(f"  on the server, named by no record or intent ({len(status['server_leftovers'])}; `recover --apply` drops them):")
         lines += [f"    {label}" for label in status["server_leftovers"]]

@@ -3,7 +3,7 @@ import itertools
 import re
 import uuid
 
-from streaming_sink.labels import LABEL_MAX_LENGTH, make_label
+from streaming_sink.labels import LABEL_MAX_LENGTH, label_batch, label_prefix, make_label
 
 VALID = re.compile(r"^[-_A-Za-z0-9]+$")
 
@@ -59,3 +59,24 @@ def test_a_label_parses_back_into_what_it_was_made_of():
     assert parse_label(make_label("job", "query-1", 0, "t", -3, "e1w0t0"), "job").partition == -3
     assert parse_label(make_label("j" * 30, query, 1, "t" * 200, 0, "e1w0t0"), "j" * 30).table == "t" * 24
     assert parse_label("ss_probe", "job") is None
+
+
+def test_a_labels_batch_and_its_job_and_query_are_read_back():
+    """What the ClickHouse ledger's retention counts by: names that look like a label's parts do not fool it."""
+    cases = [("orders-ingest", str(uuid.uuid4()), 7, "orders", 3), ("a_b_5_orders_p0_x", "q_1", 123, "orders", 0),
+             ("job", "q", 10**12, "shop.orders", 99999), ("x" * 64, "q" * 40, 0, "t" * 64, 1)]
+    for job, query, batch, table, partition in cases:
+        label = make_label(job, query, batch, table, partition, "e12w3t456", 2)
+        assert label_batch(label, table, partition) == (label_prefix(job, query).rstrip("_"), batch), label
+    assert label_batch(make_label("job", "q", 1, "orders", 0, "e1w0t0"), "payments", 0) is None
+    assert label_batch("ss_job_q_x_orders_p0_e1w0t0_c0_0123456789ab", "orders", 0) is None  # not a batch number
+
+
+def test_the_clickhouse_ledger_keeps_more_batches_than_the_journal_can_ask_about():
+    import inspect
+
+    from streaming_sink.sink import ExactlyOnceSink
+    from streaming_sink.targets.clickhouse.ledger import FORGET_EVERY, HORIZON_BATCHES
+
+    retained = inspect.signature(ExactlyOnceSink).parameters["retain_batches"].default
+    assert 10 * retained <= HORIZON_BATCHES and retained >= FORGET_EVERY

@@ -7,6 +7,7 @@ import re
 from typing import Any
 
 from ...committable import Committable
+from ...labels import label_batch
 from .connection import Connection, literal
 from .engines import REPLICATED_PREFIXES
 
@@ -19,8 +20,18 @@ INSERTED = "inserted"
 _STATE_COLUMN = f"state String DEFAULT '{COMMITTED}'"
 # The staging partition an `inserted` row is about; '' in every other row (and in rows of older ledgers).
 _PARTITION_COLUMN = "partition_id String DEFAULT ''"
+# The job and query (the labels' common beginning) and the batch of a row's label; '' and 0 in rows of older ledgers
+# and for a label cut short of them, which are never forgotten.
+_SERIES_COLUMNS = ("series String DEFAULT ''", "batch UInt64 DEFAULT 0")
 #: a majority of a Replicated table's replicas hold the rows before the INSERT returns
 QUORUM = {"insert_quorum": "auto"}
+#: The ledger keeps the rows of this many batches of a job and query, counted back from the newest one it commits. A
+#: row is read only about a label the journal still names, and the journal keeps the newest `retain_batches` (100 by
+#: default) of the current query and the newest one of each older query: every row it can still ask about is kept,
+#: with a tenfold margin (docs/protocol.md, "ClickHouse: the commit ledger").
+HORIZON_BATCHES = 1000
+#: Rows past the horizon are deleted by one mutation every this many batches (and at a driver's first commit).
+FORGET_EVERY = 100
 
 
 def _summary(states: set[str]) -> str | None:
@@ -39,6 +50,7 @@ class Ledger:
         self._ready = False
         self.ttl_s: float | None = None  # a legacy ledger's TTL, found when the ledger is checked
         self._engine = ""  # the ledger's engine, found when the ledger is checked: replicated ones are synced
+        self._forgot: dict[str, int] = {}  # series -> the batch below which this process deleted its rows
 
     @property
     def name(self) -> str:
@@ -51,10 +63,12 @@ class Ledger:
         client = self._connection.client()
         client.command(
             f"CREATE TABLE IF NOT EXISTS {self.name} (label String, target_table String, "
-            f"rows UInt64, {_STATE_COLUMN}, committed_at DateTime DEFAULT now(), {_PARTITION_COLUMN}) ENGINE = MergeTree ORDER BY label"
+            f"rows UInt64, {_STATE_COLUMN}, committed_at DateTime DEFAULT now(), {_PARTITION_COLUMN}, {', '.join(_SERIES_COLUMNS)}) "
+            "ENGINE = MergeTree ORDER BY label"
         )
         client.command(f"ALTER TABLE {self.name} ADD COLUMN IF NOT EXISTS {_STATE_COLUMN}")
-        client.command(f"ALTER TABLE {self.name} ADD COLUMN IF NOT EXISTS {_PARTITION_COLUMN}")
+        for column in (_PARTITION_COLUMN, *_SERIES_COLUMNS):
+            client.command(f"ALTER TABLE {self.name} ADD COLUMN IF NOT EXISTS {column}")
         self._engine = self._definition()[0]
         self.ttl_s = self.read_ttl_s()
         self._ready = True
@@ -76,19 +90,35 @@ class Ledger:
         return float(days.group(1)) * 86400.0 if days else 0.0  # a TTL of another shape: assume the worst
 
     def write(self, committable: Committable, state: str) -> None:
-        self._connection.client().command(
-            f"INSERT INTO {self.name} (label, target_table, rows, state) VALUES "
-            f"({literal(committable.label)}, {literal(committable.table)}, {int(committable.rows)}, {literal(state)})",
-            settings=self._write_settings(),
-        )
+        self._insert(committable, state, int(committable.rows))
 
     def write_inserted(self, committable: Committable, partition_id: str, rows: int) -> None:
         """Journal that one staging partition's INSERT finished, so a resumed commit never sends it again."""
+        self._insert(committable, INSERTED, rows, partition_id)
+
+    def _insert(self, c: Committable, state: str, rows: int, partition_id: str = "") -> None:
+        series, batch = label_batch(c.label, c.table, c.partition) or ("", 0)
         self._connection.client().command(
-            f"INSERT INTO {self.name} (label, target_table, rows, state, partition_id) VALUES "
-            f"({literal(committable.label)}, {literal(committable.table)}, {int(rows)}, {literal(INSERTED)}, "
-            f"{literal(partition_id)})",
+            f"INSERT INTO {self.name} (label, target_table, rows, state, partition_id, series, batch) VALUES "
+            f"({literal(c.label)}, {literal(c.table)}, {int(rows)}, {literal(state)}, {literal(partition_id)}, "
+            f"{literal(series)}, {int(batch)})",
             settings=self._write_settings(),
+        )
+
+    def forget_past_horizon(self, committable: Committable) -> None:
+        """Delete the rows of the committed label's job and query that are more than `HORIZON_BATCHES` batches older
+        than it, so the ledger stays bounded; at most once per `FORGET_EVERY` batches in a process."""
+        found = label_batch(committable.label, committable.table, committable.partition)
+        if found is None:
+            return
+        series, batch = found
+        below, last = batch - HORIZON_BATCHES, self._forgot.get(series)
+        if below < 1 or (last is not None and below < last + FORGET_EVERY):
+            return
+        self._forgot[series] = below  # set first: parallel commits of one batch send one mutation, not one each
+        self._connection.client().command(
+            f"ALTER TABLE {self.name} DELETE WHERE series = {literal(series)} AND batch < {int(below)}",
+            settings={"mutations_sync": 1},  # done on this replica when it returns; the others replay it
         )
 
     def _write_settings(self) -> dict[str, str]:

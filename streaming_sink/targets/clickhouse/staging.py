@@ -2,6 +2,7 @@
 made `CREATE TABLE <staging> AS <target>`, which plays the prepared transaction stock ClickHouse lacks."""
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 
 import pyarrow as pa
@@ -14,6 +15,11 @@ from .connection import Connection, quote
 
 _NULLABLE_PREFIXES = ("Nullable(", "LowCardinality(Nullable(")
 _KEEPS_EVERY_ROW = frozenset({"MergeTree", "ReplicatedMergeTree", "SharedMergeTree"})  # merges fold no rows
+#: A writer that inserted this often in one batch moves at least as many parts into each partition of the table it wrote
+#: (beside the other writers' parts); ClickHouse slows inserts into a partition past 1000 active parts and refuses them
+#: past 3000 (docs/protocol.md, "ClickHouse: one batch, per table"), so it is worth a warning long before.
+MANY_INSERTS = 100
+log = logging.getLogger(__name__)
 
 
 class StagingTransaction(TableTransaction):
@@ -25,6 +31,7 @@ class StagingTransaction(TableTransaction):
         self._ref: TxnRef | None = None
         self._rows = 0
         self._bytes = 0
+        self._inserts = 0
         self._not_nullable: set[str] | None = None
 
     def write(self, chunk: pa.Table) -> None:
@@ -42,6 +49,7 @@ class StagingTransaction(TableTransaction):
         connection.repeating(f"insert into {self._ref.label}", lambda: self._insert(chunk))
         self._rows += chunk.num_rows
         self._bytes += chunk.nbytes
+        self._inserts += 1
 
     def _insert(self, chunk: pa.Table) -> None:
         """One insert into the staging table, which only this writer writes: after an error its row count
@@ -87,6 +95,12 @@ class StagingTransaction(TableTransaction):
                 f"staging table {self._ref.label} holds {counted} rows but {self._rows} were written; "
                 "is insert deduplication or a TTL active on the target table?"
             )
+        if self._inserts >= MANY_INSERTS:
+            log.warning(
+                "ClickHouse staging table %s took %d inserts in this batch: its commit moves at least %d parts into each "
+                "partition of %s it holds, and inserts into a partition slow down past parts_to_delay_insert (1000 by "
+                "default) and fail past parts_to_throw_insert (3000) active parts; raise sink.flush_bytes or give the "
+                "table fewer writers", label, self._inserts, self._inserts, self._connection.table(self._table))
         return [PreparedPart(self._ref, None, self._rows, self._bytes, {"staging": self._ref.label})]
 
     def abort(self) -> None:

@@ -16,8 +16,9 @@ The ledger (`_streaming_sink_ledger` in the target database) decides when the st
 a `committed` row means COMMITTED; a `moving` row alone means some partitions may have moved, which
 no one can tell from here, so `CommitInterruptedError` (a `CommitAmbiguousError`, runbook "ClickHouse commit interrupted");
 no row means nothing ever moved, so ABORTED. Ledgers made by older versions expire rows (a TTL),
-so there "no row" is LOST. Rows are kept for good: two of ~100 bytes per transaction, and in insert
-mode one more per staging partition.
+so there "no row" is LOST. Rows are kept for the newest `ledger.HORIZON_BATCHES` batches of each job and query, far
+more than the journal can still ask about: two of ~100 bytes per transaction, and in insert mode one more per staging
+partition (docs/protocol.md, "ClickHouse: the commit ledger").
 Never `ATTACH PARTITION FROM`: it copies, so a repeated commit would duplicate rows.
 
 Replicas (Replicated*/Shared* tables, ClickHouse Cloud; conformance review 2026-11-24, C2 and C5): a
@@ -251,7 +252,12 @@ class ClickHouseTarget(Target):
         where the statement that failed left it, applied or not. The sink's own verdicts (ambiguous, refused,
         rows that do not add up) are never repeated.
         """
-        return self.connection.repeating(f"commit of {committable.label}", lambda: self._commit_once(committable))
+        outcome = self.connection.repeating(f"commit of {committable.label}", lambda: self._commit_once(committable))
+        try:
+            self.ledger.forget_past_horizon(committable)
+        except Exception as error:  # the commit stands; the rows are deleted at a later batch's try
+            log.warning("ClickHouse: could not delete old rows of the commit ledger %s: %s", self.ledger.name, error)
+        return outcome
 
     def _commit_once(self, c: Committable) -> CommitOutcome:
         self.ledger.ensure()
