@@ -32,6 +32,7 @@ from .kafka_source import check_options, check_starting_offsets
 from .state import REDIS_SCHEMES, STATE_URL_ENV, STORE_SCHEMES  # STATE_URL_ENV moved to state/__init__.py
 from .state.redis_location import parse_redis_url, with_options
 from .targets import DESCRIPTORS, REGISTRY, descriptor_for, embedded_target_url, is_path_url, target_from_url
+from .targets.columns import ColumnRules
 
 _SIZE = re.compile(r"^\s*(\d+)\s*(B|KiB|MiB|GiB|KB|MB|GB|k|m|g)?\s*$", re.IGNORECASE)
 _SIZE_UNITS = {"b": 1, "kib": 1024, "mib": 1024 ** 2, "gib": 1024 ** 3, "kb": 1000, "mb": 1000 ** 2, "gb": 1000 ** 3,
@@ -72,6 +73,10 @@ def resolve_config(data: dict[str, Any], base_dir: Path) -> JobSpec:
     bootstrap = ",".join(kafka.bootstrap_servers) if isinstance(kafka.bootstrap_servers, list) else kafka.bootstrap_servers
     if not bootstrap.strip() or (isinstance(kafka.bootstrap_servers, list) and not all(kafka.bootstrap_servers)):
         raise ConfigurationError("kafka.bootstrap_servers: give \"host:port[,host:port]\" or a list of \"host:port\"")
+    portless = [server.strip() for server in bootstrap.split(",") if not _BROKER.fullmatch(server.strip())]
+    if portless:
+        raise ConfigurationError(f"kafka.bootstrap_servers: {portless[0]!r} is not host:port (Kafka needs the port, "
+                                 "e.g. \"127.0.0.1:9092\")")
 
     tables = {name: _table_schema(name, table) for name, table in config.tables.items()}
     if not tables and config.routing.topic_table is None:
@@ -97,6 +102,7 @@ def resolve_config(data: dict[str, Any], base_dir: Path) -> JobSpec:
     descriptor = descriptor_for(target_url)
     _check_target(target_url, target.database, options)
     _check_timeouts(descriptor.trigger_timeouts, options, interval_s)
+    _check_table_names(descriptor.columns, tables, routing, dead_letter_table)
     create_tables = embedded if target.create_tables is None else target.create_tables
     if create_tables and not descriptor.creates_tables:
         creators = " and ".join(d.display_name for d in DESCRIPTORS if d.creates_tables)
@@ -239,6 +245,22 @@ def _struct_in(annotation: Any) -> type | None:
         if isinstance(candidate, type) and issubclass(candidate, msgspec.Struct):
             return candidate
     return None
+
+
+#: One `bootstrap.servers` entry as Kafka's client reads it: [listener://]host:port, an IPv6 host in brackets.
+_BROKER = re.compile(r"(?:[A-Za-z_]+://)?(?:\[[0-9A-Fa-f:.%]+\]|[^:/\s\[\]]+):(?:[1-9]\d{0,4})")
+
+
+def _check_table_names(rules: ColumnRules, tables: dict[str, Any], routing: Any, dead_letter_table: str | None) -> None:
+    """Every table name the file gives is one the target can hold (its descriptor's rule), naming the key."""
+    named = [(f"tables.{name}", name) for name in tables]
+    named += [("routing.table", routing.table)] if routing.table else []
+    named += [(f"routing.topics.{topic}", table) for topic, table in (routing.topics or {}).items()]
+    named += [("dead_letters.table", dead_letter_table)] if dead_letter_table else []
+    for key, name in named:
+        problem = rules.table_name_problem(name)
+        if problem:
+            raise ConfigurationError(f"{key}: {name!r}: {problem}")
 
 
 def _check_routing(routing: Any, topics: list[str] | None, tables: dict[str, str]) -> None:

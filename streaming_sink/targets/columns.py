@@ -64,6 +64,10 @@ class ColumnRules(Protocol):
         """Bytes the dead-letter table's `raw_value` column, typed `spelling`, holds (None: no limit to respect)."""
         ...
 
+    def table_name_problem(self, name: str) -> str | None:
+        """Why the target cannot name a table `name` (None: it can), checked before any data moves."""
+        ...
+
     def spark_type(self, spelling: str) -> str | None:
         """The Spark SQL type a message's JSON field is parsed as for a column typed `spelling` (a table whose
         schema the job takes from the target); None for a type the job cannot fill (arrays, maps, ...)."""

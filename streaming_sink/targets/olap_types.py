@@ -29,7 +29,18 @@ class OlapColumnRules:
 
     string_bytes: int | None  # STRING's length in bytes (None: more than a message holds)
     datetime_digits: int  # digits of a second DATETIME without a precision keeps
+    product: str  # for messages
+    table_name_marks: str = "_"  # what a table name may hold besides letters and digits
     case_sensitive_names: bool = False
+
+    def table_name_problem(self, name: str) -> str | None:
+        """Letters (Unicode ones too, which a server may allow: Doris' enable_unicode_name_support), digits and the
+        product's marks only: a '.', a quote or a space is refused by the server's name check, so here first."""
+        odd = sorted({c for c in name if not (c.isalnum() or c in self.table_name_marks)})
+        if not odd:
+            return None
+        marks = " and ".join(repr(m) for m in self.table_name_marks)
+        return f"{self.product} table names hold letters, digits and {marks} only, not {''.join(odd)!r}"
 
     def limits(self, spelling: str | None) -> ColumnLimits:
         if spelling is None:
@@ -78,6 +89,6 @@ class OlapColumnRules:
 
 
 #: StarRocks: STRING is VARCHAR(65533); DATETIME keeps microseconds.
-STARROCKS_COLUMNS = OlapColumnRules(string_bytes=65533, datetime_digits=6)
+STARROCKS_COLUMNS = OlapColumnRules(string_bytes=65533, datetime_digits=6, product="StarRocks")
 #: Doris: STRING holds far more than a message; DATETIME alone is DATETIME(0).
-DORIS_COLUMNS = OlapColumnRules(string_bytes=None, datetime_digits=0)
+DORIS_COLUMNS = OlapColumnRules(string_bytes=None, datetime_digits=0, product="Doris", table_name_marks="_-")

@@ -28,6 +28,9 @@ _SPARK_TYPES = {"Bool": "BOOLEAN", "Float32": "FLOAT", "Float64": "DOUBLE", "Str
 class ClickHouseColumnRules:
     case_sensitive_names: bool = True
 
+    def table_name_problem(self, name: str) -> str | None:
+        return None  # any name, quoted with backticks
+
     def limits(self, spelling: str | None) -> ColumnLimits:
         if spelling is None:
             return ColumnLimits("type unknown")
