@@ -21,6 +21,7 @@ from streaming_sink.sink import ExactlyOnceSink
 from streaming_sink.state import BatchRecord, FencedError, MemoryStateStore, StateStoreLostError
 from streaming_sink.targets.starrocks import StarRocksTarget
 from streaming_sink.writer import PartitionResult, PartitionWriter, WriteContext
+from tests.support.batches import table_rows
 from tests.support.doubles.emulators.starrocks import StarRocksEmulator
 from tests.support.doubles.recording import RecordingTarget
 from tests.support.targets.starrocks import starrocks_target
@@ -58,12 +59,7 @@ class InMemoryRunner:
         return len(data)
 
     def table_rows(self, data: Any, router: Router) -> dict[str, int]:
-        rows: dict[str, int] = {}
-        for batches in data:
-            for batch in batches:
-                for table, part in router.split(batch):
-                    rows[table] = rows.get(table, 0) + part.num_rows
-        return rows
+        return table_rows(data, router)
 
     def run(self, data: Any, target: Any, router: Router, context: WriteContext, store: Any) -> list[PartitionResult]:
         results = []

@@ -7,31 +7,15 @@ import json
 
 import pytest
 
-from streaming_sink.frame import build_frame, resolve_tables
-from streaming_sink.metrics import BatchMetrics, progress_listener
 from tests.integration.test_first_hour import streaming_sink
-from tests.integration.test_unknown_fields import KAFKA, job, records, sink_for
+from tests.integration.test_unknown_fields import job, stream_with_metrics
 from tests.support.services.ports import free_port
 
 
 @pytest.mark.slow
 def test_status_shows_the_running_jobs_messages_with_unknown_fields_per_table(spark_session, clickhouse_target, tmp_path):
     spec = job(tmp_path, clickhouse_target, "ignore")
-    source = tmp_path / "kafka"
-    spark_session.createDataFrame(records(), KAFKA).write.parquet(str(source))
-    metrics = BatchMetrics(spec.job_id)
-    sink = sink_for(spec, clickhouse_target, tmp_path, [metrics])
-    frame = build_frame(spark_session.readStream.schema(KAFKA).parquet(str(source)), spec, resolve_tables(spec, sink.known_tables))
-    listener = progress_listener(metrics, log_progress=False)
-    spark_session.streams.addListener(listener)
-    try:
-        query = (frame.writeStream.foreachBatch(sink).option("checkpointLocation", str(tmp_path / "ckpt"))
-                 .trigger(availableNow=True).start())
-        listener.follow(query.id)
-        query.awaitTermination()
-        assert listener.wait_for_batch(int(query.lastProgress["batchId"]), timeout_s=30)
-    finally:
-        spark_session.streams.removeListener(listener)
+    metrics = stream_with_metrics(spark_session, spec, clickhouse_target, tmp_path)
     port = free_port()
     metrics.serve(port)
     config = tmp_path / "job.toml"

@@ -73,12 +73,21 @@ def test_fail_stops_the_batch_naming_the_message_and_its_fields(spark_session, c
 def test_ignore_loads_the_message_without_the_field_and_counts_it_in_the_metrics(spark_session, clickhouse_target, tmp_path):
     """Through a streaming query, as the job runs: the count reaches /metrics through Spark's observed metrics."""
     spec = job(tmp_path, clickhouse_target, "ignore")
+    metrics = stream_with_metrics(spark_session, spec, clickhouse_target, tmp_path)
+    assert table(clickhouse_target, f"SELECT id, name FROM {DB}.orders ORDER BY id") == [(1, "a"), (2, "b"), (3, "c")]
+    assert table(clickhouse_target, f"SELECT count() FROM {DB}.dead_letters") == [(0,)]
+    assert 'streaming_sink_messages_with_unknown_fields_total{job_id="added",table="orders"} 1.0' in metrics.render()
+
+
+def stream_with_metrics(spark_session, spec, clickhouse_target, tmp_path) -> BatchMetrics:
+    """`records()` through the job's frame and sink in a streaming query (available-now), as the job runs them: the
+    metrics returned hold what Spark's observed metrics told the driver."""
     source = tmp_path / "kafka"
     spark_session.createDataFrame(records(), KAFKA).write.parquet(str(source))
     metrics = BatchMetrics(spec.job_id)
     sink = sink_for(spec, clickhouse_target, tmp_path, [metrics])
-    raw = spark_session.readStream.schema(KAFKA).parquet(str(source))
-    frame = build_frame(raw, spec, resolve_tables(spec, sink.known_tables))
+    frame = build_frame(spark_session.readStream.schema(KAFKA).parquet(str(source)), spec,
+                        resolve_tables(spec, sink.known_tables))
     listener = progress_listener(metrics, log_progress=False)
     spark_session.streams.addListener(listener)
     try:
@@ -89,6 +98,4 @@ def test_ignore_loads_the_message_without_the_field_and_counts_it_in_the_metrics
         assert listener.wait_for_batch(int(query.lastProgress["batchId"]), timeout_s=30)
     finally:
         spark_session.streams.removeListener(listener)
-    assert table(clickhouse_target, f"SELECT id, name FROM {DB}.orders ORDER BY id") == [(1, "a"), (2, "b"), (3, "c")]
-    assert table(clickhouse_target, f"SELECT count() FROM {DB}.dead_letters") == [(0,)]
-    assert 'streaming_sink_messages_with_unknown_fields_total{job_id="added",table="orders"} 1.0' in metrics.render()
+    return metrics

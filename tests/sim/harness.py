@@ -42,6 +42,7 @@ from streaming_sink.state import BatchRecord, FencedError, StateStoreLostError
 from streaming_sink.state.memory import MemoryStateStore
 from streaming_sink.targets.base import CommitOutcome, CommittedNotChosenError, TargetError
 from streaming_sink.writer import ContentChecksum, PartitionResult, PartitionWriter, WriteContext
+from tests.support.batches import table_rows
 
 try:  # the checks of a re-planned batch (I10); a release before them runs the simulation without its remedy
     from streaming_sink.errors import SourceReplannedError
@@ -992,12 +993,7 @@ class SimRunner:
         return len(data)
 
     def table_rows(self, data: Any, router: Any) -> dict[str, int]:
-        rows: dict[str, int] = {}
-        for batches in data:
-            for batch in batches:
-                for table, part in router.split(batch):
-                    rows[table] = rows.get(table, 0) + part.num_rows
-        return rows
+        return table_rows(data, router)
 
     def run(self, data: Any, target: Any, router: Any, context: WriteContext, store: Any) -> list[PartitionResult]:
         sim = self.sim
