@@ -51,6 +51,8 @@ class BatchPlanner:
 
     def plan(self, runner: BatchCounts, data: Any, target: Target, router: Router, tables: int | None) -> BatchPlan | None:
         """The batch's plan, or None: it cannot pass the budget (or `spread_above`), or nothing would change."""
+        if not (hasattr(runner, "writer_count") and hasattr(runner, "table_rows")):
+            return None  # a runner written before plans existed cannot count: every batch in one round, as then
         per_wave = self.budget.per_wave
         in_driver = target.runs_writers_in_driver  # one writer: nothing to spread, waves only
         spread = self.spread != "never" and not in_driver
