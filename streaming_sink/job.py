@@ -104,6 +104,9 @@ def exit_on_interrupt(prefix: str) -> None:
     from pyspark import SparkContext
 
     def stop(signum: int, frame: Any) -> None:
+        # the threads still talking to the JVM (Spark's callback server, the query's) log its end with a traceback
+        # through the root logger (py4j's `logging.info(..., exc_info=True)`): nothing is logged from here on
+        logging.disable(logging.CRITICAL)
         jvm = getattr(SparkContext._gateway, "proc", None)  # PySpark's launched JVM (spark-submit), if it started one
         if jvm is not None:  # at once, so none of its lines comes after the last one
             try:

@@ -347,7 +347,7 @@ def _put_raw_record(store, batch: int, text: str) -> None:
 
 
 def test_records_carry_their_format_version_and_a_newer_one_is_refused(store):
-    from streaming_sink.committable import JournalFormatError
+    from streaming_sink.committable import JOURNAL_FORMAT, JournalFormatError
 
     epoch = store.take_epoch(JOB, "test")
     assert set(store.epoch_owner(JOB)) == {"epoch", "owner", "at", "seen"} and store.epoch_owner(JOB)["epoch"] == epoch
@@ -356,8 +356,9 @@ def test_records_carry_their_format_version_and_a_newer_one_is_refused(store):
     stored = json.loads(_raw_record(store, 1))
     assert stored["v"] == 1 and all(c["v"] == 1 for c in stored["committables"])
     assert store.intents(JOB, Q, 2) == [ref("I")]
-    _put_raw_record(store, 1, json.dumps({**stored, "v": 2}))
-    with pytest.raises(JournalFormatError, match="batch record of format version 2 was written by a newer streaming-sink"):
+    newer = JOURNAL_FORMAT + 1
+    _put_raw_record(store, 1, json.dumps({**stored, "v": newer}))
+    with pytest.raises(JournalFormatError, match=f"batch record of format version {newer} was written by a newer streaming-sink"):
         store.get_batch(JOB, Q, 1)
 
 
