@@ -226,6 +226,7 @@ def read_topics(spark: Any, source: KafkaSource, timeout_s: float = 30.0) -> lis
         if cause.endswith(": None"):  # a timeout carries no message
             cause = (f"no answer in {timeout_s:g} s; check that the brokers are reachable from here and that "
                      "kafka.security.protocol is the listener's")
+        cause += _what_to_set(cause)
         raise KafkaUnreachableError(f"Kafka at {source.describe()}: {cause}") from None
     finally:
         if admin is not None:
@@ -238,6 +239,13 @@ def read_topics(spark: Any, source: KafkaSource, timeout_s: float = 30.0) -> lis
         return sorted(wanted)
     pattern = source.option("subscribePattern") or ""
     return sorted(n for n in names if re.fullmatch(pattern, n))
+
+
+def _what_to_set(cause: str) -> str:
+    """The job's key for a Kafka client error that names only the JVM's way (a SASL login without its JAAS entry)."""
+    if "JAAS configuration" in cause:
+        return '; give the login in kafka.options."kafka.sasl.jaas.config"'
+    return ""
 
 
 def root_cause(error: BaseException) -> str:

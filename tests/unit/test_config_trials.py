@@ -123,7 +123,7 @@ REVIEW_2026_11_24: dict[int, str | None] = {
     14: "tests/integration/test_http.py::test_401_is_an_authentication_error_that_names_the_user",
     15: "tests/integration/test_first_hour.py::test_run_with_a_wrong_redis_password_is_one_line",
     16: "R16", 17: "R17", 18: "R18", 19: "R19",
-    20: None,  # SASL_SSL without a JAAS entry: Kafka's IllegalArgumentException, at Spark start
+    20: "tests/unit/test_kafka_source.py::test_a_sasl_login_without_its_jaas_entry_names_the_job_s_key",
     21: "test_a_starrocks_or_doris_target_without_a_user_is_refused_not_root", 22: "24", 23: "21", 24: "32", 25: "37",
     26: "36", 27: "09", 28: "R28", 29: "R29", 30: "19", 31: "28", 32: "27", 33: "38", 34: "23", 35: "40", 36: "39",
 }

@@ -171,3 +171,13 @@ def test_a_kafka_source_built_for_another_spark_is_refused(monkeypatch):
     with pytest.raises(ConfigurationError, match="4.0.0 was built for another Spark than the running 4.2.0"):
         check_kafka_source(spark)
 
+
+
+def test_a_sasl_login_without_its_jaas_entry_names_the_job_s_key() -> None:
+    """Review mistake 20: Kafka's words name a JVM system property; the line names the key that fixes it."""
+    from streaming_sink.kafka_source import _what_to_set
+
+    said = ("IllegalArgumentException: Could not find a 'KafkaClient' entry in the JAAS configuration. System property "
+            "'java.security.auth.login.config' is not set")
+    assert _what_to_set(said) == '; give the login in kafka.options."kafka.sasl.jaas.config"'
+    assert _what_to_set("TimeoutException: Timed out waiting for a node assignment") == ""
