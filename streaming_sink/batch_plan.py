@@ -50,8 +50,6 @@ class TransactionBudget:
 def needs_plan(tables: int | None, writers: int, budget: int | None, spread_above: int) -> bool:
     """Whether a batch may hold more transactions than the budget or `spread_above` (tables x writers at most), so
     its tables are worth counting and planning. `tables` None: the target cannot say how many there may be."""
-    if writers <= 1 and tables == 1:
-        return False
     if tables is None:
         return True
     bound = tables * writers
