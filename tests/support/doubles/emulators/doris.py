@@ -22,7 +22,7 @@ from tests.support.doubles.emulators.faults import Call
 from tests.support.doubles.emulators.http_server import Request, Response, redirect
 from tests.support.doubles.emulators.load_formats import LoadError, LoadFormat, parse_payload
 from tests.support.doubles.emulators.profiles import profile_fields, version_tuple
-from tests.support.doubles.emulators.store import ABORTED, COMMITTED, VISIBLE, Txn
+from tests.support.doubles.emulators.store import ABORTED, COMMITTED, VISIBLE, Txn, load_counts
 
 PREPARE, PRECOMMITTED = "PREPARE", "PRECOMMITTED"
 
@@ -226,11 +226,7 @@ class DorisEmulator(BaseEmulator):
             body["ExistingJobStatus"] = existing
         body["Message"] = message
         body.update({
-            "NumberTotalRows": txn.total_rows if txn else 0,
-            "NumberLoadedRows": txn.loaded_rows if txn else 0,
-            "NumberFilteredRows": txn.filtered_rows if txn else 0,
-            "NumberUnselectedRows": txn.unselected_rows if txn else 0,
-            "LoadBytes": txn.load_bytes if txn else 0, "LoadTimeMs": 0, "BeginTxnTimeMs": 0,
+            **load_counts(txn), "LoadTimeMs": 0, "BeginTxnTimeMs": 0,
             "StreamLoadPutTimeMs": 0, "ReadDataTimeMs": 0, "WriteDataTimeMs": 0})
         if self.profile.v >= (2, 1):
             body["ReceiveDataTimeMs"] = 0

@@ -30,7 +30,7 @@ from tests.support.doubles.emulators.faults import Call
 from tests.support.doubles.emulators.http_server import Request, Response, redirect
 from tests.support.doubles.emulators.load_formats import LoadError, LoadFormat, ParseResult, parse_payload
 from tests.support.doubles.emulators.profiles import profile_fields, version_tuple
-from tests.support.doubles.emulators.store import ABORTED, COMMITTED, VISIBLE, Txn
+from tests.support.doubles.emulators.store import ABORTED, COMMITTED, VISIBLE, Txn, load_counts
 
 PREPARE, PREPARED = "PREPARE", "PREPARED"
 TXN_OPS = ("begin", "load", "prepare", "commit", "rollback")
@@ -288,10 +288,7 @@ class StarRocksEmulator(BaseEmulator):
     @staticmethod
     def _row_counts(txn: Txn) -> dict[str, Any]:
         """prepare/commit OK fields (SR-BE-CTX ``to_resp_json``, SR-T-prepared_timeout)."""
-        return {"TxnId": txn.txn_id, "NumberTotalRows": txn.total_rows,
-                "NumberLoadedRows": txn.loaded_rows, "NumberFilteredRows": txn.filtered_rows,
-                "NumberUnselectedRows": txn.unselected_rows, "LoadBytes": txn.load_bytes,
-                "LoadTimeMs": 0, "StreamLoadPlanTimeMs": 0, "ReceivedDataTimeMs": 0,
+        return {"TxnId": txn.txn_id, **load_counts(txn), "LoadTimeMs": 0, "StreamLoadPlanTimeMs": 0, "ReceivedDataTimeMs": 0,
                 "WriteDataTimeMs": 0, "CommitAndPublishTimeMs": 0}
 
     # -- FE: /api/transaction/{op} -----------------------------------------------------------
@@ -714,11 +711,7 @@ class StarRocksEmulator(BaseEmulator):
             body["ExistingJobStatus"] = existing
         body["Message"] = message
         body.update({
-            "NumberTotalRows": txn.total_rows if txn else 0,
-            "NumberLoadedRows": txn.loaded_rows if txn else 0,
-            "NumberFilteredRows": txn.filtered_rows if txn else 0,
-            "NumberUnselectedRows": txn.unselected_rows if txn else 0,
-            "LoadBytes": txn.load_bytes if txn else 0, "LoadTimeMs": 0, "BeginTxnTimeMs": 0,
+            **load_counts(txn), "LoadTimeMs": 0, "BeginTxnTimeMs": 0,
             "StreamLoadPlanTimeMs": 0, "ReadDataTimeMs": 0, "WriteDataTimeMs": 0,
             "CommitAndPublishTimeMs": 0})
         if error_url:

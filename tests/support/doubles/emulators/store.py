@@ -65,6 +65,14 @@ class Txn:
         }
 
 
+def load_counts(txn: Txn | None) -> dict[str, int]:
+    """The row and byte counts both products' BEs put in a load's answer, under the names both use (SR-BE-CTX;
+    Doris' stream load result); zero where no transaction took data."""
+    return {"NumberTotalRows": txn.total_rows if txn else 0, "NumberLoadedRows": txn.loaded_rows if txn else 0,
+            "NumberFilteredRows": txn.filtered_rows if txn else 0,
+            "NumberUnselectedRows": txn.unselected_rows if txn else 0, "LoadBytes": txn.load_bytes if txn else 0}
+
+
 _TXN_META_FIELDS = [f.name for f in fields(Txn) if f.name != "rows"]
 
 
