@@ -15,7 +15,7 @@ import json
 import logging
 import time
 import weakref
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -105,6 +105,7 @@ class ExactlyOnceSink:
         transaction_share: float = 0.5,
         spread: str = "auto",
         spread_above: int = 100,
+        change_key: Sequence[str] = (),
     ) -> None:
         if not _JOB_ID.match(job_id):
             raise ConfigurationError(f"job_id {job_id!r}: 1-64 characters of letters, digits, '.', '_' or '-'")
@@ -120,6 +121,8 @@ class ExactlyOnceSink:
         self.table, self.table_column = table, table_column
         self.flush_bytes, self.retain_batches = flush_bytes, retain_batches
         self.struct_columns = struct_columns  # with table_column: each table's row is a struct column of its own
+        # rows with `__op` set are changes of the key these columns name, within their table (latest_changes.py)
+        self.change_key = tuple(change_key)
         self.dead_letter_table = dead_letter_table  # only to report dead letters apart from loaded rows
         self.listeners = list(listeners or [])  # told of every batch's report (metrics)
         self.runner = runner if runner is not None else _spark_runner()
@@ -227,6 +230,10 @@ class ExactlyOnceSink:
 
     def process(self, df: Any, batch_id: int, query_id: str) -> BatchReport:
         self.start()
+        if self.change_key:
+            from .latest_changes import latest_changes
+
+            df = latest_changes(df, self.table_column, self.change_key)
         try:
             report = self._process(df, batch_id, query_id)
         except StopForOperator as stop:
