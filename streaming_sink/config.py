@@ -121,6 +121,8 @@ def resolve_config(data: dict[str, Any], base_dir: Path) -> JobSpec:
         checkpoint=_checkpoint(sink.checkpoint, base_dir, data_dir),
         tables=tables,
         table_selects={name: _table_select(name, table) for name, table in config.tables.items() if table.select is not None},
+        source_format=kafka.format,
+        table_keys={name: list(table.key) for name, table in config.tables.items() if table.key is not None} or None,
         table=routing.table,
         table_field=routing.field,
         topic_tables=routing.topics,

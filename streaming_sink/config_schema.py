@@ -22,6 +22,8 @@ Port = Annotated[int, msgspec.Meta(ge=0, le=65535, description="a TCP port; 0 pi
 Positive = Annotated[int, msgspec.Meta(gt=0)]
 #: What the job does with a message holding a top-level JSON field its table's schema lacks (frame.py).
 UnknownFieldAction = Literal["dead-letter", "ignore", "fail"]
+#: How a Kafka message's value reads: a JSON object of the table's fields, or a Debezium change event (frame.py).
+SourceFormat = Literal["json", "debezium"]
 
 
 class _Section(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, omit_defaults=True):
@@ -36,6 +38,9 @@ class Kafka(_Section):
                     'e.g. "^pg\\.public\\..+$"; instead of topics')] = None
     starting_offsets: Annotated[str, msgspec.Meta(description='earliest, latest or JSON {"topic": {"0": offset}}')] = "earliest"
     max_offsets_per_trigger: Positive | None = None
+    format: Annotated[SourceFormat, msgspec.Meta(description=(
+        '"json": each message is a JSON object of its table\'s fields; "debezium": each message is a Debezium change '
+        'event (with or without its schema part), loaded as an upsert or a delete of its key (docs/change-streams.md)'))] = "json"
     options: Annotated[dict[str, Any], msgspec.Meta(
         description="options of Spark's Kafka source by their Spark names, e.g. \"kafka.security.protocol\"; "
                     "a value may be { env = \"NAME\" } to read it from the environment")] = {}
@@ -55,6 +60,9 @@ class Table(_Section):
     select: Annotated[str | None, msgspec.Meta(
         description='the columns the table gets, as a Spark SQL select list over the message\'s fields and the '
                     'metadata columns, e.g. "id, upper(name) AS name, amount * 100 AS cents"; none: the fields as they are')] = None
+    key: Annotated[list[str] | None, msgspec.Meta(description=(
+        'with kafka.format = "debezium": the columns that identify a row (the source table\'s primary key); none: '
+        'the target table\'s own key'))] = None
 
 
 class DeadLetters(_Section):

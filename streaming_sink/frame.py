@@ -16,9 +16,10 @@ from typing import TYPE_CHECKING, Any, cast
 
 import pyarrow as pa
 
+from .changes import DELETE, OP_COLUMN, UPSERT, VERSION_COLUMN, table_columns
 from .errors import ConfigurationError
 from .job_spec import JobSpec
-from .metrics import OBSERVED_NAME, UNKNOWN_FIELDS_OBSERVED
+from .metrics import OBSERVED_NAME, TOMBSTONES_OBSERVED, UNKNOWN_FIELDS_OBSERVED
 from .projection import INTERNAL_PREFIX, Projection, plan_projection, projected, spark_reason
 from .routing import struct_column_for
 from .targets import descriptor_for
@@ -32,6 +33,11 @@ _UNKNOWN_COLUMN = "__streaming_sink_unknown"  # likewise: the table of a message
 _INTERNAL = INTERNAL_PREFIX  # the frame's columns between its stages (a `select` may not name them)
 _ROUTE, _REASON, _FATAL = _INTERNAL + "route", _INTERNAL + "reason", _INTERNAL + "fatal"
 _TEXT, _TABLE, _KEYS = _INTERNAL + "text", _INTERNAL + "table", _INTERNAL + "keys"  # stage 0 of build_frame
+_MESSAGE, _OP, _VERSION, _EVENT = _INTERNAL + "message", _INTERNAL + "op", _INTERNAL + "version", _INTERNAL + "event"
+_TOMBSTONE = _INTERNAL + "tombstone"  # a change event's null value after a delete: skipped, counted
+#: Top-level columns of a change row for the sink's one-change-per-key rule (latest_changes.py): the row's key, as the
+#: JSON of its key columns (tables differ in their keys), its `__op` (NULL: not a change: a dead letter) and `__version`.
+CHANGE_KEY_COLUMN = "__key"
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
     from pyspark.sql.types import StructType
@@ -73,19 +79,23 @@ def resolve_tables(
 
 def build_frame(raw: DataFrame, spec: JobSpec, tables: dict[str, str],
                 column_types: dict[str, dict[str, str] | None] | None = None,
-                unavailable: Mapping[str, str] | None = None) -> DataFrame:
+                unavailable: Mapping[str, str] | None = None,
+                keys: Mapping[str, tuple[str, ...]] | None = None) -> DataFrame:
     """Kafka records -> one route column plus one struct column per table (only the routed one set).
 
     `column_types` are the target's, per table (`Target.table_columns`): a value its column
     cannot hold makes the message a dead letter naming the column (streaming_sink/value_checks.py).
     `unavailable`: tables `routing.topic_table` derives that the job cannot load, and why (target_tables.py).
+    `keys`: with change events (`spec.changes`), each table's key columns; the frame then also has the top-level
+    `__key`, `__op` and `__version` columns the sink keeps one change per key by (`ExactlyOnceSink(change_key=...)`).
     """
     from pyspark.sql import functions as F
     from pyspark.sql.types import StringType, StructField, StructType
 
     rules = descriptor_for(spec.target_url).columns
-    column_types = column_types or {}
-    value = F.col("value").cast("string")
+    column_types, keys = column_types or {}, keys or {}
+    message = F.col("value").cast("string")
+    value = change_row(message) if spec.changes else message  # the JSON object of the table's fields
     if spec.table:
         route = F.lit(spec.table)
     elif spec.table_field:
@@ -103,8 +113,12 @@ def build_frame(raw: DataFrame, spec: JobSpec, tables: dict[str, str],
 
     # Stage 0: what every table's expressions read (the message as text, its route, its top-level keys: NULL for one
     # that is not a JSON object), computed once per message rather than once per table
-    raw = raw.select("*", value.alias(_TEXT), route.alias(_TABLE), F.json_object_keys(value).alias(_KEYS))
-    value, route, keys = F.col(_TEXT), F.col(_TABLE), F.col(_KEYS)
+    change = [event_problem(message).alias(_EVENT), change_op(message).alias(_OP), change_version(message).alias(_VERSION)] \
+        if spec.changes else []
+    raw = raw.select("*", message.alias(_MESSAGE), value.alias(_TEXT), route.alias(_TABLE),
+                     F.json_object_keys(value).alias(_KEYS), *change)
+    message, value, route, fields_of = F.col(_MESSAGE), F.col(_TEXT), F.col(_TABLE), F.col(_KEYS)
+    tombstone = message.isNull() if spec.changes else F.lit(False)
 
     inputs = []  # each table's input row: its parsed fields and the metadata columns
     projections = table_projections(spec, tables)
@@ -114,10 +128,12 @@ def build_frame(raw: DataFrame, spec: JobSpec, tables: dict[str, str],
         types = {column_key(rules, name): kind for name, kind in (column_types.get(table) or {}).items()}
         return value_problems(table, field, column, rules.limits(types.get(column_key(rules, field.name))))
 
-    utf8 = F.is_valid_utf8(value)
-    reason = F.when(value.isNull(), F.lit("message has no value")).when(
+    utf8 = F.is_valid_utf8(message)
+    reason = F.when(tombstone, F.lit(None)).when(message.isNull(), F.lit("message has no value")).when(
         ~utf8, F.lit("message is not valid UTF-8 (raw_value holds its bytes in base64)")
     )
+    if spec.changes:
+        reason = reason.when(F.col(_EVENT).isNotNull(), F.col(_EVENT))
     if any(source == "key" for source, _, _ in spec.metadata()):
         key = F.col("key").cast("string")
         reason = reason.when(key.isNotNull() & ~F.is_valid_utf8(key), F.lit("the record's key is not valid UTF-8 text"))
@@ -126,6 +142,7 @@ def build_frame(raw: DataFrame, spec: JobSpec, tables: dict[str, str],
     # a few hundred tables), begun with a branch that never holds
     unknown_fields_of = F.when(F.lit(False), F.lit(None).cast("string"))
     fatal = F.when(F.lit(False), F.lit(None).cast("string"))  # why the batch must fail (on_unknown_field = "fail")
+    key_of = F.when(F.lit(False), F.lit(None).cast("string"))  # a change row's key (CHANGE_KEY_COLUMN)
     for table, ddl in tables.items():
         schema = spark_schema(ddl, f"tables.{table}.schema")
         parse_schema = StructType(
@@ -145,7 +162,7 @@ def build_frame(raw: DataFrame, spec: JobSpec, tables: dict[str, str],
                     for problem, text in column_problems(table, f, parsed[f.name]):
                         reason = reason.when(mine & problem, F.lit(text))
         known = [f.name for f in schema.fields] + ([spec.table_field] if spec.table_field else [])
-        unknown = F.when(mine, F.array_except(F.coalesce(keys, F.array().cast("array<string>")), F.array(*map(F.lit, known))))
+        unknown = F.when(mine, F.array_except(F.coalesce(fields_of, F.array().cast("array<string>")), F.array(*map(F.lit, known))))
         has_unknown = mine & (F.size(unknown) > 0)
         unknown_fields_of = unknown_fields_of.when(has_unknown, F.lit(table))
         why = F.concat(F.lit(f"field(s) not in the schema of {table}: "), F.array_join(unknown, ", "),
@@ -157,14 +174,24 @@ def build_frame(raw: DataFrame, spec: JobSpec, tables: dict[str, str],
         fields = [parsed[f.name].alias(f.name) for f in parse_schema.fields if f.name != "__corrupt"]
         fields += [F.col(source).cast("string").alias(name) if source == "key" else F.col(source).alias(name)
                    for source, name, _ in spec.metadata()]
+        if spec.changes:
+            key_columns = keys.get(table) or ()
+            if not key_columns or any(name not in parse_schema.names for name in key_columns):
+                raise ConfigurationError(f"tables.{table}.key: {list(key_columns)} must name fields of its schema "
+                                         f"({', '.join(f.name for f in schema.fields)})")
+            key_of = key_of.when(mine, F.to_json(F.struct(*[parsed[name].alias(name) for name in key_columns])))
+            fields += [F.col(_OP).alias(OP_COLUMN), F.col(_VERSION).alias(VERSION_COLUMN)]
         inputs.append(F.when(mine, F.struct(*fields)))
 
     # Stage 1: what every message is (route, reason, each table's input row), under the frame's own names only, so
     # that a projection stage can put a table's fields at the top level without meeting a Kafka column's name.
     coordinates = {"topic": F.col("topic"), "partition": F.col("partition"), "offset": F.col("offset"),
-                   "kafka_timestamp": F.col("timestamp"), "raw_value": F.when(utf8, value).otherwise(F.base64(F.col("value")))}
+                   "kafka_timestamp": F.col("timestamp"), "raw_value": F.when(utf8, message).otherwise(F.base64(F.col("value")))}
+    change_columns = [key_of.alias(CHANGE_KEY_COLUMN), F.col(_OP).alias(OP_COLUMN), F.col(_VERSION).alias(VERSION_COLUMN),
+                      tombstone.alias(_TOMBSTONE)] if spec.changes else []
     frame = raw.select(
         route.alias(_ROUTE), reason.alias(_REASON), fatal.alias(_FATAL), unknown_fields_of.alias(_UNKNOWN_COLUMN),
+        *change_columns,
         *[column.alias(_INTERNAL + name) for name, column in coordinates.items()],
         *[row.alias(_input_column(index)) for index, row in enumerate(inputs)],
     )
@@ -214,17 +241,69 @@ def build_frame(raw: DataFrame, spec: JobSpec, tables: dict[str, str],
     routed = F.when(F.col(_FATAL).isNotNull(), _unroutable(at, F.col(_FATAL), "")).otherwise(routed)
     # Records in and dead letters also go to Spark's progress (`observedMetrics`, the Spark UI). `observe`
     # passes rows through unchanged; `bad` rides along as a column only so it is not computed twice.
+    # a change row's top-level key, op and version: a dead letter is not a change (NULL op), a tombstone is no row
+    changes = [F.when(~bad, F.col(name)).alias(name) for name in (CHANGE_KEY_COLUMN, OP_COLUMN)] \
+        + [F.col(VERSION_COLUMN), F.col(_TOMBSTONE)] if spec.changes else [F.lit(False).alias(_TOMBSTONE)]
     return frame.select(
         routed.alias(ROUTE_COLUMN),
         *[F.when(condition & (~bad if name != spec.dead_letter_table else F.lit(True)), struct).alias(struct_column_for(name))
           for name, condition, struct in columns],
+        *changes,
         bad.alias(_BAD_COLUMN),
         F.col(_UNKNOWN_COLUMN),
     ).observe(
         OBSERVED_NAME, F.count(F.lit(1)).alias("records_in"), F.count_if(F.col(_BAD_COLUMN)).alias("dead_letters"),
         F.map_from_arrays(F.array(*map(F.lit, tables)), F.array(
             *[F.count_if(F.col(_UNKNOWN_COLUMN) == F.lit(table)) for table in tables])).alias(UNKNOWN_FIELDS_OBSERVED),
-    ).drop(_BAD_COLUMN, _UNKNOWN_COLUMN)
+        F.count_if(F.col(_TOMBSTONE)).alias(TOMBSTONES_OBSERVED),
+    ).filter(~F.col(_TOMBSTONE)).drop(_BAD_COLUMN, _UNKNOWN_COLUMN, _TOMBSTONE)
+
+
+def change_row(message: Any) -> Any:
+    """A Debezium change event's row as JSON text: `after` for an insert, a snapshot read or an update, `before` for a
+    delete. The event is the message itself, or its `payload` when the converter wrote the schema beside it."""
+    from pyspark.sql import functions as F
+
+    event = _event(message)
+    return F.when(event["op"] == F.lit("d"), event["before"]).otherwise(event["after"])
+
+
+def change_op(message: Any) -> Any:
+    """`__op` of a change event: an upsert for c (insert), r (snapshot read) and u (update), a delete for d."""
+    from pyspark.sql import functions as F
+
+    op = _event(message)["op"]
+    return F.when(op.isin("c", "r", "u"), F.lit(UPSERT)).when(op == F.lit("d"), F.lit(DELETE))
+
+
+def change_version(message: Any) -> Any:
+    """`__version` of a change event: the source's log position (`source.lsn`, PostgreSQL) where the connector gives
+    one, else the Kafka offset; both grow with a key's changes (Debezium keys records by the row's key)."""
+    from pyspark.sql import functions as F
+
+    return F.coalesce(_event(message)["source"]["lsn"], F.col("offset"))
+
+
+def event_problem(message: Any) -> Any:
+    """Why a message is not a change event the job loads (NULL: it is one, or a tombstone)."""
+    from pyspark.sql import functions as F
+
+    event = _event(message)
+    op, row = event["op"], F.when(event["op"] == F.lit("d"), event["before"]).otherwise(event["after"])
+    return F.when(message.isNull(), F.lit(None)).when(
+        op.isNull(), F.lit("not a Debezium change event: no `op` (in the message or its `payload`)")).when(
+        ~op.isin("c", "r", "u", "d"), F.concat(F.lit("Debezium op '"), op, F.lit(
+            "' is not a row change (the job loads c, r, u and d; a truncate or a message is not loaded)"))).when(
+        row.isNull(), F.concat(F.lit("Debezium op '"), op, F.lit("' carries no row (`after` for c, r, u; `before` for d)")))
+
+
+def _event(message: Any) -> Any:
+    """The change event's fields the job reads, from the message or, with the converter's schema, its `payload`."""
+    from pyspark.sql import functions as F
+
+    wrapped = F.from_json(message, "schema STRING, payload STRING")
+    event = F.when(wrapped["schema"].isNotNull() & wrapped["payload"].isNotNull(), wrapped["payload"]).otherwise(message)
+    return F.from_json(event, "before STRING, after STRING, op STRING, source STRUCT<lsn: BIGINT>")
 
 
 def _no_route(spec: JobSpec) -> Any:
@@ -259,7 +338,8 @@ def projection_inputs(spec: JobSpec, ddl: str) -> StructType:
     """What a table's `select` reads: the message's fields (the routing field aside) and the metadata columns."""
     from pyspark.sql.types import StructType
 
-    metadata = ", ".join(f"{name} {kind}" for _, name, kind in spec.metadata())
+    metadata = ", ".join([f"{name} {kind}" for _, name, kind in spec.metadata()]
+                         + ([f"{OP_COLUMN} INT, {VERSION_COLUMN} BIGINT"] if spec.changes else []))
     fields = [f for f in spark_schema(ddl).fields if f.name != spec.table_field]
     return StructType(fields + (list(spark_schema(metadata).fields) if metadata else []))
 
@@ -335,7 +415,7 @@ def check_columns(target: Target, rules: ColumnRules, schemas: Mapping[str, pa.S
         if existing is None:
             continue
         known = {column_key(rules, name) for name in existing}
-        missing = [name for name in schema.names if column_key(rules, name) not in known]
+        missing = [name for name in table_columns(schema.names) if column_key(rules, name) not in known]
         if missing:
             raise ConfigurationError(
                 f"table {table!r} has no column(s) {missing} that the job writes (it has {list(existing)}); "

@@ -21,7 +21,7 @@ import pyarrow as pa
 
 from .errors import ConfigurationError
 from .execution import SparkWriterRunner, sink_error_of
-from .frame import ROUTE_COLUMN, build_frame, check_columns, spark_schema, table_projections, table_schemas
+from .frame import CHANGE_KEY_COLUMN, ROUTE_COLUMN, build_frame, check_columns, spark_schema, table_projections, table_schemas
 from .intervals import parse_interval
 from .job_spec import JobSpec
 from .kafka_source import KafkaSource, describe_topics, read_topics
@@ -63,6 +63,7 @@ def build_sink(spec: JobSpec) -> ExactlyOnceSink:
         transaction_share=spec.transaction_share,
         spread=spec.spread,
         spread_above=spec.spread_above,
+        change_key=(CHANGE_KEY_COLUMN,) if spec.changes else (),
     )
 
 
@@ -162,7 +163,7 @@ def _stream(spark: SparkSession, spec: JobSpec, source: KafkaSource, sink: Exact
         logging.getLogger("streaming_sink").warning("table %s: its topics' messages go to the dead letters: %s", table, why)
     columns = check_columns(sink.target, descriptor_for(spec.target_url).columns, table_schemas(spec, resolved.tables))
     reader = spark.readStream.format("kafka").options(**source.reader_options())
-    frame = build_frame(reader.load(), spec, resolved.tables, columns, resolved.unavailable)
+    frame = build_frame(reader.load(), spec, resolved.tables, columns, resolved.unavailable, resolved.keys)
     writer = frame.writeStream.foreachBatch(sink).option("checkpointLocation", spec.checkpoint)
     if spec.trigger == "available-now":
         writer = writer.trigger(availableNow=True)

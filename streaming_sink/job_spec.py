@@ -7,7 +7,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any, get_args
 
-from .config_schema import UnknownFieldAction
+from .config_schema import SourceFormat, UnknownFieldAction
 from .errors import ConfigurationError
 from .kafka_source import KafkaSource, check_options, check_starting_offsets
 from .targets import descriptor_for
@@ -36,6 +36,8 @@ class JobSpec:
     tables: dict[str, str] | None = None  # table -> Spark DDL of its JSON fields; None: `schema` for every target table
     schema: str | None = None  # one schema shared by all tables (only with table_field and no `tables`)
     table_selects: dict[str, str] | None = None  # table -> its Spark SQL projection (projection.py); None: none
+    source_format: SourceFormat = "json"  # "debezium": messages are change events (frame.py, changes.py)
+    table_keys: dict[str, list[str]] | None = None  # table -> its key columns (debezium); else the target's key
     table: str | None = None  # every message to this table
     table_field: str | None = None  # or: the message field that names its table
     topic_tables: dict[str, str] | None = None  # or: topic -> table
@@ -81,6 +83,17 @@ class JobSpec:
         unselected = sorted(set(self.table_selects or {}) - set(self.tables or {}))
         if unselected:
             raise ConfigurationError(f"table_selects: {unselected} have no schema in `tables`")
+        if self.source_format not in get_args(SourceFormat):
+            raise ConfigurationError(f"format: {self.source_format!r} is not one of {', '.join(get_args(SourceFormat))}")
+        if self.source_format == "debezium" and self.table_selects:
+            raise ConfigurationError(f"tables.{sorted(self.table_selects)[0]}.select: change events (kafka.format = "
+                                     "\"debezium\") load the row as it is; remove the select")
+        if self.table_keys and self.source_format != "debezium":
+            raise ConfigurationError(f"tables.{sorted(self.table_keys)[0]}.key is for change events: set kafka.format = "
+                                     "\"debezium\", or remove the key")
+        empty = sorted(table for table, key in (self.table_keys or {}).items() if not key or not all(key))
+        if empty:
+            raise ConfigurationError(f"tables.{empty[0]}.key: give the names of the fields that identify a row, e.g. key = [\"id\"]")
         if self.topic_tables and self.topics is not None and set(self.topic_tables) != set(self.topics):
             raise ConfigurationError(f"topic_tables must map every topic in `topics`: {sorted(self.topics)}")
         if isinstance(self.metadata_columns, bool):
@@ -96,6 +109,11 @@ class JobSpec:
         self.kafka_options = check_options(self.kafka_options, "kafka_options")
         check_starting_offsets(self.starting_offsets, "starting_offsets")
 
+    @property
+    def changes(self) -> bool:
+        """Whether the messages are change events: every table then takes upserts and deletes of its key."""
+        return self.source_format == "debezium"
+
     def kafka_source(self) -> KafkaSource:
         return KafkaSource(self.bootstrap, self.topics, self.starting_offsets, self.max_offsets_per_trigger, self.kafka_options)
 
@@ -103,3 +121,4 @@ class JobSpec:
         """(record field, column name, Spark type) of each metadata column, in the table's order."""
         fields = ["partition", "offset"] if self.metadata_columns is True else self.metadata_columns or []
         return [(f, *METADATA_COLUMNS[f]) for f in METADATA_COLUMNS if f in fields]
+

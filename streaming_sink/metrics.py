@@ -122,6 +122,7 @@ class BatchMetrics:
         self.unknown_fields = counter(
             UNKNOWN_FIELDS_METRIC, "Messages routed to a table holding top-level JSON fields its schema lacks, "
             "by table (what became of them: sink.on_unknown_field).", ["table"])
+        self.tombstones = counter("tombstones", "Change events' tombstones (a null value after a delete), skipped.")
         self.transactions = counter("transactions", "Target transactions committed.")
         self.replayed = counter("replayed", "Prepared transactions the server lost, loaded again from Kafka.")
         self.bytes = counter("bytes", "Bytes sent to the target in committed transactions.")
@@ -146,7 +147,7 @@ class BatchMetrics:
         self.last_idle = gauge("last_idle_timestamp_seconds",
                                "Unix time Spark last reported the query idle (no new data in Kafka).")
         self.started.labels(job_id).set(clock())
-        for unlabelled in (self.records_in, self.dead_letters, self.transactions, self.replayed, self.bytes):
+        for unlabelled in (self.records_in, self.dead_letters, self.tombstones, self.transactions, self.replayed, self.bytes):
             unlabelled.labels(job_id)  # present from the first scrape, so rate() sees the first increase
         if trigger_interval_s is not None:
             gauge("trigger_interval_seconds", "The processing-time trigger interval.").labels(job_id).set(trigger_interval_s)
@@ -193,6 +194,7 @@ class BatchMetrics:
         self.last_progress.labels(job).set(self._clock())
         for table, messages in observed_unknown_fields(progress).items():
             self.unknown_fields.labels(job, table).inc(messages)
+        self.tombstones.labels(job).inc(int(observed(progress).get(TOMBSTONES_OBSERVED) or 0))
         for lag in kafka_lag(progress):
             for (topic, partition), behind in lag.partitions.items():
                 self.lag.labels(job, topic, str(partition)).set(behind)
@@ -356,6 +358,8 @@ def _number(text: Any) -> float | None:
 
 #: The observed metric of the packaged job's frame counting, per table, messages with fields its schema lacks.
 UNKNOWN_FIELDS_OBSERVED = "unknown_fields"
+#: Its observed metric counting change events' tombstones, skipped (frame.py).
+TOMBSTONES_OBSERVED = "tombstones"
 
 
 def observed(progress: Mapping[str, Any]) -> dict[str, Any]:

@@ -28,6 +28,7 @@ class JobTables:
 
     tables: dict[str, str]
     unavailable: dict[str, str] = field(default_factory=dict)  # table -> why its topics' messages are dead letters
+    keys: dict[str, tuple[str, ...]] = field(default_factory=dict)  # change events: table -> its key columns
 
 
 def table_of(pattern: str, topic: str) -> str | None:
@@ -41,7 +42,7 @@ def job_tables(spec: JobSpec, target: Target, existing: set[str] | None, topics:
     it cannot tell), and with `routing.topic_table` those derived from `topics`, the topics the job reads now."""
     tables = resolve_tables(spec, existing, target.refusal)
     if not spec.topic_table:
-        return JobTables(tables)
+        return JobTables(tables, keys=_keys(spec, target, tables, {}))
     rules = descriptor_for(spec.target_url).columns
     derived, unavailable = {}, {}
     for table in sorted({name for topic in topics if (name := table_of(spec.topic_table, topic)) is not None}):
@@ -61,7 +62,30 @@ def job_tables(spec: JobSpec, target: Target, existing: set[str] | None, topics:
                 derived[table] = ddl
         if why is not None:
             unavailable[table] = why
-    return JobTables(dict(sorted({**tables, **derived}.items())), unavailable)
+    keys = _keys(spec, target, tables, derived, unavailable)
+    derived = {table: ddl for table, ddl in derived.items() if table not in unavailable}
+    return JobTables(dict(sorted({**tables, **derived}.items())), unavailable, keys)
+
+
+def _keys(spec: JobSpec, target: Target, listed: Mapping[str, str], derived: Mapping[str, str],
+          unavailable: dict[str, str] | None = None) -> dict[str, tuple[str, ...]]:
+    """With change events, each table's key: job.toml's `key`, else the target table's own. A listed table without
+    one is a configuration mistake; a derived one joins `unavailable` (its messages become dead letters)."""
+    if not spec.changes:
+        return {}
+    keys = {}
+    for table in [*listed, *derived]:
+        key = tuple(spec.table_keys.get(table) or ()) if spec.table_keys else ()
+        key = key or target.table_key(table) or ()
+        if key:
+            keys[table] = key
+        elif table in listed:
+            raise ConfigurationError(f"table {table!r}: change events need its key and the target cannot tell it; give "
+                                     f"tables.{table}.key = [\"<column>\", ...]")
+        elif unavailable is not None:
+            unavailable[table] = ("change events need its key and the target cannot tell it: list it under "
+                                  f"[tables.{table}] with a schema and a key")
+    return keys
 
 
 def _unloadable(spec: JobSpec, target: Target, existing: set[str] | None, table: str) -> str | None:

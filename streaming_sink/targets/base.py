@@ -135,6 +135,11 @@ class Target(ABC):
         values against them before anything is sent."""
         return None
 
+    def table_key(self, table: str) -> tuple[str, ...] | None:
+        """The columns that identify a row of the table (its primary, unique or sorting key), where the product
+        tells them (None: it cannot): a change stream's key when job.toml names none (changes.py)."""
+        return None
+
     def check_schema(self, table: str, schema: pa.Schema) -> None:  # noqa: B027 - optional check, none by default
         """Refuse, before any data moves, rows of `schema` this target could not send to `table`."""
 

@@ -43,7 +43,7 @@ TRIALS: list[tuple[str, tuple, str | Callable[[JobSpec], bool]]] = [
     ("01", (("kafka.bootstrap_server", "h:9092"),), "unknown key 'kafka.bootstrap_server' (did you mean 'bootstrap_servers'?)"),
     ("02", (("kafka_options", {}),), "unknown key 'kafka_options'"),
     ("03", (('kafka."kafka.security.protocol"', "SASL_SSL"),),
-     "unknown key 'kafka.kafka.security.protocol'; known: ['bootstrap_servers', 'max_offsets_per_trigger', 'options', "
+     "unknown key 'kafka.kafka.security.protocol'; known: ['bootstrap_servers', 'format', 'max_offsets_per_trigger', 'options', "
      "'starting_offsets', 'topic_pattern', 'topics']; Spark's Kafka source options go in [kafka.options]"),
     ("04", (("kafka.topics", "events"),), "kafka.topics = 'events': expected array, got str"),
     ("05", (("kafka.max_offsets_per_trigger", "1000"),), "kafka.max_offsets_per_trigger = '1000': expected int, got str"),
@@ -79,7 +79,7 @@ TRIALS: list[tuple[str, tuple, str | Callable[[JobSpec], bool]]] = [
     ("31", (("target", {"url": "doris://fe-host:8030", "options": {"timeout": 600}}),),
      "unknown key 'target.options.timeout' for doris"),
     ("32", (("dead_letters.table", "orders"),), "dead_letters.table: 'orders' is also a data table in [tables]"),
-    ("34", (("tables.orders.order_by", "id"),), "unknown key 'tables.orders.order_by'; known: ['schema', 'select']"),
+    ("34", (("tables.orders.order_by", "id"),), "unknown key 'tables.orders.order_by'; known: ['key', 'schema', 'select']"),
     ("35", (("target", {"url": "clickhouse://ch:8123", "database": 5}),), "target.database = 5: expected str, got int"),
     ("36", (STARROCKS, ("target.options", {"timeout": "ten minutes"})), "target.options.timeout = 'ten minutes': invalid literal"),
     ("37", (("target", {"url": "clickhouse://ch:8123", "options": {"timeout": 600}}),),

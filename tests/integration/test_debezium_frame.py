@@ -1,0 +1,113 @@
+"""Debezium change events into change rows (frame.py with `kafka.format = "debezium"`, issue 27 item 1): envelopes with
+and without the converter's schema part, ops c, r, u and d, tombstones skipped and counted, malformed events to the
+dead letters with the reason, and one change per key per batch reaching the writers (the sink's rule). Real local
+Spark; the rows land in the in-memory target, which shows exactly what a target is handed."""
+from __future__ import annotations
+
+import datetime as dt
+import json
+from typing import Any
+
+import pytest
+
+from streaming_sink.changes import DELETE, UPSERT
+from streaming_sink.frame import CHANGE_KEY_COLUMN, build_frame, table_schemas
+from streaming_sink.job_spec import JobSpec
+from streaming_sink.sink import ExactlyOnceSink
+from streaming_sink.state import FileStateStore
+from streaming_sink.targets.memory import MemoryTarget
+
+pytestmark = pytest.mark.slow
+
+KAFKA = "value BINARY, topic STRING, partition INT, offset BIGINT, timestamp TIMESTAMP"
+SCHEMA = "id INT NOT NULL, name STRING"
+
+
+def event(op: str, before: dict | None, after: dict | None, lsn: int | None = None, schema: bool = False) -> str:
+    """A change event as Debezium's JSON converter writes it (the schema part abridged: the job never reads it)."""
+    payload: dict[str, Any] = {"before": before, "after": after, "op": op, "ts_ms": 1,
+                               "source": {"connector": "postgresql", "table": "customers", **({"lsn": lsn} if lsn else {})}}
+    return json.dumps({"schema": {"type": "struct", "optional": False}, "payload": payload} if schema else payload)
+
+
+def spec(tmp_path: Any, **changes: Any) -> JobSpec:
+    job = JobSpec(job_id="cdc", bootstrap="unused", topics=["pg.public.customers"], target_url=f"chdb://{tmp_path}/ch",
+                  database="db", state_url=f"file://{tmp_path / 'state'}", checkpoint=str(tmp_path / "ckpt"),
+                  tables={"customers": SCHEMA}, topic_tables={"pg.public.customers": "customers"},
+                  dead_letter_table="dead_letters", source_format="debezium", table_keys={"customers": ["id"]},
+                  metadata_columns=False, **changes)
+    job.validate()
+    return job
+
+
+def load(spark: Any, tmp_path: Any, job: JobSpec, messages: list[str | None], batch: int = 0,
+         target: MemoryTarget | None = None) -> MemoryTarget:
+    """The messages as one batch of the topic (offsets from 100), through the frame and the sink, as the job runs."""
+    target = target or MemoryTarget()
+    records = [(None if text is None else bytearray(text.encode()), "pg.public.customers", 0, 100 + at,
+                dt.datetime(2026, 1, 2)) for at, text in enumerate(messages)]
+    frame = build_frame(spark.createDataFrame(records, KAFKA).repartition(3), job, {"customers": SCHEMA},
+                        keys={"customers": ("id",)})
+    sink = ExactlyOnceSink(target=target, state=FileStateStore(tmp_path / "state"), job_id=job.job_id,
+                           table_column="__table", struct_columns=True, dead_letter_table="dead_letters",
+                           change_key=(CHANGE_KEY_COLUMN,))
+    sink.process(frame, batch, "q")
+    return target
+
+
+def rows(target: MemoryTarget, table: str = "customers") -> list[tuple]:
+    return sorted(tuple(row.values()) for row in target.rows(table))
+
+
+@pytest.mark.parametrize("schema", [False, True], ids=["payload-only", "with-schema"])
+def test_each_key_gets_its_latest_change_with_its_op_and_version(spark, tmp_path, schema):
+    messages = [
+        event("r", None, {"id": 1, "name": "snap"}, lsn=10, schema=schema),
+        event("c", None, {"id": 2, "name": "new"}, lsn=20, schema=schema),
+        event("u", {"id": 1, "name": "snap"}, {"id": 1, "name": "renamed"}, lsn=30, schema=schema),
+        event("d", {"id": 2, "name": "new"}, None, lsn=40, schema=schema),
+        None,  # the tombstone Debezium sends after the delete of 2
+        event("c", None, {"id": 3, "name": "x"}, lsn=50, schema=schema),
+        event("d", {"id": 3, "name": None}, None, lsn=60, schema=schema),
+        event("c", None, {"id": 3, "name": "back"}, lsn=70, schema=schema),  # deleted and re-inserted in one batch
+    ]
+    target = load(spark, tmp_path, spec(tmp_path), messages)
+    assert rows(target) == [(1, "renamed", UPSERT, 30), (2, "new", DELETE, 40), (3, "back", UPSERT, 70)]
+    assert target.rows("dead_letters") == []
+
+
+def test_without_a_log_position_the_version_is_the_kafka_offset(spark, tmp_path):
+    messages = [event("c", None, {"id": 1, "name": "a"}), event("u", {"id": 1, "name": "a"}, {"id": 1, "name": "b"})]
+    assert rows(load(spark, tmp_path, spec(tmp_path), messages)) == [(1, "b", UPSERT, 101)]
+
+
+def test_malformed_events_are_dead_letters_with_the_reason(spark, tmp_path):
+    messages = [
+        '{"id": 1, "name": "a"}',  # a plain row, not an event
+        event("t", None, None),  # a truncate
+        event("d", None, None),  # a delete without its before
+        "not json",
+        event("c", None, {"id": 9, "name": "ok", "added": 1}),  # a field the schema lacks (on_unknown_field)
+        event("c", None, {"id": 8, "name": "fine"}),
+    ]
+    target = load(spark, tmp_path, spec(tmp_path), messages)
+    assert rows(target) == [(8, "fine", UPSERT, 105)]
+    reasons = {row["offset"]: row["reason"] for row in target.rows("dead_letters")}
+    assert reasons == {
+        100: "not a Debezium change event: no `op` (in the message or its `payload`)",
+        101: "Debezium op 't' is not a row change (the job loads c, r, u and d; a truncate or a message is not loaded)",
+        102: "Debezium op 'd' carries no row (`after` for c, r, u; `before` for d)",
+        103: "not a Debezium change event: no `op` (in the message or its `payload`)",
+        104: 'field(s) not in the schema of customers: added (sink.on_unknown_field = "dead-letter")',
+    }
+
+
+def test_a_table_without_a_key_is_refused_before_any_data_moves(spark, tmp_path):
+    job = spec(tmp_path)
+    with pytest.raises(Exception, match=r"tables.customers.key: \['nope'\] must name fields of its schema \(id, name\)"):
+        build_frame(spark.createDataFrame([], KAFKA), job, {"customers": SCHEMA}, keys={"customers": ("nope",)})
+
+
+def test_the_tables_rows_carry_op_and_version(tmp_path, spark):
+    schemas = table_schemas(spec(tmp_path), {"customers": SCHEMA})
+    assert schemas["customers"].names == ["id", "name", "__op", "__version"]
