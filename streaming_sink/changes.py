@@ -8,9 +8,13 @@ sign and sequence column, ClickHouse's ReplacingMergeTree version and is-deleted
 * `__version`: a non-negative 64-bit number that grows with a key's changes in the source (Debezium's `source.lsn`
   where the connector gives one, else the Kafka offset), so it never goes back after a restart or a replay.
 
-Before the writers see a batch, the sink keeps one row per (table, key): the change with the highest `__version`
-(ties, identical re-deliveries, broken by content so a re-run keeps the same row). A delete followed by a re-insert
-in one batch therefore ends with the row present, and no two writers hold changes of one key in one batch.
+Before the writers see a batch, the sink keeps one row per (table, key): the change with the highest `__version`;
+among equal versions the one with the highest `__position` where the rows carry it (the packaged job: the Kafka
+offset, since one key's changes stay in one partition; Debezium gives a PostgreSQL snapshot row and the key's first
+streamed change the same `source.lsn`), then by content, so a re-run keeps the same row. A delete followed by a
+re-insert in one batch therefore ends with the row present, and no two writers hold changes of one key in one batch.
+Across batches, equal versions are resolved by load order, which is batch order: every target keeps the row loaded
+last among equal versions.
 """
 from __future__ import annotations
 
@@ -20,6 +24,7 @@ import pyarrow as pa
 
 OP_COLUMN = "__op"
 VERSION_COLUMN = "__version"
+POSITION_COLUMN = "__position"  # optional, never loaded: breaks ties of `__version` within a batch
 CHANGE_COLUMNS = (OP_COLUMN, VERSION_COLUMN)
 UPSERT, DELETE = 0, 1
 

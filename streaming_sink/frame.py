@@ -11,12 +11,13 @@ from the Kafka record alone, so a re-run batch produces the same rows (the repla
 """
 from __future__ import annotations
 
+import datetime as dt
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, cast
 
 import pyarrow as pa
 
-from .changes import DELETE, OP_COLUMN, UPSERT, VERSION_COLUMN, table_columns
+from .changes import DELETE, OP_COLUMN, POSITION_COLUMN, UPSERT, VERSION_COLUMN, table_columns
 from .errors import ConfigurationError
 from .job_spec import JobSpec
 from .metrics import OBSERVED_NAME, TOMBSTONES_OBSERVED, UNKNOWN_FIELDS_OBSERVED
@@ -153,9 +154,16 @@ def build_frame(raw: DataFrame, spec: JobSpec, tables: dict[str, str],
         # parsed only for the messages routed here: with hundreds of tables, one parse per message, not one per table
         parsed = F.when(mine, F.from_json(value, parse_schema, {"mode": "PERMISSIVE", "columnNameOfCorruptRecord": "__corrupt"}))
         reason = reason.when(mine & parsed["__corrupt"].isNotNull(), F.lit(f"not valid JSON for the schema of {table}"))
+        key_columns = keys.get(table) or () if spec.changes else ()
+        if spec.changes and (not key_columns or any(name not in parse_schema.names for name in key_columns)):
+            raise ConfigurationError(f"tables.{table}.key: {list(key_columns)} must name fields of its schema "
+                                     f"({', '.join(f.name for f in schema.fields)})")
+        deleted = F.col(_OP) == F.lit(DELETE) if spec.changes else F.lit(False)
         for f in schema.fields:
-            if not f.nullable:
-                reason = reason.when(mine & parsed[f.name].isNull(), F.lit(f"required field {f.name!r} of {table} is missing or null"))
+            if not f.nullable or f.name in key_columns:
+                # a delete needs only its key: Debezium's `before` holds nothing else by default (replica identity)
+                missing = parsed[f.name].isNull() & (~deleted if f.name not in key_columns else F.lit(True))
+                reason = reason.when(mine & missing, F.lit(f"required field {f.name!r} of {table} is missing or null"))
         if table not in projections:  # else the select's output is what the table's columns must hold (stage 2)
             for f in parse_schema.fields:
                 if f.name != "__corrupt":
@@ -171,14 +179,12 @@ def build_frame(raw: DataFrame, spec: JobSpec, tables: dict[str, str],
             reason = reason.when(has_unknown, why)
         elif spec.on_unknown_field == "fail":
             fatal = fatal.when(has_unknown, why)
-        fields = [parsed[f.name].alias(f.name) for f in parse_schema.fields if f.name != "__corrupt"]
+        fields = [(_deleted_value(parsed[f.name], f.dataType, deleted, not f.nullable or not _nullable(
+                      rules, column_types, table, f.name)) if spec.changes and f.name not in key_columns else parsed[f.name]
+                   ).alias(f.name) for f in schema.fields if f.name in parse_schema.names]
         fields += [F.col(source).cast("string").alias(name) if source == "key" else F.col(source).alias(name)
                    for source, name, _ in spec.metadata()]
         if spec.changes:
-            key_columns = keys.get(table) or ()
-            if not key_columns or any(name not in parse_schema.names for name in key_columns):
-                raise ConfigurationError(f"tables.{table}.key: {list(key_columns)} must name fields of its schema "
-                                         f"({', '.join(f.name for f in schema.fields)})")
             key_of = key_of.when(mine, F.to_json(F.struct(*[parsed[name].alias(name) for name in key_columns])))
             fields += [F.col(_OP).alias(OP_COLUMN), F.col(_VERSION).alias(VERSION_COLUMN)]
         inputs.append(F.when(mine, F.struct(*fields)))
@@ -188,7 +194,7 @@ def build_frame(raw: DataFrame, spec: JobSpec, tables: dict[str, str],
     coordinates = {"topic": F.col("topic"), "partition": F.col("partition"), "offset": F.col("offset"),
                    "kafka_timestamp": F.col("timestamp"), "raw_value": F.when(utf8, message).otherwise(F.base64(F.col("value")))}
     change_columns = [key_of.alias(CHANGE_KEY_COLUMN), F.col(_OP).alias(OP_COLUMN), F.col(_VERSION).alias(VERSION_COLUMN),
-                      tombstone.alias(_TOMBSTONE)] if spec.changes else []
+                      F.col("offset").alias(POSITION_COLUMN), tombstone.alias(_TOMBSTONE)] if spec.changes else []
     frame = raw.select(
         route.alias(_ROUTE), reason.alias(_REASON), fatal.alias(_FATAL), unknown_fields_of.alias(_UNKNOWN_COLUMN),
         *change_columns,
@@ -243,7 +249,7 @@ def build_frame(raw: DataFrame, spec: JobSpec, tables: dict[str, str],
     # passes rows through unchanged; `bad` rides along as a column only so it is not computed twice.
     # a change row's top-level key, op and version: a dead letter is not a change (NULL op), a tombstone is no row
     changes = [F.when(~bad, F.col(name)).alias(name) for name in (CHANGE_KEY_COLUMN, OP_COLUMN)] \
-        + [F.col(VERSION_COLUMN), F.col(_TOMBSTONE)] if spec.changes else [F.lit(False).alias(_TOMBSTONE)]
+        + [F.col(VERSION_COLUMN), F.col(POSITION_COLUMN), F.col(_TOMBSTONE)] if spec.changes else [F.lit(False).alias(_TOMBSTONE)]
     return frame.select(
         routed.alias(ROUTE_COLUMN),
         *[F.when(condition & (~bad if name != spec.dead_letter_table else F.lit(True)), struct).alias(struct_column_for(name))
@@ -304,6 +310,29 @@ def _event(message: Any) -> Any:
     wrapped = F.from_json(message, "schema STRING, payload STRING")
     event = F.when(wrapped["schema"].isNotNull() & wrapped["payload"].isNotNull(), wrapped["payload"]).otherwise(message)
     return F.from_json(event, "before STRING, after STRING, op STRING, source STRUCT<lsn: BIGINT>")
+
+
+def _nullable(rules: ColumnRules, column_types: Mapping[str, Mapping[str, str] | None], table: str, name: str) -> bool:
+    """Whether the target's column takes NULL (True where the target cannot tell: its schema decides then)."""
+    types = {column_key(rules, column): kind for column, kind in (column_types.get(table) or {}).items()}
+    spelling = types.get(column_key(rules, name))
+    return spelling is None or rules.limits(spelling).nullable
+
+
+def _deleted_value(value: Any, kind: Any, deleted: Any, required: bool) -> Any:
+    """A field of a change row: as parsed, except that a delete's missing value of a NOT NULL column becomes its type's
+    zero (the row is deleted by its key; a NULL there would make StarRocks and Doris filter the delete in strict mode)."""
+    from pyspark.sql import functions as F
+    from pyspark.sql.types import BinaryType, BooleanType, DateType, NumericType, StringType, TimestampNTZType, TimestampType
+
+    zero = {StringType: F.lit(""), BinaryType: F.lit(b""), BooleanType: F.lit(False),
+            DateType: F.lit(dt.date(1970, 1, 1)), TimestampType: F.lit(dt.datetime(1970, 1, 1, tzinfo=dt.timezone.utc)),
+            TimestampNTZType: F.lit(dt.datetime(1970, 1, 1))}.get(type(kind))
+    if zero is None and isinstance(kind, NumericType):
+        zero = F.lit(0)
+    if not required or zero is None:  # a nested type has no zero: left NULL, as the delete came
+        return value
+    return F.when(deleted & value.isNull(), zero.cast(kind)).otherwise(value)
 
 
 def _no_route(spec: JobSpec) -> Any:

@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from .changes import OP_COLUMN, VERSION_COLUMN
+from .changes import OP_COLUMN, POSITION_COLUMN, VERSION_COLUMN
 from .errors import ConfigurationError
 
 if TYPE_CHECKING:
@@ -39,12 +39,11 @@ def latest_changes(df: DataFrame, route: str | None, key: Sequence[str]) -> Data
     # the content hash of a non-change row keeps its group to itself and its identical twins, which all stay
     spread = F.when(change, F.lit(0)).otherwise(F.xxhash64(*content))
     hashes = [F.xxhash64(*content), F.hash(*content)]  # two independent ones: ties only between identical rows
+    order = [F.col(name).desc_nulls_last() for name in (VERSION_COLUMN, POSITION_COLUMN) if name in df.columns]
+    order += [h.desc() for h in hashes]
     partitions = max(1, df.rdd.getNumPartitions())
     grouped = df.withColumn(_SPREAD, spread).repartition(partitions, *groups, F.col(_SPREAD))
-    latest_first = Window.partitionBy(*groups, F.col(_SPREAD)).orderBy(
-        F.col(VERSION_COLUMN).desc_nulls_last(), *[h.desc() for h in hashes])
-    ranked = grouped.withColumn(_RANK, F.row_number().over(latest_first))
+    ranked = grouped.withColumn(_RANK, F.row_number().over(Window.partitionBy(*groups, F.col(_SPREAD)).orderBy(*order)))
     kept = ranked.filter(~change | (F.col(_RANK) == 1))
-    ordered = kept.sortWithinPartitions(*groups, F.col(_SPREAD), F.col(VERSION_COLUMN).desc_nulls_last(),
-                                        *[h.desc() for h in hashes])
-    return ordered.drop(_SPREAD, _RANK)
+    ordered = kept.sortWithinPartitions(*groups, F.col(_SPREAD), *order)
+    return ordered.drop(_SPREAD, _RANK, *([POSITION_COLUMN] if POSITION_COLUMN in df.columns else []))

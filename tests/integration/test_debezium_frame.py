@@ -30,10 +30,10 @@ def event(op: str, before: dict | None, after: dict | None, lsn: int | None = No
     return json.dumps({"schema": {"type": "struct", "optional": False}, "payload": payload} if schema else payload)
 
 
-def spec(tmp_path: Any, **changes: Any) -> JobSpec:
+def spec(tmp_path: Any, schema: str = SCHEMA, **changes: Any) -> JobSpec:
     job = JobSpec(job_id="cdc", bootstrap="unused", topics=["pg.public.customers"], target_url=f"chdb://{tmp_path}/ch",
                   database="db", state_url=f"file://{tmp_path / 'state'}", checkpoint=str(tmp_path / "ckpt"),
-                  tables={"customers": SCHEMA}, topic_tables={"pg.public.customers": "customers"},
+                  tables={"customers": schema}, topic_tables={"pg.public.customers": "customers"},
                   dead_letter_table="dead_letters", source_format="debezium", table_keys={"customers": ["id"]},
                   metadata_columns=False, **changes)
     job.validate()
@@ -46,7 +46,7 @@ def load(spark: Any, tmp_path: Any, job: JobSpec, messages: list[str | None], ba
     target = target or MemoryTarget()
     records = [(None if text is None else bytearray(text.encode()), "pg.public.customers", 0, 100 + at,
                 dt.datetime(2026, 1, 2)) for at, text in enumerate(messages)]
-    frame = build_frame(spark.createDataFrame(records, KAFKA).repartition(3), job, {"customers": SCHEMA},
+    frame = build_frame(spark.createDataFrame(records, KAFKA).repartition(3), job, job.tables or {},
                         keys={"customers": ("id",)})
     sink = ExactlyOnceSink(target=target, state=FileStateStore(tmp_path / "state"), job_id=job.job_id,
                            table_column="__table", struct_columns=True, dead_letter_table="dead_letters",
@@ -79,6 +79,28 @@ def test_each_key_gets_its_latest_change_with_its_op_and_version(spark, tmp_path
 def test_without_a_log_position_the_version_is_the_kafka_offset(spark, tmp_path):
     messages = [event("c", None, {"id": 1, "name": "a"}), event("u", {"id": 1, "name": "a"}, {"id": 1, "name": "b"})]
     assert rows(load(spark, tmp_path, spec(tmp_path), messages)) == [(1, "b", UPSERT, 101)]
+
+
+def test_a_snapshot_row_and_a_change_at_the_same_log_position_keep_the_change(spark, tmp_path):
+    """Debezium gives a PostgreSQL snapshot row and its key's first streamed change the same `source.lsn`: within a
+    batch the later Kafka offset wins (the target resolves equal versions across batches by load order)."""
+    messages = [text for key in range(20) for text in (event("r", None, {"id": key, "name": "snap"}, lsn=500 + key),
+                                                        event("u", None, {"id": key, "name": "new"}, lsn=500 + key))]
+    assert rows(load(spark, tmp_path, spec(tmp_path), messages)) == [(key, "new", UPSERT, 500 + key) for key in range(20)]
+
+
+def test_a_delete_needs_only_its_key(spark, tmp_path):
+    """With PostgreSQL's default replica identity a delete's `before` holds the key and NULLs: a NOT NULL column gets
+    its type's zero (the row goes by its key), never a dead letter; a change without its key is one."""
+    job = spec(tmp_path, schema="id INT NOT NULL, name STRING NOT NULL, born DATE NOT NULL, score DOUBLE")
+    messages = [event("d", {"id": 1, "name": None, "born": None, "score": None}, None, lsn=10),
+                event("c", None, {"id": None, "name": "x", "born": "2000-01-01"}, lsn=11),
+                event("u", None, {"id": 2, "name": None, "born": "2000-01-01"}, lsn=12)]
+    target = load(spark, tmp_path, job, messages)
+    assert rows(target) == [(1, "", dt.date(1970, 1, 1), None, DELETE, 10)]
+    assert sorted((r["offset"], r["reason"]) for r in target.rows("dead_letters")) == [
+        (101, "required field 'id' of customers is missing or null"),
+        (102, "required field 'name' of customers is missing or null")]
 
 
 def test_malformed_events_are_dead_letters_with_the_reason(spark, tmp_path):
