@@ -22,8 +22,16 @@ from typing import Any
 
 import pytest
 
-from tests.support.change_data import TABLES, ChangeWorkload, create_tables, current_rows, qualified_tables
-from tests.support.services._proc import wait_until
+from tests.support.change_data import (
+    SCHEMA,
+    TABLES,
+    Applied,
+    ChangeWorkload,
+    create_tables,
+    current_rows,
+    qualified_tables,
+)
+from tests.support.services._proc import ServiceError, log_tail, wait_until
 from tests.support.services.kafka import KafkaBroker
 from tests.support.services.kafka_connect import KafkaConnect, debezium_postgres_config
 from tests.support.services.postgres import PostgresServer
@@ -83,38 +91,73 @@ def _row(values: dict[str, Any]) -> dict[str, Any]:
             for column, value in values.items()}
 
 
-@pytest.mark.parametrize("schemas", [True, False], ids=["with-schemas", "schemaless"])
-def test_debezium_delivers_every_change_of_the_workload_once_and_in_order(
-    postgres: PostgresServer, kafka_connect: KafkaConnect, kafka_broker: KafkaBroker, schemas: bool
-) -> None:
+def _add_connector(worker: KafkaConnect, postgres: PostgresServer, *, schemas: bool = True) -> tuple[str, str]:
+    """A connector with a slot and topics of its own; returns (its name = topic prefix, its slot)."""
     run = uuid.uuid4().hex[:8]
     prefix, slot = f"cdc-{run}", f"cdc_{run}"
-    workload = ChangeWorkload(seed=27 if schemas else 28)
-    with postgres.connect() as conn:
-        workload.run(conn, 12)  # before the connector: its snapshot (ops `r`)
-        snapshot = current_rows(conn)
-        kafka_connect.add_connector(prefix, debezium_postgres_config(
-            postgres.debezium_properties(), topic_prefix=prefix, slot_name=slot, tables=qualified_tables(),
-            schemas_enable=schemas, partitions=PARTITIONS))
-        # The slot is where streaming starts: changes made once it exists are streamed, not snapshotted.
-        wait_until(lambda: slot in postgres.replication_slots(), timeout=60, what=f"replication slot {slot}")
-        applied = workload.run(conn, 60)
-        truth = current_rows(conn)
-    assert {op for _, op in applied.changes} == {"c", "u", "d"}, applied.changes
-    assert sum(applied.reinserted.values()) > 0, "the workload re-inserted no deleted key"
+    worker.add_connector(prefix, debezium_postgres_config(
+        postgres.debezium_properties(), topic_prefix=prefix, slot_name=slot, tables=qualified_tables(),
+        schemas_enable=schemas, partitions=PARTITIONS))
+    # The slot is where streaming starts: changes made once it exists are streamed, not snapshotted.
+    wait_until(lambda: slot in postgres.replication_slots(), timeout=60, what=f"replication slot {slot}")
+    return prefix, slot
 
-    topics = {table: f"{prefix}.public.{table}" for table in TABLES}
 
-    def last_transaction_arrived() -> bool:
-        # Only looks for the transaction id, in either JSON form: the events are checked strictly below.
+def _topics(prefix: str) -> dict[str, str]:
+    return {table: f"{prefix}.{SCHEMA}.{table}" for table in TABLES}
+
+
+def _await_last_transaction(broker: KafkaBroker, topics: dict[str, str], applied: Applied, worker: KafkaConnect) -> None:
+    """Wait until every event of the workload's last transaction is in the topics (in commit order: all before it).
+
+    On a timeout the error carries the connector's status and the worker's log.
+    """
+
+    def arrived() -> bool:
+        # Only looks for the transaction id, in either JSON form: the events are checked strictly afterwards.
         for table, count in applied.last_transaction.items():
-            values = [json.loads(value) for _, _, _, value in kafka_broker.consume_all(topics[table]) if value]
+            values = [json.loads(value) for _, _, _, value in broker.consume_all(topics[table]) if value]
             txids = [value.get("payload", value)["source"]["txId"] for value in values]
             if txids.count(applied.last_txid) < count:
                 return False
         return True
 
-    wait_until(last_transaction_arrived, timeout=90, what=f"the last transaction's events on {sorted(topics.values())}")
+    try:
+        wait_until(arrived, timeout=90, what=f"the last transaction's events on {sorted(topics.values())}")
+    except ServiceError as exc:
+        prefix = next(iter(topics.values())).split(".")[0]
+        raise ServiceError(f"{exc}\nconnector status: {worker.status(prefix) if worker.running else 'worker down'}\n"
+                           f"--- last lines of {worker.log_path} ---\n{log_tail(worker.log_path, 80)}") from None
+
+
+def _replay(events: list[Event]) -> dict[int, dict[str, Any]]:
+    """A table rebuilt from its change topic: upsert `after`, delete `before`'s key, in (partition, offset) order."""
+    replayed: dict[int, dict[str, Any]] = {}
+    for event in events:  # a key lives in one partition, so its changes are in order
+        if event.envelope is None:
+            continue  # a tombstone: log compaction's marker, the delete event before it already applied
+        if event.envelope["op"] == "d":
+            del replayed[int(event.envelope["before"]["id"])]
+        else:
+            replayed[event.key] = _row(event.envelope["after"])
+    return replayed
+
+
+@pytest.mark.parametrize("schemas", [True, False], ids=["with-schemas", "schemaless"])
+def test_debezium_delivers_every_change_of_the_workload_once_and_in_order(
+    postgres: PostgresServer, kafka_connect: KafkaConnect, kafka_broker: KafkaBroker, schemas: bool
+) -> None:
+    workload = ChangeWorkload(seed=27 if schemas else 28)
+    with postgres.connect() as conn:
+        workload.run(conn, 12)  # before the connector: its snapshot (ops `r`)
+        snapshot = current_rows(conn)
+        prefix, _ = _add_connector(kafka_connect, postgres, schemas=schemas)
+        applied = workload.run(conn, 60)
+        truth = current_rows(conn)
+    assert {op for _, op in applied.changes} == {"c", "u", "d"}, applied.changes
+    assert sum(applied.reinserted.values()) > 0, "the workload re-inserted no deleted key"
+    topics = _topics(prefix)
+    _await_last_transaction(kafka_broker, topics, applied, kafka_connect)
     events = {table: _read(kafka_broker, topic, schemas) for table, topic in topics.items()}
 
     deleted_then_inserted = 0
@@ -147,14 +190,7 @@ def test_debezium_delivers_every_change_of_the_workload_once_and_in_order(
             # perhaps, may start at that very LSN, so here the order is only "not after".
             assert all(lsn <= streamed[0] for op, lsn in history if op == "r" and streamed), history
 
-        replayed: dict[int, dict[str, Any]] = {}
-        for event in table_events:  # (partition, offset) order; a key lives in one partition
-            if event.envelope is None:
-                continue  # a tombstone: log compaction's marker, the delete event before it already applied
-            if event.envelope["op"] == "d":
-                del replayed[int(event.envelope["before"]["id"])]
-            else:
-                replayed[event.key] = _row(event.envelope["after"])
+        replayed = _replay(table_events)
         assert replayed == truth[table], f"{table}: replaying the topic does not give PostgreSQL's rows"
     assert deleted_then_inserted > 0, "no key was deleted and inserted again while the connector streamed"
 
@@ -184,3 +220,43 @@ def test_postgres_comes_back_after_a_kill_with_its_committed_rows(tmp_path: Path
         with server.connect() as conn:
             assert current_rows(conn) == before
     assert not data.exists()
+
+
+def test_a_killed_worker_restarts_from_its_offsets_and_loses_no_change(
+    postgres: PostgresServer, kafka_broker: KafkaBroker, tmp_path: Path
+) -> None:
+    """Connect delivers at least once: after a crash it re-sends what it had not recorded, never skips a change.
+
+    Killed while it streams (its offsets recorded once, the newest changes in flight), then changes made while it
+    is down (PostgreSQL keeps them in the slot), then it comes back: every change arrives, re-sent ones are whole
+    copies, and replaying the topics still gives PostgreSQL's rows.
+    """
+    workload = ChangeWorkload(seed=29)
+    with KafkaConnect(tmp_path / "connect", kafka_broker.bootstrap) as worker, postgres.connect() as conn:
+        snapshot = current_rows(conn)
+        prefix, slot = _add_connector(worker, postgres)
+        topics = _topics(prefix)
+        config = worker.config(prefix)
+        made = [workload.run(conn, 20)]
+        _await_last_transaction(kafka_broker, topics, made[-1], worker)
+        # A worker killed before it ever recorded a streaming offset starts over with a new snapshot on restart
+        # (snapshot.mode=initial): then the changes in between arrive as that snapshot, not one by one.
+        wait_until(lambda: b'"lsn_proc"' in worker.offsets_path.read_bytes(), timeout=60,
+                   what="the worker's first recorded streaming offset")
+        made.append(workload.run(conn, 30))
+        worker.kill()  # at once: the newest changes are in flight, their offsets not recorded
+        wait_until(lambda: not postgres.replication_slots()[slot], timeout=60, what=f"slot {slot} released")
+        made.append(workload.run(conn, 30))  # while the worker is down: kept in the slot
+        worker.start()
+        worker.add_connector(prefix, config)  # a standalone worker keeps connectors in memory only; offsets on disk
+        made.append(workload.run(conn, 10))
+        truth = current_rows(conn)
+        _await_last_transaction(kafka_broker, topics, made[-1], worker)
+    for table, topic in topics.items():
+        events = _read(kafka_broker, topic, schemas=True)
+        distinct = {(e.key, e.envelope["op"], e.envelope["source"]["lsn"]) for e in events if e.envelope}
+        expected = Counter({"r": len(snapshot[table])})
+        for applied in made:
+            expected.update({op: applied.changes[(table, op)] for op in "cud"})
+        assert Counter(op for _, op, _ in distinct) == +expected, f"{table}: changes lost or invented"
+        assert _replay(events) == truth[table], f"{table}: replaying the topic does not give PostgreSQL's rows"

@@ -194,6 +194,13 @@ class KafkaConnect:
         except ServiceError as exc:
             raise ServiceError(f"{exc}\n--- last lines of {self.log_path} ---\n{log_tail(self.log_path)}") from None
 
+    def config(self, name: str) -> dict[str, str]:
+        """Connector ``name``'s configuration as the worker holds it (to create it again after a restart)."""
+        config = self._get(f"/connectors/{name}/config")
+        if config is None:
+            raise ServiceError(f"Kafka Connect has no connector {name}")
+        return {str(k): str(v) for k, v in config.items() if k != "name"}
+
     def status(self, name: str) -> dict[str, Any] | None:
         """Connect's status of connector ``name`` (None while the worker does not know it)."""
         status = self._get(f"/connectors/{name}/status")
