@@ -61,8 +61,8 @@ if ((${#missing_pkgs[@]})); then
     "${SUDO[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
         "${missing_pkgs[@]}" >/dev/null
 fi
-# Debian starts a system-wide redis-server on install; tests start their own on free ports and
-# do not need it (left alone: stopping system services is not this script's business).
+# Debian starts a system-wide redis-server (and a PostgreSQL cluster on 5432) on install; tests start
+# their own on free ports and do not need them (left alone: stopping system services is not this script's business).
 
 # --- virtualenv --------------------------------------------------------------------------------
 if ((need_venv)); then
