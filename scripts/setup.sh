@@ -44,6 +44,9 @@ command -v java >/dev/null 2>&1 || missing_pkgs+=(openjdk-17-jdk-headless)
 command -v mvn >/dev/null 2>&1 || missing_pkgs+=(maven)
 command -v setpriv >/dev/null 2>&1 || missing_pkgs+=(util-linux)
 command -v openssl >/dev/null 2>&1 || missing_pkgs+=(openssl)  # test certificates (tests/integration/test_http.py)
+# PostgreSQL for the change-data tests (tests/support/services/postgres.py): its binaries under
+# /usr/lib/postgresql/<version>/bin, and the package's `postgres` account, which runs the server when we are root.
+compgen -G "/usr/lib/postgresql/*/bin/postgres" >/dev/null || missing_pkgs+=(postgresql)
 if ((${#missing_pkgs[@]})); then
     if [[ $(id -u) -eq 0 ]]; then
         SUDO=()
@@ -58,8 +61,8 @@ if ((${#missing_pkgs[@]})); then
     "${SUDO[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
         "${missing_pkgs[@]}" >/dev/null
 fi
-# Debian starts a system-wide redis-server on install; tests start their own on free ports and
-# do not need it (left alone: stopping system services is not this script's business).
+# Debian starts a system-wide redis-server (and a PostgreSQL cluster on 5432) on install; tests start
+# their own on free ports and do not need them (left alone: stopping system services is not this script's business).
 
 # --- virtualenv --------------------------------------------------------------------------------
 if ((need_venv)); then
@@ -85,7 +88,7 @@ else
     log "no pyproject.toml yet: using the venv as it is"
 fi
 
-# --- jars (Kafka broker, Spark Kafka source) ---------------------------------------------------
+# --- jars (Kafka broker and Connect, Debezium, Spark Kafka source) ---------------------------------------------------
 # Run from the repo so `tests.support.services` is importable even before the editable install exists.
 PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}" "$VENV/bin/python" -m tests.support.services.jars >/dev/null
 

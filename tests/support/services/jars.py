@@ -36,6 +36,11 @@ def cache_root() -> Path:
     return Path(base) / "jars"
 
 
+def jar_dir(name: str, version: str) -> Path:
+    """Directory of the jar set ``<name>-<version>`` in the cache (complete once its manifest is there)."""
+    return cache_root() / f"{name}-{version}"
+
+
 class JarFetchError(RuntimeError):
     """Maven could not resolve or copy the jars."""
 
@@ -121,7 +126,7 @@ def fetch_jars(
     exactly the classpath.
     """
     root = cache_root()
-    dest = root / f"{name}-{version}"
+    dest = jar_dir(name, version)
     recipe = _recipe_digest(pom, properties)
     cached = _read_manifest(dest, recipe)
     if cached is not None:
@@ -166,6 +171,32 @@ def kafka_broker_jars(version: str = KAFKA_VERSION) -> list[Path]:
 def kafka_broker_classpath(version: str = KAFKA_VERSION) -> str:
     """``java -cp`` value for the Kafka broker."""
     return os.pathsep.join(str(j) for j in kafka_broker_jars(version))
+
+
+# --- Kafka Connect and the Debezium PostgreSQL connector -------------------------------------------
+
+#: Debezium release of every Debezium artifact the change-data tests run (a connector's jars must agree).
+DEBEZIUM_VERSION = os.environ.get("STREAMING_SINK_DEBEZIUM_VERSION", "3.6.1.Final")
+
+
+def kafka_connect_jars(version: str = KAFKA_VERSION) -> list[Path]:
+    """The classpath of a Kafka Connect worker (``ConnectStandalone``) of ``version``, without connectors."""
+    return fetch_jars("kafka-connect", version, POM_DIR / "kafka-connect.xml", {"kafka.version": version})
+
+
+def _provided_by_connect(jar: Path) -> bool:
+    # Kafka's own APIs and SLF4J always load from the worker's classpath, never from a plugin's
+    # class loader, so a plugin's copies of them would be dead weight (and another version on disk).
+    relative = jar.as_posix()
+    return "/org/apache/kafka/" in relative or "/org/slf4j/" in relative
+
+
+def debezium_postgres_plugin(version: str = DEBEZIUM_VERSION) -> Path:
+    """Directory holding the Debezium PostgreSQL connector and its libraries: one Connect plugin."""
+    properties = {"debezium.version": version}
+    pom = POM_DIR / "debezium-postgres.xml"
+    fetch_jars("debezium-postgres", version, pom, properties, keep=lambda jar: not _provided_by_connect(jar))
+    return jar_dir("debezium-postgres", version)
 
 
 # --- Spark Kafka source --------------------------------------------------------------------------
@@ -223,11 +254,14 @@ def spark_kafka_jars_conf(spark_version: str | None = None) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m tests.support.services.jars``: fetch both jar sets (used by scripts/setup.sh)."""
+    """``python -m tests.support.services.jars``: fetch every jar set (used by scripts/setup.sh)."""
     del argv
     broker = kafka_broker_jars()
+    connect = kafka_connect_jars()
+    plugin = debezium_postgres_plugin()
     spark = spark_kafka_jars()
     print(f"kafka broker {KAFKA_VERSION}: {len(broker)} jars under {cache_root()}")
+    print(f"kafka connect {KAFKA_VERSION}: {len(connect)} jars; debezium postgres plugin: {plugin}")
     print("spark kafka source: " + " ".join(j.name for j in spark))
     return 0
 
