@@ -135,6 +135,11 @@ class Target(ABC):
         values against them before anything is sent."""
         return None
 
+    def table_key(self, table: str) -> tuple[str, ...] | None:
+        """The columns that identify a row of `table` (its primary or unique key), where the product can tell; None
+        where it cannot, and for a table that keeps every row it is given."""
+        return None
+
     def check_schema(self, table: str, schema: pa.Schema) -> None:  # noqa: B027 - optional check, none by default
         """Refuse, before any data moves, rows of `schema` this target could not send to `table`."""
 
