@@ -189,3 +189,14 @@ def test_doris_schema_tells_the_keys_type_and_keys_by_their_missing_aggregation(
         new.create_table(DB, "uniq", COLUMNS, keys_type="UNIQUE_KEYS", key=("id",))
         data = send("GET", f"{new.fe_url}/api/{DB}/uniq/_schema").json["data"]
         assert [(p["name"], p["is_key"]) for p in data["properties"]] == [("id", "Yes"), ("name", "No")]
+
+
+def test_doris_sequence_mapped_to_a_table_column_needs_no_header(dr: DorisEmulator) -> None:
+    """Property `function_column.sequence_col`: the table's own column is the sequence (D-SEQ)."""
+    dr.create_table(DB, "mapped", [("id", "INT NOT NULL"), ("name", "VARCHAR(20)"), ("v", "BIGINT")],
+                    keys_type="UNIQUE_KEYS", key=("id",), sequence_col="v")
+    loaded(dr, "mapped", b"1,new,10\n", columns="id,name,v")
+    loaded(dr, "mapped", b"1,old,5\n2,two,1\n", columns="id,name,v")
+    assert rows(dr, "mapped") == [(1, "new", 10), (2, "two", 1)]
+    with pytest.raises(ModelError, match="not exists"):
+        dr.create_table(DB, "bad", COLUMNS, keys_type="UNIQUE_KEYS", key=("id",), sequence_col="v")

@@ -275,8 +275,7 @@ class TableSchema:
             raw = values.get(i)
             value = None
             if i >= len(self.columns) and i not in values:
-                out.append(out[self._sequence_from] if name == SEQUENCE_COL and self._sequence_from is not None
-                           else 0 if name != SEQUENCE_COL else None)
+                out.append(self._hidden_default(name, out))
                 continue
             if raw is not None:
                 try:
@@ -293,6 +292,13 @@ class TableSchema:
                 raise ConversionError(f"{reason} in non-nullable column '{name}'")
             out.append(value)
         return out
+
+    def _hidden_default(self, name: str, row: list[Any]) -> Any:
+        """A hidden column the load left out: the sequence is its mapped column's value (the FE refused the load if
+        nothing maps it); `__op` and the delete sign are 0, an upsert."""
+        if name != SEQUENCE_COL:
+            return 0
+        return row[self._sequence_from] if self._sequence_from is not None else None
 
     def mapping(self, fmt: LoadFormat) -> list[int | None]:
         """Stored-column indexes the load's fields go to (the `columns` header, else the table's own columns in
