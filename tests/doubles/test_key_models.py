@@ -200,3 +200,9 @@ def test_doris_sequence_mapped_to_a_table_column_needs_no_header(dr: DorisEmulat
     assert rows(dr, "mapped") == [(1, "new", 10), (2, "two", 1)]
     with pytest.raises(ModelError, match="not exists"):
         dr.create_table(DB, "bad", COLUMNS, keys_type="UNIQUE_KEYS", key=("id",), sequence_col="v")
+
+
+def test_a_duplicate_table_without_a_key_reports_its_leading_columns_as_its_sort_key(dr: DorisEmulator) -> None:
+    dr.create_table(DB, "wide", [("a", "BIGINT"), ("b", "VARCHAR(10)"), ("c", "INT"), ("d", "DOUBLE")])
+    data = send("GET", f"{dr.fe_url}/api/{DB}/wide/_schema").json["data"]
+    assert (data["keysType"], [p["aggregation_type"] for p in data["properties"]]) == ("DUP_KEYS", ["", "", "NONE", "NONE"])

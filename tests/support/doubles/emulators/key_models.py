@@ -18,6 +18,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from tests.support.doubles.emulators.column_types import NESTED, ColumnType
+
 DUP_KEYS, PRIMARY_KEYS, UNIQUE_KEYS = "DUP_KEYS", "PRIMARY_KEYS", "UNIQUE_KEYS"
 OP_COLUMN = "__op"  # StarRocks' load op pseudo-column (Load.LOAD_OP_COLUMN)
 DELETE_SIGN = "__DORIS_DELETE_SIGN__"  # Doris' hidden delete-sign column
@@ -94,6 +96,21 @@ class KeyModel:
     @classmethod
     def from_json(cls, value: dict[str, Any]) -> KeyModel:
         return cls(**{**value, "key": tuple(value.get("key", ()))})
+
+
+def default_sort_key(columns: Sequence[tuple[str, str]]) -> tuple[str, ...]:
+    """The sort key a DUPLICATE table gets when CREATE TABLE names none: its leading columns, at most three, up to and
+    including the first string column, never a FLOAT, DOUBLE or nested one (both products' docs say "the first
+    columns"; this exact rule is **UNCONFIRMED**). It identifies nothing: a DUPLICATE table keeps every row."""
+    key: list[str] = []
+    for name, text in columns[:3]:
+        base = ColumnType.parse(text).base
+        if base in NESTED or base in ("FLOAT", "DOUBLE", "JSON"):
+            break
+        key.append(name)
+        if base in ("CHAR", "VARCHAR", "STRING"):
+            break
+    return tuple(key)
 
 
 def current_rows(model: KeyModel, stored: Sequence[str], visible: int, loads: Iterable[list[list[Any]]]) -> list[tuple[Any, ...]]:
