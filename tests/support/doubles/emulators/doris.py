@@ -7,6 +7,9 @@ or aborts it by ``txn_id`` (or by ``label`` from 2.1). The FE 307-redirects both
 answers them, as in D-LA / D-2PC. The wire facts are in docs/protocol.md, the "Doris: ..."
 sections; their names and source keys are cited next to each behaviour.
 
+Tables are DUPLICATE unless created ``keys_type="UNIQUE_KEYS", key=(...)`` (and ``sequence_type=`` or
+``sequence_col=`` for a sequence column): key_models.py.
+
 Run standalone: ``python -m tests.support.doubles.emulators.doris --data-dir DIR``.
 """
 from __future__ import annotations

@@ -10,6 +10,8 @@ Usage::
 
     with StarRocksEmulator(tmp_path) as sr:
         sr.create_table("db", "t", [("id", "INT"), ("name", "VARCHAR(20)")])
+        sr.create_table("db", "pk", [("id", "INT NOT NULL"), ("name", "VARCHAR(20)")],
+                        keys_type="PRIMARY_KEYS", key=("id",))  # loads upsert by key, `__op` 1 deletes
         ... talk HTTP to sr.fe_url ...
         sr.visible_rows("db", "t")
 
