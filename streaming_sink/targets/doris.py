@@ -31,6 +31,7 @@ from typing import Any
 
 import pyarrow as pa
 
+from ..changes import OP_COLUMN, VERSION_COLUMN, is_change_schema
 from ..committable import Committable, TxnRef
 from ..errors import CommittedNotChosenError, ConfigurationError, TargetError, TransactionLimitError
 from ..retry import RetryPolicy, wait
@@ -42,6 +43,7 @@ from .streamload.accounting import RowCounts
 from .streamload.doris_arrow import ArrowFormat, table_arrow_type
 from .streamload.fe import NO_ANSWER, Answer, Dialect
 from .streamload.http import HttpClient, HttpConnectionError, HttpError, HttpStatusError, api_path, excerpt
+from .streamload.table_schema import TableModel, fetch_table_schema
 from .streamload.target import LabelRetention, SharedOptions, StreamLoadTarget
 
 log = logging.getLogger(__name__)
@@ -68,6 +70,11 @@ _RESERVED_HEADERS = frozenset(
      "enclose", "escape", "read_json_by_line", "strip_outer_array", "max_filter_ratio", "strict_mode",
      "timeout", "expect", "authorization", "txn_id", "txn_operation"}
 )
+# Doris' hidden delete-sign column, which a load may name in `columns` (docs/protocol.md, Doris: unique key tables,
+# delete sign and sequence column), and the headers by which a load would order or delete rows itself.
+DELETE_SIGN = "__DORIS_DELETE_SIGN__"
+SEQUENCE_HEADER = "function_column.sequence_col"
+_CHANGE_HEADERS = frozenset({SEQUENCE_HEADER, "merge_type", "delete", "hidden_columns"})
 _MAX_LABEL_RESOLUTIONS = 3
 _ERROR_LOG_LINES = 5
 
@@ -116,6 +123,29 @@ class DorisOptions(SharedOptions):
     backoff_s: float = 0.5
     backoff_max_s: float = 8.0
     label_num_threshold: int | None = None  # the FE's finished-label memory per database when not 2000; -1: none
+    # change tables created with a sequence column (`function_column.sequence_type`): their `__version` is its value
+    sequence_tables: tuple[str, ...] = ()
+
+    @classmethod
+    def _adjusted(cls, values: dict[str, Any]) -> dict[str, Any]:
+        sequenced = values.get("sequence_tables", ())
+        if isinstance(sequenced, str):
+            raise ConfigurationError("DorisTarget: `sequence_tables` must be a list of table names, not one string")
+        return {**values, "sequence_tables": tuple(str(t) for t in sequenced)}
+
+    def change_load(self, table: str, chunk: pa.Table) -> tuple[pa.Table, dict[str, str]]:
+        """Change rows as Doris loads them, and the headers that say so: `__op` becomes the delete sign (0 keeps the
+        row, 1 deletes its key); `__version` feeds the table's sequence column where the table has one (listed in
+        `sequence_tables`), else stays behind (docs/change-streams.md, Doris)."""
+        if not is_change_schema(chunk.schema):
+            return chunk, {}
+        names = [DELETE_SIGN if name == OP_COLUMN else name for name in chunk.schema.names]
+        chunk = chunk.rename_columns(names)
+        if VERSION_COLUMN not in names:
+            return chunk, {}
+        if table in self.sequence_tables:
+            return chunk, {SEQUENCE_HEADER: VERSION_COLUMN}
+        return chunk.drop_columns([VERSION_COLUMN]), {}
 
     def _validate(self) -> None:
         if self.format not in ("csv", "json", "arrow"):
@@ -291,6 +321,28 @@ class DorisTarget(StreamLoadTarget):
     # does not learn the server's release, so it assumes the least; the option names the server's own value.
     running_limit = (100, "Doris 2.x release (3.x: 1000, 4.x: 10000)")
     options_class = DorisOptions
+    change_model = ("UNIQUE_KEYS", "CREATE TABLE ... UNIQUE KEY (...), merge-on-write the default from 2.1")
+
+    def _read_model(self, table: str) -> TableModel | None:
+        """From `_schema`: its keysType, and its key columns by their missing aggregation type (docs/protocol.md,
+        Common: table schema endpoint)."""
+        answer = fetch_table_schema(self.http, self.database, table)
+        return None if answer is None else answer.model
+
+    def _check_changes(self, table: str, schema: pa.Schema) -> None:
+        """Also: the target sets the delete sign and the sequence itself, so `headers` must not; a change table
+        without a sequence column is ordered by the batches alone, which is said once here."""
+        super()._check_changes(table, schema)
+        clash = sorted(name for name, _ in self.options.headers if name.lower() in _CHANGE_HEADERS)
+        if clash:
+            raise ConfigurationError(f"table {self.database}.{table} takes changes, whose deletes and order the target "
+                                     f"sets itself: remove headers {clash} (list sequence tables in sequence_tables)")
+        if table not in self.options.sequence_tables:
+            log.warning(
+                "Doris table %s.%s takes changes without a sequence column: a key's changes apply in the order their "
+                "batches commit, which the sink keeps, so within this job a late older change cannot win; a writer "
+                "outside it (or a replay of older data) could. Create the table with function_column.sequence_type "
+                "and list it in sequence_tables to have Doris ignore older versions", self.database, table)
 
     def _started(self) -> None:
         self.api = LoadApi(self.http, self.options)
@@ -435,9 +487,11 @@ class _DorisTransaction(TableTransaction):
         found taken afterwards is resolved here.
         """
         ref, options = part.ref, self._options
+        chunk, change_headers = options.change_load(ref.table, chunk)
         fmt = options.wire_format(self._arrow_schema(ref.table, chunk.schema) if options.format == "arrow" else None)
         headers = {"Expect": "100-continue", "label": ref.label, "two_phase_commit": "true", **options.load_headers()}
         headers.update(columns_entry(chunk.schema, fmt))
+        headers.update(change_headers)
         piece_bytes = options.piece_bytes
 
         def body() -> Iterable[bytes]:

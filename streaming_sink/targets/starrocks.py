@@ -28,6 +28,7 @@ from typing import Any
 
 import pyarrow as pa
 
+from ..changes import VERSION_COLUMN, is_change_schema
 from ..committable import Committable, TxnRef
 from ..errors import CommittedNotChosenError, ConfigurationError, TargetError, TransactionLimitError
 from ..retry import RetryPolicy, wait
@@ -38,6 +39,7 @@ from .olap_types import STARROCKS_COLUMNS
 from .streamload.accounting import RowCounts
 from .streamload.fe import HTTP_ERROR, NO_ANSWER, Answer, Dialect, FeClient, LabelState
 from .streamload.http import AuthenticationError, HttpClient, HttpConnectionError, HttpError, api_path
+from .streamload.table_schema import TableModel, fetch_table_model_v2
 from .streamload.target import LabelRetention, SharedOptions, StreamLoadTarget
 
 log = logging.getLogger(__name__)
@@ -95,11 +97,17 @@ class StarRocksOptions(SharedOptions):
     http_retries: int = 3  # for requests that never reached the server, and idempotent ones
     busy_retries: int = 20  # TXN_IN_PROCESSING, write-lock timeouts, FE routing misses
     label_keep_max_num: int | None = None  # the FE's label memory per database, when not its default (1000)
+    # change tables the operator vouches are PRIMARY KEY, for an FE that does not tell a table's model (before 3.3)
+    primary_key_tables: tuple[str, ...] = ()
 
     @classmethod
     def _adjusted(cls, values: dict[str, Any]) -> dict[str, Any]:
         """StarRocks reads header names in any case: the target sends them lower-cased."""
-        return {**values, "properties": tuple((k.lower(), v) for k, v in values.get("properties", ()))}
+        vouched = values.get("primary_key_tables", ())
+        if isinstance(vouched, str):
+            raise ConfigurationError("StarRocksTarget: `primary_key_tables` must be a list of table names, not one string")
+        return {**values, "properties": tuple((k.lower(), v) for k, v in values.get("properties", ())),
+                "primary_key_tables": tuple(str(t) for t in vouched)}
 
     def _validate(self) -> None:
         if self.format not in ("csv", "json"):
@@ -131,6 +139,15 @@ class StarRocksOptions(SharedOptions):
         headers["strict_mode"] = "true" if self.strict_mode else "false"
         headers.update(dict(self.properties))
         return headers
+
+
+def load_rows(chunk: pa.Table) -> pa.Table:
+    """The rows as StarRocks loads them: a change's `__op` travels as the load's op column (named in `columns`);
+    its `__version` stays behind, since a PRIMARY KEY table applies a key's rows in load and commit order, which
+    exactly-once batches keep (docs/change-streams.md, StarRocks)."""
+    if is_change_schema(chunk.schema) and VERSION_COLUMN in chunk.schema.names:
+        return chunk.drop_columns([VERSION_COLUMN])
+    return chunk
 
 
 class TxnApi:
@@ -184,6 +201,22 @@ class StarRocksTarget(StreamLoadTarget):
     running_limit = (1000, "StarRocks 2.x-3.x release")  # Config.max_running_txn_num_per_db (docs/protocol.md)
 
     options_class = StarRocksOptions
+    change_model = ("PRIMARY_KEYS", "CREATE TABLE ... PRIMARY KEY (...)")
+
+    def _read_model(self, table: str) -> TableModel | None:
+        """From the v2 schema API (3.3 on, assumed); the `_schema` endpoint the target reads columns from does not
+        tell it (docs/protocol.md, StarRocks: primary key tables and `__op`)."""
+        return fetch_table_model_v2(self.http, self.database, table)
+
+    def _unknown_model(self, table: str) -> None:
+        """Refused unless vouched for: StarRocks loads `__op` into a table that is not PRIMARY KEY without an error,
+        dropping it, so every delete would land as a row (docs/protocol.md, StarRocks: primary key tables and `__op`)."""
+        if table not in self.options.primary_key_tables:
+            raise ConfigurationError(
+                f"table {self.database}.{table} takes changes, but this StarRocks FE does not tell whether it is a "
+                "PRIMARY KEY table (its v2 schema API, StarRocks 3.3+, is missing), and StarRocks would load the "
+                "deletes of any other table as rows: check it is PRIMARY KEY and list it in the target option "
+                "primary_key_tables")
 
     def _started(self) -> None:
         busy_retry = RetryPolicy(self.options.busy_retries, self.options.backoff_s, self.options.backoff_max_s)
@@ -282,6 +315,7 @@ class _StarRocksTransaction(TableTransaction):
     def write(self, chunk: pa.Table) -> None:
         if chunk.num_rows == 0:
             return  # never begin for nothing (the writer does not send empty chunks anyway)
+        chunk = load_rows(chunk)
         if self._format_headers is None:
             self._format_headers = self._options.format_headers(chunk.schema)
         if self._ref is None:

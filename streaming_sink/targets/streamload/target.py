@@ -13,12 +13,13 @@ from typing import Any, ClassVar, Self
 import pyarrow as pa
 
 from ...batch_plan import ServerLimits
+from ...changes import CHANGE_COLUMNS, is_change_schema
 from ...errors import ConfigurationError
 from ..base import CommitOutcome, ExpiryKind, ExpiryLimit, Target, own_names
-from ..encoding import EncodingError, check_header_names
+from ..encoding import EncodingError, check_header_names, columns_header
 from .fe import FeClient
 from .http import HttpClient
-from .table_schema import fetch_table_columns
+from .table_schema import TableModel, fetch_table_columns
 
 log = logging.getLogger(__name__)
 
@@ -128,6 +129,8 @@ class StreamLoadTarget(Target):
     label_retention: ClassVar[LabelRetention]  # the FE's defaults
     # the FE's default max_running_txn_num_per_db, and the releases it is the default of
     running_limit: ClassVar[tuple[int, str]]
+    # the key model a table must have to take changes (changes.py), as the FE spells it, and how to create one
+    change_model: ClassVar[tuple[str, str]]
 
     def __init__(
         self, fe_url: str = "http://127.0.0.1:8030", database: str = "db", user: str | None = "root", password: str = "",
@@ -149,6 +152,7 @@ class StreamLoadTarget(Target):
             raise ConfigurationError(f"{name} fe_url: {error}") from None
         self.fe_url, self.database, self.user = self.http.base_url, database, user
         self.fe = FeClient(self.http, self.display_name)
+        self._models: dict[str, TableModel | None] = {}  # table -> its key model as the FE told it (driver only)
         self._started()
 
     @classmethod
@@ -254,11 +258,49 @@ class StreamLoadTarget(Target):
         return int(self.options.commit_parallelism)
 
     def check_schema(self, table: str, schema: pa.Schema) -> None:
-        """Column names the wire format cannot send (the `columns` header is latin-1) fail before any data moves."""
+        """Column names the wire format cannot send (the `columns` header is latin-1) fail before any data moves;
+        so do changes (`changes.py`) into a table that cannot take them, where the FE tells the table's model."""
         try:
             check_header_names(schema, self.options.wire_format())
+            if is_change_schema(schema):
+                columns_header(schema)  # the op (and version) columns are named in the header, whatever the format
         except EncodingError as error:
             raise ConfigurationError(f"table {table!r}: {error}") from None
+        if is_change_schema(schema):
+            self._check_changes(table, schema)
+
+    def _check_changes(self, table: str, schema: pa.Schema) -> None:
+        """A change table must be of the product's keyed model (`change_model`) and its change columns integers."""
+        wanted, how = self.change_model
+        for name in CHANGE_COLUMNS:
+            if name in schema.names and not pa.types.is_integer(schema.field(name).type):
+                raise ConfigurationError(f"table {table!r}: change column {name} must be an integer, "
+                                         f"not {schema.field(name).type}")
+        model = self.table_model(table)
+        if model is None:
+            self._unknown_model(table)
+        elif model.keys_type != wanted:
+            raise ConfigurationError(
+                f"table {self.database}.{table} takes changes (upserts and deletes), but it is a {model.keys_type} "
+                f"table, which would keep deleted and replaced rows: changes need a {wanted} table ({how})")
+
+    def _unknown_model(self, table: str) -> None:
+        """What a product does when its FE does not tell a change table's model (none here: its loads refuse)."""
+
+    def table_model(self, table: str) -> TableModel | None:
+        """The table's key model as the FE tells it (None: it does not), read once per table."""
+        if table not in self._models:
+            self._models[table] = self._read_model(table)
+        return self._models[table]
+
+    def _read_model(self, table: str) -> TableModel | None:
+        """A product's reading of the table's key model from its FE."""
+        return None
+
+    def table_key(self, table: str) -> tuple[str, ...] | None:
+        """The key columns of a table of the keyed model changes need, as the FE tells them; None otherwise."""
+        model = self.table_model(table)
+        return model.key if model is not None and model.keys_type == self.change_model[0] and model.key else None
 
     def table_columns(self, table: str) -> dict[str, str] | None:
         """From the FE's `_schema` endpoint: type names without lengths (docs/protocol.md, Common: table schema endpoint)."""

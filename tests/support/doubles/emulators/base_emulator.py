@@ -23,6 +23,7 @@ from tests.support.doubles.emulators.clock import Clock
 from tests.support.doubles.emulators.conversion import STARROCKS_RULES, ConversionRules, to_storage
 from tests.support.doubles.emulators.faults import GENERIC_KNOBS, Call, Faults
 from tests.support.doubles.emulators.http_server import Listener, Request, RequestHandler, Response
+from tests.support.doubles.emulators.key_models import DUP_KEYS, KeyModel, default_sort_key
 from tests.support.doubles.emulators.load_formats import ParseResult
 from tests.support.doubles.emulators.store import ABORTED, COMMITTED, TIMEOUT_REASON, VISIBLE, Store, Txn
 
@@ -158,11 +159,17 @@ class BaseEmulator:
         with self.lock:
             self.store.create_database(db)
 
-    def create_table(self, db: str, table: str, columns: list[tuple[str, str]]) -> None:
+    def create_table(self, db: str, table: str, columns: list[tuple[str, str]], keys_type: str = DUP_KEYS,
+                     key: tuple[str, ...] = (), **properties: Any) -> None:
+        """CREATE TABLE: a DUPLICATE table unless `keys_type` says PRIMARY_KEYS (StarRocks) or UNIQUE_KEYS (Doris),
+        keyed by `key`, the leading columns (a DUPLICATE table's sort key, when not given, as the servers choose it);
+        `properties`: the model's other fields (key_models.KeyModel)."""
+        key = tuple(key) or (default_sort_key(columns) if keys_type == DUP_KEYS else ())
+        model = KeyModel(self.PRODUCT, keys_type, key, **properties)
         with self.lock:
             if db not in self.store.dbs:
                 self.store.create_database(db)
-            self.store.create_table(db, table, columns)
+            self.store.create_table(db, table, columns, model)
 
     def conversion_rules(self) -> ConversionRules:
         """The product's value-conversion rules (docs/protocol.md, "Common: value conversion")."""
@@ -412,7 +419,7 @@ class BaseEmulator:
             return Response.json({"ok": True})
         if parts == ["tables"] and req.method == "POST":
             self.create_table(payload["db"], payload["table"],
-                              [tuple(c) for c in payload["columns"]])
+                              [tuple(c) for c in payload["columns"]], **payload.get("model", {}))
             return Response.json({"ok": True})
         if parts == ["faults"] and req.method == "GET":
             return Response.json({"knobs": {n: getattr(self.faults, n).__doc__

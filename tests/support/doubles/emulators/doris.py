@@ -7,6 +7,9 @@ or aborts it by ``txn_id`` (or by ``label`` from 2.1). The FE 307-redirects both
 answers them, as in D-LA / D-2PC. The wire facts are in docs/protocol.md, the "Doris: ..."
 sections; their names and source keys are cited next to each behaviour.
 
+Tables are DUPLICATE unless created ``keys_type="UNIQUE_KEYS", key=(...)`` (and ``sequence_type=`` or
+``sequence_col=`` for a sequence column): key_models.py.
+
 Run standalone: ``python -m tests.support.doubles.emulators.doris --data-dir DIR``.
 """
 from __future__ import annotations
@@ -20,7 +23,8 @@ from tests.support.doubles.emulators.column_types import schema_properties
 from tests.support.doubles.emulators.conversion import DORIS_RULES, ConversionRules
 from tests.support.doubles.emulators.faults import Call
 from tests.support.doubles.emulators.http_server import Request, Response, redirect
-from tests.support.doubles.emulators.load_formats import LoadError, LoadFormat, parse_payload
+from tests.support.doubles.emulators.key_models import UNIQUE_KEYS
+from tests.support.doubles.emulators.load_formats import LoadError, LoadFormat, TableSchema, parse_payload
 from tests.support.doubles.emulators.profiles import profile_fields, version_tuple
 from tests.support.doubles.emulators.store import ABORTED, COMMITTED, VISIBLE, Txn, load_counts
 
@@ -105,6 +109,12 @@ class DorisProfile:
         return ("csv", "json", "arrow") if self.v >= (2, 1) else ("csv", "json")
 
     @property
+    def unique_key_merge_on_write(self) -> bool:
+        """A new UNIQUE KEY table is merge-on-write unless its properties say otherwise from 2.1 on; merge-on-read
+        before (D-MOW: `enable_unique_key_merge_on_write` defaults to true from 2.1)."""
+        return self.v >= (2, 1)
+
+    @property
     def schema_nullability(self) -> bool:
         """``is_nullable``/``is_key`` in ``_schema`` answers: newest source only; 4.0 assumed (UNCONFIRMED)."""
         return self.v >= (4, 0)
@@ -144,6 +154,14 @@ class DorisEmulator(BaseEmulator):
         if self.profile.v >= (4, 0):
             return ConversionRules(long_string="truncate", datetime_default_scale=0)
         return DORIS_RULES
+
+    def _merge_on_read(self, schema: TableSchema) -> bool:
+        """A UNIQUE KEY table without merge-on-write: the property as given, else the release default (D-MOW)."""
+        model = schema.model
+        if model.keys_type != UNIQUE_KEYS:
+            return False
+        merge_on_write = self.profile.unique_key_merge_on_write if model.merge_on_write is None else model.merge_on_write
+        return not merge_on_write
 
     def _tick_extra(self, now: float) -> None:
         """Label eviction by count, per database (``label_num_threshold``, see the profile)."""
@@ -291,11 +309,17 @@ class DorisEmulator(BaseEmulator):
                 reason = (f"database not found, dbName={db}" if db not in self.store.dbs
                           else f"table not found, tableName={table}")
                 return Response.json({"msg": "Error", "code": 1, "data": reason, "count": 0}, indent=None)
-            props = schema_properties(schema, self.PRODUCT, aggregation_type="")
-            if self.profile.schema_nullability:
-                for prop, (_, ctype) in zip(props, schema.columns):
-                    prop.update(is_nullable="Yes" if ctype.nullable else "No", is_key="No")
-        data: dict[str, Any] = {"keysType": "DUP_KEYS", "properties": props, "status": 200}
+            model = schema.model
+            keys = {k.lower() for k in model.key}
+            props = schema_properties(schema, self.PRODUCT)
+            for prop, (name, ctype) in zip(props, schema.columns):
+                # D-TSA: a key column has no aggregation type; a value column NONE (DUPLICATE, merge-on-write) or
+                # REPLACE (merge-on-read) as CREATE TABLE gave it (D-AGG)
+                is_key = name.lower() in keys
+                prop["aggregation_type"] = "" if is_key else "REPLACE" if self._merge_on_read(schema) else "NONE"
+                if self.profile.schema_nullability:
+                    prop.update(is_nullable="Yes" if ctype.nullable else "No", is_key="Yes" if is_key else "No")
+        data: dict[str, Any] = {"keysType": model.keys_type, "properties": props, "status": 200}
         return Response.json({"msg": "success", "code": 0, "data": data, "count": 0}, indent=None)
 
     # -- BE: stream load ---------------------------------------------------------------------

@@ -22,6 +22,7 @@ from tests.support.doubles.emulators.conversion import (
     convert_value,
     reject_json_constant,
 )
+from tests.support.doubles.emulators.key_models import DELETE_SIGN, SEQUENCE_COL, UNIQUE_KEYS, KeyModel
 
 
 class LoadError(Exception):
@@ -55,6 +56,8 @@ class LoadFormat:
     read_json_by_line: bool = False
     max_filter_ratio: float = 0.0
     strict_mode: bool = False
+    merge_type: str = "APPEND"  # Doris: APPEND, DELETE or MERGE (D-DEL)
+    sequence_col: str | None = None  # Doris: header function_column.sequence_col (D-SEQ)
 
     @classmethod
     def from_headers(cls, headers: Any, formats: tuple[str, ...] = ("csv", "json")) -> LoadFormat:
@@ -102,6 +105,13 @@ class LoadFormat:
                 raise LoadError("max_filter_ratio must be a number") from exc
         # Common: strict mode: off unless the header says "true" (both products document false as the default).
         out.strict_mode = _truthy(get("strict_mode"))
+        merge_type = (get("merge_type") or "APPEND").strip().upper()
+        if merge_type not in ("APPEND", "DELETE", "MERGE"):
+            raise LoadError(f"unknown merge type {merge_type}")
+        if merge_type == "MERGE" or get("delete"):
+            raise LoadError("emulator: merge_type MERGE and the `delete` condition are not supported")
+        out.merge_type = merge_type
+        out.sequence_col = (get("function_column.sequence_col") or "").strip() or None
         return out
 
 
@@ -230,13 +240,23 @@ def _iter_json_values(text: str) -> Iterator[Any]:
 
 
 class TableSchema:
-    """A table's columns, with name lookup that ignores case like the servers do."""
+    """A table's columns, with name lookup that ignores case like the servers do, and its key model.
 
-    def __init__(self, columns: list[tuple[str, str]], rules: ConversionRules = STARROCKS_RULES) -> None:
+    `columns` are the table's own; a keyed table's rows are stored with its hidden columns after them
+    (`stored`; key_models.py), which a load fills from its `columns` header or with their defaults.
+    """
+
+    def __init__(self, columns: list[tuple[str, str]], rules: ConversionRules = STARROCKS_RULES,
+                 model: KeyModel | None = None) -> None:
         self.columns = [(name, ColumnType.parse(ctype)) for name, ctype in columns]
         self.raw = [(name, ctype) for name, ctype in columns]
         self.rules = rules
-        self._index = {name.lower(): i for i, (name, _) in enumerate(self.columns)}
+        self.model = model or KeyModel(product="starrocks")
+        self.stored = self.columns + [(name, ColumnType.parse(ctype))
+                                      for name, ctype in self.model.hidden_columns(self.raw)]
+        self._index = {name.lower(): i for i, (name, _) in enumerate(self.stored)}
+        sequence_col = self.model.sequence_col
+        self._sequence_from = self.index(sequence_col) if sequence_col is not None else None
 
     def index(self, name: str) -> int | None:
         return self._index.get(name.lower())
@@ -246,12 +266,17 @@ class TableSchema:
 
         docs/protocol.md, "Common: strict mode": with strict mode off a failed conversion becomes NULL, with it on
         the row is filtered; a NULL (given or produced) in a NOT NULL column is always filtered. Too-long strings
-        follow ``ConversionRules.long_string`` when strict mode is off.
+        follow ``ConversionRules.long_string`` when strict mode is off. A hidden column the load does not fill
+        takes its default: 0 for `__op` and the delete sign, the mapped column's value for a Doris sequence
+        column mapped to a table column.
         """
         out: list[Any] = []
-        for i, (name, ctype) in enumerate(self.columns):
+        for i, (name, ctype) in enumerate(self.stored):
             raw = values.get(i)
             value = None
+            if i >= len(self.columns) and i not in values:
+                out.append(self._hidden_default(name, out))
+                continue
             if raw is not None:
                 try:
                     value = convert_value(raw, ctype, self.rules)
@@ -268,17 +293,54 @@ class TableSchema:
             out.append(value)
         return out
 
-    def mapping(self, fmt: LoadFormat) -> list[int]:
-        """Column indexes the load's fields go to (the `columns` header, else table order)."""
+    def _hidden_default(self, name: str, row: list[Any]) -> Any:
+        """A hidden column the load left out: the sequence is its mapped column's value (the FE refused the load if
+        nothing maps it); `__op` and the delete sign are 0, an upsert."""
+        if name != SEQUENCE_COL:
+            return 0
+        return row[self._sequence_from] if self._sequence_from is not None else None
+
+    def mapping(self, fmt: LoadFormat) -> list[int | None]:
+        """Stored-column indexes the load's fields go to (the `columns` header, else the table's own columns in
+        order); None for a field that goes nowhere. Refuses what the FE refuses when it plans the load."""
+        self._check_key_headers(fmt)
         if fmt.columns is None:
             return list(range(len(self.columns)))
-        out = []
+        ignored = self.model.ignored_load_columns()
+        out: list[int | None] = []
         for name in fmt.columns:
             idx = self.index(name)
+            if idx is None and fmt.sequence_col is not None and name.lower() == fmt.sequence_col.lower():
+                idx = self.index(SEQUENCE_COL)  # Doris: the header maps this source column to the sequence
+            if idx is None and name in ignored:
+                out.append(None)
+                continue
             if idx is None:
                 raise LoadError(f"Unknown column '{name}' in table")
             out.append(idx)
         return out
+
+    def _check_key_headers(self, fmt: LoadFormat) -> None:
+        """Doris' planner checks of `merge_type` and `function_column.sequence_col` (D-SEQ, D-DEL)."""
+        model = self.model
+        if fmt.merge_type != "APPEND" and model.keys_type != UNIQUE_KEYS:
+            raise LoadError("load by MERGE or DELETE is only supported in unique tables.")
+        mapped = model.sequence_col is not None
+        if model.has_sequence and not mapped and fmt.sequence_col is None:
+            raise LoadError("Table has sequence column, need to specify the sequence column")
+        if fmt.sequence_col is not None and not model.has_sequence:
+            raise LoadError("There is no sequence column in the table")
+        if fmt.sequence_col is not None and not mapped and (
+                fmt.columns is None or fmt.sequence_col.lower() not in (c.lower() for c in fmt.columns)):
+            raise LoadError(f"The source sequence column [{fmt.sequence_col}] is not in the load's columns "
+                            "(emulator wording)")
+
+    def loaded(self, row: list[Any], fmt: LoadFormat) -> list[Any]:
+        """A converted row as stored: `merge_type: DELETE` marks every row deleted (D-DEL)."""
+        sign = self.index(DELETE_SIGN)
+        if fmt.merge_type == "DELETE" and sign is not None:
+            row[sign] = 1
+        return row
 
 
 def _arrow_rows(body: bytes) -> list[dict[str, Any]]:
@@ -301,9 +363,17 @@ def _arrow_rows(body: bytes) -> list[dict[str, Any]]:
     return table.to_pylist()
 
 
-def _map_by_name(obj: dict[str, Any], schema: TableSchema, wanted: list[int]) -> dict[int, Any]:
+def _named_fields(schema: TableSchema, fmt: LoadFormat, mapping: list[int | None]) -> list[tuple[str, int]]:
+    """(field name, stored-column index) for the bodies that name their fields (JSON, Arrow): the `columns`
+    header's names where it is given (a Doris sequence source keeps its own name), else the table's columns."""
+    if fmt.columns is None:
+        return [(schema.columns[i][0].lower(), i) for i in range(len(schema.columns))]
+    return [(name.lower(), i) for name, i in zip(fmt.columns, mapping) if i is not None]
+
+
+def _map_by_name(obj: dict[str, Any], fields: list[tuple[str, int]]) -> dict[int, Any]:
     lowered = {str(k).lower(): v for k, v in obj.items()}
-    return {i: lowered.get(schema.columns[i][0].lower()) for i in wanted}
+    return {i: lowered.get(name) for name, i in fields}
 
 
 def parse_payload(body: bytes, fmt: LoadFormat, schema: TableSchema,
@@ -311,12 +381,12 @@ def parse_payload(body: bytes, fmt: LoadFormat, schema: TableSchema,
     """Parse one load body into typed rows, counting filtered rows instead of failing."""
     result = ParseResult()
     mapping = schema.mapping(fmt)
-    wanted = mapping if fmt.columns is not None else list(range(len(schema.columns)))
+    fields = _named_fields(schema, fmt, mapping)
     if fmt.format == "arrow":  # columns by field name, values by the same rules as JSON values
         for obj in _arrow_rows(body):
             result.total += 1
             try:
-                result.rows.append(schema.convert_row(_map_by_name(obj, schema, wanted), fmt.strict_mode))
+                result.rows.append(schema.loaded(schema.convert_row(_map_by_name(obj, fields), fmt.strict_mode), fmt))
             except ConversionError as exc:
                 result.filtered += 1
                 result.errors.append(f"{exc}. Row: {obj!r}"[:400])
@@ -335,7 +405,8 @@ def parse_payload(body: bytes, fmt: LoadFormat, schema: TableSchema,
                     f"but got {len(record)}. Row: {record!r}")
                 continue
             try:
-                result.rows.append(schema.convert_row(dict(zip(mapping, record)), fmt.strict_mode))
+                values = {i: v for i, v in zip(mapping, record) if i is not None}
+                result.rows.append(schema.loaded(schema.convert_row(values, fmt.strict_mode), fmt))
             except ConversionError as exc:
                 result.filtered += 1
                 result.errors.append(f"{exc}. Row: {record!r}")
@@ -366,7 +437,7 @@ def parse_payload(body: bytes, fmt: LoadFormat, schema: TableSchema,
             result.errors.append(f"JSON value is not an object: {obj!r}")
             continue
         try:
-            result.rows.append(schema.convert_row(_map_by_name(obj, schema, wanted), fmt.strict_mode))
+            result.rows.append(schema.loaded(schema.convert_row(_map_by_name(obj, fields), fmt.strict_mode), fmt))
         except ConversionError as exc:
             result.filtered += 1
             result.errors.append(f"{exc}. Row: {json.dumps(obj)[:200]}")

@@ -10,6 +10,8 @@ Usage::
 
     with StarRocksEmulator(tmp_path) as sr:
         sr.create_table("db", "t", [("id", "INT"), ("name", "VARCHAR(20)")])
+        sr.create_table("db", "pk", [("id", "INT NOT NULL"), ("name", "VARCHAR(20)")],
+                        keys_type="PRIMARY_KEYS", key=("id",))  # loads upsert by key, `__op` 1 deletes
         ... talk HTTP to sr.fe_url ...
         sr.visible_rows("db", "t")
 
@@ -102,6 +104,12 @@ class StarRocksProfile:
             # StarRocks: responses (TXN_IN_PROCESSING): the older wording; the switch release is UNCONFIRMED (3.2 assumed).
             self.in_processing_message = ("Transaction is in processing" if v >= (3, 2)
                                           else "Transaction in processing, please retry later")
+
+    @property
+    def table_schema_v2(self) -> bool:
+        """The v2 table schema API (keys type, key columns): StarRocks PR #41938, merged 2024-02, so 3.3 is assumed
+        (UNCONFIRMED)."""
+        return version_tuple(self.version) >= (3, 3)
 
     @property
     def supports_prepared_timeout(self) -> bool:
@@ -198,6 +206,9 @@ class StarRocksEmulator(BaseEmulator):
             return Call("cancel", role, req.query.get("label"), s[1])
         if len(s) == 4 and s[0] == "api" and s[3] == "_schema":
             return Call("schema", role, None, s[1])
+        if len(s) == 9 and s[:3] == ["api", "v2", "catalogs"] and s[4] == "databases" and s[6] == "tables" \
+                and s[8] == "schema" and self.profile.table_schema_v2:
+            return Call("schema_v2", role, None, s[5])
         return Call("other", role)
 
     def route(self, role: str, req: Request, call: Call) -> Response:
@@ -218,6 +229,8 @@ class StarRocksEmulator(BaseEmulator):
                 return self._fe_cancel(req, call)
             if call.op == "schema" and req.method == "GET":
                 return self._fe_schema(req)
+            if call.op == "schema_v2" and req.method == "GET":
+                return self._fe_schema_v2(req)
         else:
             if is_txn and req.method in ("POST", "PUT"):
                 handler = self._BE_OPS.get(call.op)
@@ -455,6 +468,33 @@ class StarRocksEmulator(BaseEmulator):
             else:
                 body = {"status": 200, "properties": schema_properties(schema, self.PRODUCT)}
         return Response.json(body, indent=None, status=int(body["status"]))
+
+    def _fe_schema_v2(self, req: Request) -> Response:
+        """``GET /api/v2/catalogs/{catalog}/databases/{db}/tables/{table}/schema`` (docs/protocol.md, "StarRocks:
+        primary key tables and `__op`"; SR-TSA2): a RestBaseResultV2 whose ``result`` is the table's view, with its
+        ``keysType`` and each column's ``isKey``; unknown database or table HTTP 404. The fields the emulator leaves
+        out (ids, partitions, indexes, properties) are not read by the sink."""
+        if not self.credentials_ok(req):
+            return self._unauthorized()
+        catalog, db, table = req.segments[3], req.segments[5], req.segments[7]
+        with self.lock:
+            schema = self.store.schema(db, table)
+            if db not in self.store.dbs or catalog != "default_catalog":
+                return Response.json({"code": "404", "message": f"Unknown database '{db}'"}, indent=None, status=404)
+            if schema is None:
+                return Response.json({"code": "404", "message": f"Unknown table '{table}'"}, indent=None, status=404)
+            model = schema.model
+            keys = {k.lower() for k in model.key}
+            columns = []
+            for prop, (name, ctype) in zip(schema_properties(schema, self.PRODUCT), schema.columns):
+                is_key = name.lower() in keys
+                view: dict[str, Any] = {"name": name, "primitiveType": prop["type"]}
+                if not is_key:  # SR: a PRIMARY KEY table's value columns REPLACE, a DUPLICATE table's NONE
+                    view["aggregationType"] = "REPLACE" if model.unique else "NONE"
+                view.update(isKey=is_key, isAllowNull=ctype.nullable, isAutoIncrement=False, comment="")
+                columns.append(view)
+            result = {"name": table, "tableType": "OLAP", "keysType": model.keys_type, "columns": columns}
+        return Response.json({"code": "0", "message": "OK", "result": result}, indent=None)
 
     def _fe_cancel(self, req: Request, call: Call) -> Response:
         """``POST /api/{db}/{table}/_cancel?label=`` (SR-CSLA): aborts the label's running txn with

@@ -17,6 +17,7 @@ from typing import Any
 
 from tests.support.doubles.emulators.clock import Clock
 from tests.support.doubles.emulators.conversion import STARROCKS_RULES, ConversionRules, encode_cell, from_storage
+from tests.support.doubles.emulators.key_models import KeyModel, current_rows
 from tests.support.doubles.emulators.load_formats import TableSchema
 
 COMMITTED, VISIBLE, ABORTED = "COMMITTED", "VISIBLE", "ABORTED"
@@ -127,14 +128,17 @@ class Store:
         self.next_db_id = int(meta.get("next_db_id", self.next_db_id))
         self.next_visible_seq = int(meta.get("next_visible_seq", self.next_visible_seq))
         self.dbs = {name: int(i) for name, i in self._conn.execute("SELECT name, id FROM dbs")}
-        for db, name, columns in self._conn.execute("SELECT db, name, columns FROM tables"):
-            self.tables[(db, name)] = TableSchema([tuple(c) for c in json.loads(columns)], self.rules)
+        for db, name, definition in self._conn.execute("SELECT db, name, columns FROM tables"):
+            saved = json.loads(definition)  # a list of columns (a DUPLICATE table before key models), or both
+            columns = saved["columns"] if isinstance(saved, dict) else saved
+            model = KeyModel.from_json(saved["model"]) if isinstance(saved, dict) else None
+            self.tables[(db, name)] = TableSchema([tuple(c) for c in columns], self.rules, model)
         rows = dict(self._conn.execute("SELECT txn_id, rows FROM txn_rows"))
         for txn_id, blob in self._conn.execute("SELECT txn_id, meta FROM txns ORDER BY txn_id"):
             txn = Txn(**json.loads(blob))
             schema = self.tables.get((txn.db, txn.table))
             if txn_id in rows and schema is not None:
-                txn.rows = [[from_storage(v, ctype) for v, (_, ctype) in zip(row, schema.columns)]
+                txn.rows = [[from_storage(v, ctype) for v, (_, ctype) in zip(row, schema.stored)]
                             for row in json.loads(rows[txn_id])]
             self._index(txn)
         for db, ids in self._finished.items():  # finish order, not txn-id order
@@ -174,7 +178,7 @@ class Store:
             self._conn.execute("INSERT OR REPLACE INTO txns VALUES (?, ?)", (txn.txn_id, meta))
             if with_rows:
                 schema = self.tables.get((txn.db, txn.table))
-                types = [c for _, c in schema.columns] if schema is not None else []
+                types = [c for _, c in schema.stored] if schema is not None else []
                 self._conn.execute("INSERT OR REPLACE INTO txn_rows VALUES (?, ?)", (
                     txn.txn_id, json.dumps([[encode_cell(v, c) for v, c in zip(r, types)] for r in txn.rows])))
             elif txn.state == ABORTED and txn.rows:
@@ -202,14 +206,15 @@ class Store:
                 self._conn.executemany("INSERT OR REPLACE INTO meta VALUES (?, ?)", self._meta())
         return self.dbs[db]
 
-    def create_table(self, db: str, table: str, columns: list[tuple[str, str]]) -> None:
+    def create_table(self, db: str, table: str, columns: list[tuple[str, str]], model: KeyModel) -> None:
         if db not in self.dbs:
             raise KeyError(f"unknown database {db!r}")
-        schema = TableSchema(list(columns), self.rules)
+        model.check(columns)
+        schema = TableSchema(list(columns), self.rules, model)
         self.tables[(db, table)] = schema
         with self._conn:
             self._conn.execute("INSERT OR REPLACE INTO tables VALUES (?, ?, ?)",
-                               (db, table, json.dumps(schema.raw)))
+                               (db, table, json.dumps({"columns": schema.raw, "model": model.to_json()})))
 
     def schema(self, db: str, table: str) -> TableSchema | None:
         return self.tables.get((db, table))
@@ -260,10 +265,15 @@ class Store:
         return len(self._running.get(db, ()))
 
     def visible_rows(self, db: str, table: str) -> list[tuple[Any, ...]]:
+        """What `SELECT *` shows: the visible loads applied in the order they became visible (key_models.py)."""
         txns = [t for t in self.txns.values()
                 if t.db == db and t.table == table and t.state == VISIBLE]
         txns.sort(key=lambda t: t.visible_seq or 0)
-        return [tuple(r) for t in txns for r in t.rows]
+        schema = self.tables.get((db, table))
+        if schema is None:
+            return [tuple(r) for t in txns for r in t.rows]
+        names = [name for name, _ in schema.stored]
+        return current_rows(schema.model, names, len(schema.columns), (t.rows for t in txns))
 
     def take_visible_seq(self) -> int:
         seq = self.next_visible_seq
