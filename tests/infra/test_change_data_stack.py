@@ -12,9 +12,7 @@ One PostgreSQL and one Connect worker serve the module; each test adds a connect
 from __future__ import annotations
 
 import json
-import uuid
 from collections import Counter, defaultdict
-from collections.abc import Iterator
 from dataclasses import dataclass
 from decimal import Decimal
 from pathlib import Path
@@ -23,36 +21,21 @@ from typing import Any
 import pytest
 
 from tests.support.change_data import (
-    SCHEMA,
-    TABLES,
-    Applied,
     ChangeWorkload,
+    add_connector,
+    await_last_transaction,
+    change_topics,
     create_tables,
     current_rows,
-    qualified_tables,
 )
-from tests.support.services._proc import ServiceError, log_tail, wait_until
+from tests.support.services._proc import wait_until
 from tests.support.services.kafka import KafkaBroker
-from tests.support.services.kafka_connect import KafkaConnect, debezium_postgres_config
+from tests.support.services.kafka_connect import KafkaConnect
 from tests.support.services.postgres import PostgresServer
 
 pytestmark = pytest.mark.slow
 
 PARTITIONS = 2  # keys spread over partitions: a key's order holds within its partition only
-
-
-@pytest.fixture(scope="module")
-def postgres(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PostgresServer]:
-    with PostgresServer(tmp_path_factory.mktemp("postgres")) as server:
-        with server.connect() as conn:
-            create_tables(conn)
-        yield server
-
-
-@pytest.fixture(scope="module")
-def kafka_connect(tmp_path_factory: pytest.TempPathFactory, kafka_broker: KafkaBroker) -> Iterator[KafkaConnect]:
-    with KafkaConnect(tmp_path_factory.mktemp("connect"), kafka_broker.bootstrap) as worker:
-        yield worker
 
 
 @dataclass(frozen=True)
@@ -91,45 +74,6 @@ def _row(values: dict[str, Any]) -> dict[str, Any]:
             for column, value in values.items()}
 
 
-def _add_connector(worker: KafkaConnect, postgres: PostgresServer, *, schemas: bool = True) -> tuple[str, str]:
-    """A connector with a slot and topics of its own; returns (its name = topic prefix, its slot)."""
-    run = uuid.uuid4().hex[:8]
-    prefix, slot = f"cdc-{run}", f"cdc_{run}"
-    worker.add_connector(prefix, debezium_postgres_config(
-        postgres.debezium_properties(), topic_prefix=prefix, slot_name=slot, tables=qualified_tables(),
-        schemas_enable=schemas, partitions=PARTITIONS))
-    # The slot is where streaming starts: changes made once it exists are streamed, not snapshotted.
-    wait_until(lambda: slot in postgres.replication_slots(), timeout=60, what=f"replication slot {slot}")
-    return prefix, slot
-
-
-def _topics(prefix: str) -> dict[str, str]:
-    return {table: f"{prefix}.{SCHEMA}.{table}" for table in TABLES}
-
-
-def _await_last_transaction(broker: KafkaBroker, topics: dict[str, str], applied: Applied, worker: KafkaConnect) -> None:
-    """Wait until every event of the workload's last transaction is in the topics (in commit order: all before it).
-
-    On a timeout the error carries the connector's status and the worker's log.
-    """
-
-    def arrived() -> bool:
-        # Only looks for the transaction id, in either JSON form: the events are checked strictly afterwards.
-        for table, count in applied.last_transaction.items():
-            values = [json.loads(value) for _, _, _, value in broker.consume_all(topics[table]) if value]
-            txids = [value.get("payload", value)["source"]["txId"] for value in values]
-            if txids.count(applied.last_txid) < count:
-                return False
-        return True
-
-    try:
-        wait_until(arrived, timeout=90, what=f"the last transaction's events on {sorted(topics.values())}")
-    except ServiceError as exc:
-        prefix = next(iter(topics.values())).split(".")[0]
-        raise ServiceError(f"{exc}\nconnector status: {worker.status(prefix) if worker.running else 'worker down'}\n"
-                           f"--- last lines of {worker.log_path} ---\n{log_tail(worker.log_path, 80)}") from None
-
-
 def _replay(events: list[Event]) -> dict[int, dict[str, Any]]:
     """A table rebuilt from its change topic: upsert `after`, delete `before`'s key, in (partition, offset) order."""
     replayed: dict[int, dict[str, Any]] = {}
@@ -151,13 +95,13 @@ def test_debezium_delivers_every_change_of_the_workload_once_and_in_order(
     with postgres.connect() as conn:
         workload.run(conn, 12)  # before the connector: its snapshot (ops `r`)
         snapshot = current_rows(conn)
-        prefix, _ = _add_connector(kafka_connect, postgres, schemas=schemas)
+        prefix, _ = add_connector(kafka_connect, postgres, schemas=schemas, partitions=PARTITIONS)
         applied = workload.run(conn, 60)
         truth = current_rows(conn)
     assert {op for _, op in applied.changes} == {"c", "u", "d"}, applied.changes
     assert sum(applied.reinserted.values()) > 0, "the workload re-inserted no deleted key"
-    topics = _topics(prefix)
-    _await_last_transaction(kafka_broker, topics, applied, kafka_connect)
+    topics = change_topics(prefix)
+    await_last_transaction(kafka_broker, topics, applied, kafka_connect)
     events = {table: _read(kafka_broker, topic, schemas) for table, topic in topics.items()}
 
     deleted_then_inserted = 0
@@ -234,11 +178,11 @@ def test_a_killed_worker_restarts_from_its_offsets_and_loses_no_change(
     workload = ChangeWorkload(seed=29)
     with KafkaConnect(tmp_path / "connect", kafka_broker.bootstrap) as worker, postgres.connect() as conn:
         snapshot = current_rows(conn)
-        prefix, slot = _add_connector(worker, postgres)
-        topics = _topics(prefix)
+        prefix, slot = add_connector(worker, postgres)
+        topics = change_topics(prefix)
         config = worker.config(prefix)
         made = [workload.run(conn, 20)]
-        _await_last_transaction(kafka_broker, topics, made[-1], worker)
+        await_last_transaction(kafka_broker, topics, made[-1], worker)
         # A worker killed before it ever recorded a streaming offset starts over with a new snapshot on restart
         # (snapshot.mode=initial): then the changes in between arrive as that snapshot, not one by one.
         wait_until(lambda: b'"lsn_proc"' in worker.offsets_path.read_bytes(), timeout=60,
@@ -251,7 +195,7 @@ def test_a_killed_worker_restarts_from_its_offsets_and_loses_no_change(
         worker.add_connector(prefix, config)  # a standalone worker keeps connectors in memory only; offsets on disk
         made.append(workload.run(conn, 10))
         truth = current_rows(conn)
-        _await_last_transaction(kafka_broker, topics, made[-1], worker)
+        await_last_transaction(kafka_broker, topics, made[-1], worker)
     for table, topic in topics.items():
         events = _read(kafka_broker, topic, schemas=True)
         distinct = {(e.key, e.envelope["op"], e.envelope["source"]["lsn"]) for e in events if e.envelope}

@@ -163,3 +163,55 @@ class ChangeWorkload:
             "customer_id": rng.randint(1, 50),
             "note": None if rng.random() < 0.2 else rng.choice(["gift", "express, fragile", 'say "hi"', "見本", ""]),
         }
+
+
+# -- the stack around the workload: a connector per test, and waiting for its events ----------------------------
+
+
+def add_connector(worker: Any, postgres: Any, *, schemas: bool = True, partitions: int = 2) -> tuple[str, str]:
+    """A Debezium connector (KafkaConnect `worker`, PostgresServer `postgres`) with a slot and topics of its own;
+    returns (its name = topic prefix, its slot). `partitions`: of each topic (a key's order holds within one)."""
+    import uuid
+
+    from tests.support.services._proc import wait_until
+    from tests.support.services.kafka_connect import debezium_postgres_config
+
+    run = uuid.uuid4().hex[:8]
+    prefix, slot = f"cdc-{run}", f"cdc_{run}"
+    worker.add_connector(prefix, debezium_postgres_config(
+        postgres.debezium_properties(), topic_prefix=prefix, slot_name=slot, tables=qualified_tables(),
+        schemas_enable=schemas, partitions=partitions))
+    # The slot is where streaming starts: changes made once it exists are streamed, not snapshotted.
+    wait_until(lambda: slot in postgres.replication_slots(), timeout=60, what=f"replication slot {slot}")
+    return prefix, slot
+
+
+def change_topics(prefix: str) -> dict[str, str]:
+    """Table -> the topic Debezium writes its changes to, under a connector's prefix."""
+    return {table: f"{prefix}.{SCHEMA}.{table}" for table in TABLES}
+
+
+def await_last_transaction(broker: Any, topics: dict[str, str], applied: Applied, worker: Any) -> None:
+    """Wait until every event of the workload's last transaction is in the topics (in commit order: all before it).
+
+    On a timeout the error carries the connector's status and the worker's log.
+    """
+    import json
+
+    from tests.support.services._proc import ServiceError, log_tail, wait_until
+
+    def arrived() -> bool:
+        # Only looks for the transaction id, in either JSON form: the events are checked strictly afterwards.
+        for table, count in applied.last_transaction.items():
+            values = [json.loads(value) for _, _, _, value in broker.consume_all(topics[table]) if value]
+            txids = [value.get("payload", value)["source"]["txId"] for value in values]
+            if txids.count(applied.last_txid) < count:
+                return False
+        return True
+
+    try:
+        wait_until(arrived, timeout=90, what=f"the last transaction's events on {sorted(topics.values())}")
+    except ServiceError as exc:
+        prefix = next(iter(topics.values())).split(".")[0]
+        raise ServiceError(f"{exc}\nconnector status: {worker.status(prefix) if worker.running else 'worker down'}\n"
+                           f"--- last lines of {worker.log_path} ---\n{log_tail(worker.log_path, 80)}") from None

@@ -29,6 +29,11 @@ The Stream Load emulators (tests/support/doubles/emulators):
 * ``sr`` (function): ``starrocks_emulator()`` with those defaults, the emulator most target tests take.
   ``tests.support.targets.starrocks.starrocks_target(emulator, **options)`` is the target on it.
 
+The change-data stack (tests/support/services: postgres.py, kafka_connect.py; tests/support/change_data.py):
+* ``postgres`` (module): PostgreSQL from Debian's package with logical replication, the workload's tables created.
+* ``kafka_connect`` (module): a standalone Kafka Connect worker on ``kafka_broker`` with Debezium's PostgreSQL
+  connector as a plugin; each test adds its own connector (own slot and topics).
+
 Other:
 * ``quiet_logs`` (function): logging off for the test (``pytestmark = pytest.mark.usefixtures("quiet_logs")``).
 """
@@ -49,7 +54,8 @@ from tests.support.doubles.clickhouse_front.server import ClickHouseFront
 from tests.support.services.kafka import KafkaBroker, SaslSsl
 from tests.support.services.redis import RedisClusterGroup, RedisSentinelGroup, RedisServer
 
-__all__ = ["clickhouse_front", "clickhouse_target", "clickhouse_url", "kafka_broker", "new_topic", "quiet_logs",
+__all__ = ["clickhouse_front", "clickhouse_target", "clickhouse_url", "kafka_broker", "kafka_connect", "new_topic",
+           "postgres", "quiet_logs",
            "redis_cluster", "redis_sentinels", "redis_server", "redis_tls_server", "secured_kafka_broker", "spark",
            "spark_session", "sr", "starrocks_emulator"]
 
@@ -229,3 +235,22 @@ def quiet_logs() -> Iterator[None]:
         yield
     finally:
         logging.disable(logging.NOTSET)
+
+
+@pytest.fixture(scope="module")
+def postgres(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:  # -> PostgresServer
+    from tests.support.change_data import create_tables
+    from tests.support.services.postgres import PostgresServer
+
+    with PostgresServer(tmp_path_factory.mktemp("postgres")) as server:
+        with server.connect() as conn:
+            create_tables(conn)
+        yield server
+
+
+@pytest.fixture(scope="module")
+def kafka_connect(tmp_path_factory: pytest.TempPathFactory, kafka_broker: KafkaBroker) -> Iterator[Any]:  # -> KafkaConnect
+    from tests.support.services.kafka_connect import KafkaConnect
+
+    with KafkaConnect(tmp_path_factory.mktemp("connect"), kafka_broker.bootstrap) as worker:
+        yield worker
