@@ -171,23 +171,37 @@ class ConfigJob:
         return self.partitions * self.messages_per_partition
 
     def run(self, run: int, crash_at: str | None = None, timeout: float = 600) -> int:
+        proc = self.start(run, crash_at)
+        try:
+            return proc.wait(timeout=timeout)
+        finally:
+            self.kill(proc)  # whatever is left of its process group
+
+    def start(self, run: int, crash_at: str | None = None) -> subprocess.Popen:
+        """`streaming-sink run` in a process group of its own, logging to logs/driver-<run>.log."""
         env = dict(os.environ, **spark_env(), **self.env, PYTHONPATH=str(REPO))
         env.pop("STREAMING_SINK_CRASH_AT", None)
         if crash_at:
             env["STREAMING_SINK_CRASH_AT"] = crash_at
         with open(self.logs / f"driver-{run}.log", "w") as log:
-            proc = subprocess.Popen(
+            return subprocess.Popen(
                 [sys.executable, "-m", "streaming_sink.cli", "run", "--config", str(self.config_path)],
                 cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
             )
-            try:
-                return proc.wait(timeout=timeout)
-            finally:
-                try:
-                    os.killpg(proc.pid, signal.SIGKILL)  # whatever is left of its process group
-                except ProcessLookupError:
-                    pass
-                proc.wait()
+
+    @staticmethod
+    def kill(proc: subprocess.Popen) -> None:
+        """kill -9 the driver's process group (its Python and its Spark JVM at once), and reap it."""
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        proc.wait()
+
+    def committed_batches(self) -> int:
+        store = open_store(self.state_url)
+        return sum(1 for key in store.batch_keys("demo-ingest")
+                   if (record := store.get_batch("demo-ingest", *key)) is not None and record.state is BatchState.COMMITTED)
 
     def log_tail(self, run: int, lines: int = 30) -> str:
         return "\n".join((self.logs / f"driver-{run}.log").read_text(errors="replace").splitlines()[-lines:])
@@ -216,10 +230,14 @@ class ConfigJob:
             assert row_checksum(got) == row_checksum(want), f"{table}: checksum differs from the source"
             assert got == want, f"{table}: rows differ from the source"
             report[table] = (len(got), row_checksum(got))
+        self.verify_journal()
+        return report
+
+    def verify_journal(self) -> None:
+        """Every batch COMMITTED, its rows reconciled with what it read, no intent left."""
         store = open_store(self.state_url)
         for key in store.batch_keys("demo-ingest"):
             record = store.get_batch("demo-ingest", *key)
             assert record is not None and record.state is BatchState.COMMITTED, f"batch {key}: {record}"
             assert record.records_in == sum(c.rows for c in record.live_committables()), f"batch {key} does not reconcile"
             assert store.intents("demo-ingest", *key) == [], f"batch {key}: intents left"
-        return report
