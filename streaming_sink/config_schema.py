@@ -21,7 +21,7 @@ SCHEMA_PATH = Path(__file__).resolve().parents[1] / "docs" / "job.schema.json"
 Port = Annotated[int, msgspec.Meta(ge=0, le=65535, description="a TCP port; 0 picks a free one")]
 Positive = Annotated[int, msgspec.Meta(gt=0)]
 #: What the job does with a message holding a top-level JSON field its table's schema lacks (frame.py).
-UnknownFieldAction = Literal["dead-letter", "ignore", "fail"]
+UnknownFieldAction = Literal["dead-letter", "ignore", "fail", "add-column"]
 #: How a Kafka message's value reads: a JSON object of the table's fields, or a Debezium change event (frame.py).
 SourceFormat = Literal["json", "debezium"]
 
@@ -96,7 +96,8 @@ class Sink(_Section):
     on_unknown_field: Annotated[UnknownFieldAction, msgspec.Meta(
         description='a message with a top-level JSON field its table\'s schema lacks: "dead-letter" (the default: '
                     'the message goes to the dead letters, the reason names the fields), "ignore" (the field is '
-                    'dropped, and counted) or "fail" (the batch fails naming the message)')] = "dead-letter"
+                    'dropped, and counted), "fail" (the batch fails naming the message) or, for change events into tables the '
+                    'job created, "add-column" (the table gains the column, then the batch loads with it)')] = "dead-letter"
     metrics_port: Port | None = None
     metrics_host: str = "127.0.0.1"
     accept_empty_state: bool = False

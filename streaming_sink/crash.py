@@ -25,6 +25,10 @@ WAVE_POINTS = (
     "after-wave-prepared",  # a later wave's committables recorded, none of them committed: recovery commits them
 )
 
+# Points of the packaged job between batches (job.py): no @<batch>.
+JOB_POINTS = (
+    "after-columns-added",  # a table gained columns for new fields, the batch that carries them not yet re-run
+)
 # Points inside one target's commit, declared by the target's module (`target_point`). A target does not know
 # the batch, so these take no @<batch>: the first commit that reaches the point kills the driver.
 TARGET_POINTS: set[str] = set()
@@ -42,7 +46,7 @@ def crash_point(name: str, batch_id: int) -> None:
     if not wanted:
         return
     point, _, batch = wanted.partition("@")
-    known = (*POINTS, *WAVE_POINTS, *sorted(TARGET_POINTS))
+    known = (*POINTS, *WAVE_POINTS, *JOB_POINTS, *sorted(TARGET_POINTS))
     if point not in known:
         raise ValueError(f"{ENV}={wanted!r}: unknown point; known: {', '.join(known)}")
     if point == name and (not batch or int(batch) == batch_id):

@@ -12,6 +12,8 @@ from the Kafka record alone, so a re-run batch produces the same rows (the repla
 from __future__ import annotations
 
 import datetime as dt
+import json
+import re
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, cast
 
@@ -36,6 +38,9 @@ _ROUTE, _REASON, _FATAL = _INTERNAL + "route", _INTERNAL + "reason", _INTERNAL +
 _TEXT, _TABLE, _KEYS = _INTERNAL + "text", _INTERNAL + "table", _INTERNAL + "keys"  # stage 0 of build_frame
 _MESSAGE, _OP, _VERSION, _EVENT = _INTERNAL + "message", _INTERNAL + "op", _INTERNAL + "version", _INTERNAL + "event"
 _TOMBSTONE = _INTERNAL + "tombstone"  # a change event's null value after a delete: skipped, counted
+#: How a batch that met fields to add as columns fails (on_unknown_field = "add-column"): `columns_to_add` reads it.
+_ADD_COLUMNS = "columns to add to "
+_ADDED = re.compile(re.escape(_ADD_COLUMNS) + r"(?P<table>.+?): (?P<fields>\[.*?\]) \(sink\.on_unknown_field")
 #: Top-level columns of a change row for the sink's one-change-per-key rule (latest_changes.py): the row's key, as the
 #: JSON of its key columns (tables differ in their keys), its `__op` (NULL: not a change: a dead letter) and `__version`.
 CHANGE_KEY_COLUMN = "__key"
@@ -179,6 +184,9 @@ def build_frame(raw: DataFrame, spec: JobSpec, tables: dict[str, str],
             reason = reason.when(has_unknown, why)
         elif spec.on_unknown_field == "fail":
             fatal = fatal.when(has_unknown, why)
+        elif spec.on_unknown_field == "add-column":  # the job adds the columns and runs the batch again (job.py)
+            fatal = fatal.when(has_unknown, F.concat(F.lit(f"{_ADD_COLUMNS}{table}: "), F.to_json(unknown),
+                                                     F.lit(' (sink.on_unknown_field = "add-column")')))
         fields = [(_deleted_value(parsed[f.name], f.dataType, deleted, not f.nullable or not _nullable(
                       rules, column_types, table, f.name)) if spec.changes and f.name not in key_columns else parsed[f.name]
                    ).alias(f.name) for f in schema.fields if f.name in parse_schema.names]
@@ -263,6 +271,13 @@ def build_frame(raw: DataFrame, spec: JobSpec, tables: dict[str, str],
             *[F.count_if(F.col(_UNKNOWN_COLUMN) == F.lit(table)) for table in tables])).alias(UNKNOWN_FIELDS_OBSERVED),
         F.count_if(F.col(_TOMBSTONE)).alias(TOMBSTONES_OBSERVED),
     ).filter(~F.col(_TOMBSTONE)).drop(_BAD_COLUMN, _UNKNOWN_COLUMN, _TOMBSTONE)
+
+
+def columns_to_add(error: str) -> tuple[str, list[str]] | None:
+    """(table, fields) of a batch that failed on fields to add as columns (on_unknown_field = "add-column"); None for
+    any other failure. The frame wrote them as JSON, so every field name reads back as it came."""
+    found = _ADDED.search(error)
+    return (found.group("table"), [str(name) for name in json.loads(found.group("fields"))]) if found else None
 
 
 def change_row(message: Any) -> Any:

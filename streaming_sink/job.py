@@ -14,14 +14,25 @@ import logging
 import os
 import sys
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
 import pyarrow as pa
 
-from .errors import ConfigurationError
+from .crash import crash_point
+from .errors import ConfigurationError, UnknownTableError
 from .execution import SparkWriterRunner, sink_error_of
-from .frame import CHANGE_KEY_COLUMN, ROUTE_COLUMN, build_frame, check_columns, spark_schema, table_projections, table_schemas
+from .frame import (
+    CHANGE_KEY_COLUMN,
+    ROUTE_COLUMN,
+    build_frame,
+    check_columns,
+    columns_to_add,
+    spark_schema,
+    table_projections,
+    table_schemas,
+)
 from .intervals import parse_interval
 from .job_spec import JobSpec
 from .kafka_source import KafkaSource, describe_topics, read_topics
@@ -30,7 +41,7 @@ from .sink import ExactlyOnceSink
 from .state import open_store
 from .target_tables import job_tables
 from .targets import descriptor_for, target_from_url
-from .targets.base import SupportsCreateTable, Target
+from .targets.base import SupportsAddColumns, SupportsCreateTable, Target
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -136,8 +147,17 @@ def run(spec: JobSpec, on_session: Callable[[], None] = lambda: None) -> None:
     topics = read_topics(spark, source)
     logging.getLogger("streaming_sink").info("kafka: %s", describe_topics(source, topics))
     sink = build_sink(spec)
+    added: set[tuple[str, str]] = set()
     try:
-        _stream(spark, spec, source, sink, topics)
+        while True:
+            try:
+                _stream(spark, spec, source, sink, topics)
+                break
+            except UnknownTableError as error:  # the batch met fields to add as columns: add them, run it again
+                wanted = columns_to_add(str(error)) if spec.on_unknown_field == "add-column" else None
+                if wanted is None:
+                    raise
+                _add_columns(sink.target, *wanted, added)
     finally:  # an embedded engine holds its path for the whole process until its target is closed
         sink.close()
 
@@ -151,6 +171,34 @@ def tables_run_creates(spec: JobSpec, target: Target, existing: set[str] | None)
             if existing is None or table not in existing}
 
 
+def _add_columns(target: Target, table: str, fields: list[str], added: set[tuple[str, str]]) -> None:
+    """Add a table's new fields as Nullable string columns (the JSON text of each value); the query then starts again
+    from its checkpoint and re-reads the batch, which nothing committed, with the columns in its table's schema."""
+    again = sorted(field for field in fields if (table, field) in added)
+    if again:
+        raise UnknownTableError(f"table {table!r} gained column(s) {again}, but the batch still carries them as unknown "
+                                "fields: check the table's columns")
+    logging.getLogger("streaming_sink").warning("table %s: adding column(s) %s, new in its change events "
+                                                "(sink.on_unknown_field = \"add-column\")", table, fields)
+    cast(SupportsAddColumns, target).add_columns(table, [pa.field(name, pa.string()) for name in fields])
+    added.update((table, field) for field in fields)
+    crash_point("after-columns-added", -1)
+
+
+def grown_tables(spec: JobSpec, target: Target, tables: dict[str, str]) -> dict[str, str]:
+    """With `add-column`, each listed table's schema and the columns its target table gained since (added for fields
+    of its change events, as Nullable strings: `_add_columns`); the sink's own `__` columns are no fields."""
+    if spec.on_unknown_field != "add-column":
+        return tables
+    grown = {}
+    for table, ddl in tables.items():
+        known = {name.lower() for name in spark_schema(ddl).names} | {name.lower() for _, name, _ in spec.metadata()}
+        extra = [name for name in (target.table_columns(table) or {})
+                 if name.lower() not in known and not name.startswith("__")]
+        grown[table] = ", ".join([ddl, *(f"`{name.replace('`', '``')}` STRING" for name in extra)])
+    return grown
+
+
 def _stream(spark: SparkSession, spec: JobSpec, source: KafkaSource, sink: ExactlyOnceSink, topics: list[str]) -> None:
     """Check the tables, then run the query to its end. `topics`: those the job reads now."""
     for table, schema in tables_run_creates(spec, sink.target, None).items():
@@ -158,6 +206,7 @@ def _stream(spark: SparkSession, spec: JobSpec, source: KafkaSource, sink: Exact
     # configuration, connectivity, tables, columns and fencing all fail here, before Spark reads anything
     sink.start()
     resolved = job_tables(spec, sink.target, sink.known_tables, topics)
+    resolved = replace(resolved, tables=grown_tables(spec, sink.target, resolved.tables))
     sink.expect_tables({*resolved.tables, *([spec.dead_letter_table] if spec.dead_letter_table else [])})
     for table, why in resolved.unavailable.items():
         logging.getLogger("streaming_sink").warning("table %s: its topics' messages go to the dead letters: %s", table, why)

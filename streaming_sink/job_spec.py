@@ -104,6 +104,11 @@ class JobSpec:
         if self.on_unknown_field not in UNKNOWN_FIELD_ACTIONS:
             raise ConfigurationError(f"on_unknown_field: {self.on_unknown_field!r} is not one of {', '.join(UNKNOWN_FIELD_ACTIONS)}")
         descriptor = descriptor_for(self.target_url)
+        if self.on_unknown_field == "add-column" and not (self.changes and self.create_tables and self.tables):
+            raise ConfigurationError(
+                'on_unknown_field = "add-column" adds columns to tables the job created for change events: it needs '
+                'kafka.format = "debezium", tables listed under [tables] and a target that creates them (target.create_tables, '
+                "on a target that can)")
         if self.create_tables and not descriptor.creates_tables:
             raise ConfigurationError(f"create_tables: {descriptor.product} tables are never created by the sink")
         self.kafka_options = check_options(self.kafka_options, "kafka_options")

@@ -111,7 +111,7 @@ def _schema_from_columns(spec: JobSpec, rules: ColumnRules, table: str,
             "add them to the table, or set sink.metadata_columns to the fields every table has (false: none)")
     fields = []
     for name, spelling in columns.items():
-        if column_key(rules, name) in metadata:
+        if column_key(rules, name) in metadata or (spec.changes and name.startswith("__")):  # the sink's own (changes.py)
             continue
         kind = rules.spark_type(spelling)
         if kind is None:

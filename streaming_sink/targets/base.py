@@ -211,3 +211,10 @@ def own_names(options: Mapping[str, Any], common_names: Mapping[str, str], targe
             raise ConfigurationError(f"{target}: {key!r} and {own!r} are the same option; give one")
         renamed[own] = value
     return renamed
+
+
+class SupportsAddColumns(Protocol):
+    """A target that adds columns to a table the job created (change events' new fields: `on_unknown_field = "add-column"`)."""
+
+    def add_columns(self, table: str, fields: Sequence[pa.Field]) -> None:
+        """Add a Nullable column for each of `fields` the table lacks; refused for a table the job did not create."""

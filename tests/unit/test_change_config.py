@@ -102,3 +102,21 @@ def test_the_example_resolves(tmp_path):
 
     spec = load_config(Path(__file__).resolve().parents[2] / "examples" / "change-stream.toml")
     assert spec.changes and spec.table_keys == {"customers": ["id"], "orders": ["id"]}
+
+
+def test_add_column_is_for_change_events_into_tables_the_job_creates(tmp_path):
+    text = refusal(changed(sink={"metadata_columns": False, "on_unknown_field": "add-column"}), tmp_path)
+    assert text.startswith('on_unknown_field = "add-column" adds columns to tables the job created for change events')
+    embedded = changed(sink={"metadata_columns": False, "on_unknown_field": "add-column"}, target={"url": None, "database": None})
+    assert resolve_config(embedded, tmp_path).on_unknown_field == "add-column"
+
+
+@pytest.mark.parametrize("error, wanted", [
+    ('<bad message t/0@7: columns to add to customers: ["coupon","a, b"] (sink.on_unknown_field = "add-column")>',
+     ("customers", ["coupon", "a, b"])),
+    ('<bad message t/0@7: field(s) not in the schema of customers: coupon (sink.on_unknown_field = "fail")>', None),
+])
+def test_the_fields_to_add_read_back_from_the_failed_batch(error, wanted):
+    from streaming_sink.frame import columns_to_add
+
+    assert columns_to_add(f"UnknownTableError: {error}") == wanted

@@ -26,7 +26,7 @@ def test_unknown_fields_go_to_the_dead_letters_unless_the_file_says_otherwise(tm
 
 
 def test_a_wrong_value_is_one_line_naming_the_key(tmp_path, capsys):
-    with pytest.raises(ConfigurationError, match=r"^sink.on_unknown_field = 'drop': not one of dead-letter, ignore, fail$"):
+    with pytest.raises(ConfigurationError, match=r"^sink.on_unknown_field = 'drop': not one of dead-letter, ignore, fail, add-column$"):
         resolve_config({**CONFIG, "sink": {"on_unknown_field": "drop"}}, tmp_path)
     job = tmp_path / "job.toml"
     job.write_text('job_id = "shop"\n[kafka]\nbootstrap_servers = "127.0.0.1:9092"\ntopics = ["orders"]\n'
