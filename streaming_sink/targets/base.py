@@ -138,6 +138,11 @@ class Target(ABC):
     def check_schema(self, table: str, schema: pa.Schema) -> None:  # noqa: B027 - optional check, none by default
         """Refuse, before any data moves, rows of `schema` this target could not send to `table`."""
 
+    def table_key(self, table: str) -> tuple[str, ...] | None:
+        """The columns that identify a row of `table` for upserts and deletes (changes.py), where the table has
+        them (None: it has no key, or the target cannot tell)."""
+        return None
+
     def refusal(self, table: str) -> str | None:
         """Why the sink cannot load `table` exactly once (its engine, say), where the target can tell; None otherwise.
         The job names it when a table it was given is not among `routable_tables`."""
@@ -193,8 +198,8 @@ class Target(ABC):
 class SupportsCreateTable(Protocol):
     """A target the job may ask to create a missing table (its descriptor says `creates_tables`)."""
 
-    def create_table(self, table: str, schema: pa.Schema) -> None:
-        """Create `table` for rows of `schema` unless it exists."""
+    def create_table(self, table: str, schema: pa.Schema, key: Sequence[str] = ()) -> None:
+        """Create `table` for rows of `schema` unless it exists; change rows (changes.py) need the `key` of their table."""
 
 
 def own_names(options: Mapping[str, Any], common_names: Mapping[str, str], target: str) -> dict[str, Any]:
