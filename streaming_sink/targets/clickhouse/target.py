@@ -37,6 +37,10 @@ commit skips the partitions already inserted, and a deduplication token per labe
 a repeat of the one INSERT a crash cut a no-op, in the table and in its views. What that needs from
 the tables, and why, is in insert_commit.py and docs/clickhouse-views.md.
 
+Change rows (upserts and deletes, streaming_sink/changes.py) go into ReplacingMergeTree(version, is_deleted) tables
+through the same steps: the staging transaction maps `__version` and `__op` onto the table's columns
+(change_tables.py; docs/protocol.md, "ClickHouse: change tables").
+
 The same code speaks HTTP (`http://host:8123`) and embedded chdb (`chdb:///path`); chdb allows
 one process per path, so with chdb the writers run in the driver. Over HTTP the writers run in Spark
 tasks (the target is pickled without its connection; one client per thread), and a commit or an abort
