@@ -121,7 +121,9 @@ def _columns_read(expression: str, columns: Mapping[str, str]) -> set[str]:
 
 def table_rows(chunk: pa.Table, replacing: ReplacingColumns) -> pa.Table:
     """A chunk of change rows as the table's rows: `__op` into the is-deleted column (UInt8), `__version` into the
-    version column (UInt64). A negative version breaks the contract of changes.py and is refused."""
+    version column (UInt64). A negative or missing version breaks the contract of changes.py and is refused."""
+    if VERSION_COLUMN not in chunk.column_names:
+        raise EncodingError(f"change rows carry {OP_COLUMN} but no {VERSION_COLUMN}: every change needs its version")
     try:
         version = pc.cast(chunk.column(VERSION_COLUMN), pa.uint64())
     except pa.ArrowInvalid:

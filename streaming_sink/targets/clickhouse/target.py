@@ -363,7 +363,13 @@ class ClickHouseTarget(Target):
         in the table's place: a partition moves only between tables of one structure. The rows take the column's
         default (NULL for an added Nullable column), as an INSERT without it would. Safe to repeat."""
         connection, staging = self.connection, c.label
-        table_columns, staging_columns = self.catalog.columns(c.table), self.catalog.columns(staging)
+        found: dict[str, dict[str, str]] = {c.table: {}, staging: {}}
+        for table, name, kind in connection.client().query(  # one round trip: this runs at every commit
+            "SELECT table, name, type FROM system.columns WHERE database = {db:String} AND table IN ({t:String}, {s:String}) "
+            "ORDER BY position", parameters={"db": self.database, "t": c.table, "s": staging},
+        ).result_rows:
+            found[table][name] = kind
+        table_columns, staging_columns = found[c.table], found[staging]
         missing = [name for name in table_columns if name not in staging_columns]
         if not missing or [name for name in table_columns if name in staging_columns] != list(staging_columns):
             return  # nothing to add, or a structure this cannot mend: the MOVE says how they differ
