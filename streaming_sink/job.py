@@ -202,7 +202,8 @@ def grown_tables(spec: JobSpec, target: Target, tables: dict[str, str]) -> dict[
 def _stream(spark: SparkSession, spec: JobSpec, source: KafkaSource, sink: ExactlyOnceSink, topics: list[str]) -> None:
     """Check the tables, then run the query to its end. `topics`: those the job reads now."""
     for table, schema in tables_run_creates(spec, sink.target, None).items():
-        cast(SupportsCreateTable, sink.target).create_table(table, schema)  # each: unless it exists
+        # each unless it exists; a change table keyed by its key (a ReplacingMergeTree on ClickHouse)
+        cast(SupportsCreateTable, sink.target).create_table(table, schema, tuple((spec.table_keys or {}).get(table, ())))
     # configuration, connectivity, tables, columns and fencing all fail here, before Spark reads anything
     sink.start()
     resolved = job_tables(spec, sink.target, sink.known_tables, topics)

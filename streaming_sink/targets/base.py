@@ -198,8 +198,8 @@ class Target(ABC):
 class SupportsCreateTable(Protocol):
     """A target the job may ask to create a missing table (its descriptor says `creates_tables`)."""
 
-    def create_table(self, table: str, schema: pa.Schema) -> None:
-        """Create `table` for rows of `schema` unless it exists."""
+    def create_table(self, table: str, schema: pa.Schema, key: Sequence[str] = ()) -> None:
+        """Create `table` for rows of `schema` unless it exists; change rows (changes.py) need the `key` of their table."""
 
 
 def own_names(options: Mapping[str, Any], common_names: Mapping[str, str], target: str) -> dict[str, Any]:

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..base import ConfigurationError, ExpiryKind, ExpiryLimit
+from .change_tables import ReplacingColumns, replacing_columns
 from .connection import Connection, quote
 from .engines import FACTS_QUERY, MOVE, REPLICATED_PREFIXES, TableFacts, engine_refusal
 
@@ -40,12 +41,25 @@ class Catalog:
         self._connection = connection
         self.commit_mode, self.commit_parallelism = commit_mode, commit_parallelism
         self.engines: dict[str, str] = {}  # table -> engine, as found
+        self.facts: dict[str, TableFacts] = {}  # table -> its row of system.tables, as found
 
     def engine_of(self, table: str) -> str:
         """The table's engine (as found at start, or asked now)."""
         if table not in self.engines:
             self._connection.repeating(f"engine check of {table}", lambda: self.refusal(table))
         return self.engines.get(table, "")
+
+    def facts_of(self, table: str, fresh: bool = False) -> TableFacts | None:
+        """The table's row of system.tables (as found at start, or asked now; `fresh`: asked now); None: no such table."""
+        if fresh or table not in self.facts:
+            self.facts.pop(table, None)
+            self._connection.repeating(f"engine check of {table}", lambda: self.refusal(table))
+        return self.facts.get(table)
+
+    def replacing(self, table: str) -> ReplacingColumns | None:
+        """Where the table takes change rows' versions and deletes (None: it is no ReplacingMergeTree that can)."""
+        facts = self.facts_of(table)
+        return replacing_columns(facts) if facts is not None else None
 
     def refuse(self, table: str) -> None:
         """Refuse (ConfigurationError) a table this mode cannot load, asked now: a view created, or a setting
@@ -60,7 +74,8 @@ class Catalog:
         rows = list(self._connection.client().query(FACTS_QUERY, parameters={"db": database, "t": table}).named_results())
         if rows:
             self.engines[table] = str(rows[0]["engine"])
-            why = engine_refusal(TableFacts.from_row(rows[0]), self.commit_mode)
+            self.facts[table] = TableFacts.from_row(rows[0])
+            why = engine_refusal(self.facts[table], self.commit_mode)
             if why:
                 return f"ClickHouse table {database}.{table}: {why}"
         entry = self.entry(database, table)

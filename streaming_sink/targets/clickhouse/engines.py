@@ -55,7 +55,8 @@ REPLICATED_PREFIXES = ("Replicated", "Shared")
 # What the target asks ClickHouse for every table of a database ({db}), or for one ({db}, {t}): the facts a verdict reads.
 DATABASE_FACTS_QUERY = (
     "SELECT t.name AS name, t.engine AS engine, t.engine_full AS engine_full, t.partition_key AS partition_key, "
-    "t.storage_policy AS storage_policy, d.engine AS database_engine FROM system.tables AS t "
+    "t.storage_policy AS storage_policy, t.sorting_key AS sorting_key, t.comment AS comment, d.engine AS database_engine "
+    "FROM system.tables AS t "
     "INNER JOIN system.databases AS d ON d.name = t.database WHERE t.database = {db:String}"
 )
 FACTS_QUERY = DATABASE_FACTS_QUERY + " AND t.name = {t:String}"
@@ -96,12 +97,15 @@ class TableFacts:
     partition_key: str = ""
     storage_policy: str = ""
     database_engine: str = ""  # system.databases.engine: a Replicated database gives `{uuid}` copies paths of their own
+    sorting_key: str = ""  # the ORDER BY expression list: a ReplacingMergeTree's key (change_tables.py)
+    comment: str = ""  # the table's comment: marks a table the job created (change_tables.py)
 
     @classmethod
     def from_row(cls, row: Mapping[str, Any]) -> TableFacts:
         """From a row of FACTS_QUERY (or of system.tables; missing keys read as empty)."""
         return cls(**{key: str(row.get(key) or "") for key in ("name", "engine", "engine_full", "partition_key",
-                                                              "storage_policy", "database_engine")})
+                                                              "storage_policy", "database_engine",
+                                                              "sorting_key", "comment")})
 
 
 def is_merge_tree(engine: str) -> bool:

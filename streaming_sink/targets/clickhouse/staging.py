@@ -7,10 +7,12 @@ from collections.abc import Callable
 
 import pyarrow as pa
 
+from ...changes import is_change_schema
 from ...committable import TxnRef
-from ..base import NewRef, PreparedPart, RecordIntent, TableTransaction, TargetError
+from ..base import ConfigurationError, NewRef, PreparedPart, RecordIntent, TableTransaction, TargetError
 from ..encoding import EncodingError
 from .catalog import Catalog
+from .change_tables import change_refusal, table_rows, upsert_rows
 from .connection import Connection, quote
 
 _NULLABLE_PREFIXES = ("Nullable(", "LowCardinality(Nullable(")
@@ -19,6 +21,11 @@ _KEEPS_EVERY_ROW = frozenset({"MergeTree", "ReplicatedMergeTree", "SharedMergeTr
 #: (beside the other writers' parts); ClickHouse slows inserts into a partition past 1000 active parts and refuses them
 #: past 3000 (docs/protocol.md, "ClickHouse: one batch, per table"), so it is worth a warning long before.
 MANY_INSERTS = 100
+#: Every staging insert: rows of equal key are not folded as the block is written (`optimize_on_insert`, on by default,
+#: would do what a Replacing/Summing/Collapsing merge does, so prepare would count fewer rows than were written; the
+#: target's merges fold them once moved), and a NULL for a column that is not Nullable lands as its default: only
+#: deletes of change rows send one (`_refuse_nulls_where_defaults_would_land` refuses every other).
+_STAGING_INSERT = {"optimize_on_insert": 0, "input_format_null_as_default": 1}
 log = logging.getLogger(__name__)
 
 
@@ -36,7 +43,10 @@ class StagingTransaction(TableTransaction):
 
     def write(self, chunk: pa.Table) -> None:
         connection = self._connection
-        self._refuse_nulls_where_defaults_would_land(chunk)
+        if is_change_schema(chunk.schema):
+            chunk = self._change_rows(chunk)
+        else:
+            self._refuse_nulls_where_defaults_would_land(chunk)
         if self._ref is None:
             ref = self._new_ref(0)
             self._record_intent(ref)
@@ -58,7 +68,7 @@ class StagingTransaction(TableTransaction):
 
         connection, label = self._connection, self._ref.label if self._ref else ""
         try:
-            connection.client().insert_arrow(quote(label), chunk, database=connection.database)
+            connection.client().insert_arrow(quote(label), chunk, database=connection.database, settings=_STAGING_INSERT)
         except DatabaseError:
             connection.close()
             landed = connection.repeating(f"row count of {label}", lambda: connection.count_rows(label))
@@ -70,6 +80,20 @@ class StagingTransaction(TableTransaction):
                     f"{self._rows} or {self._rows + chunk.num_rows} were expected"
                 ) from None
             raise
+
+    def _change_rows(self, chunk: pa.Table) -> pa.Table:
+        """Change rows as the ReplacingMergeTree's rows (change_tables.py). A delete carries its key and NULLs
+        elsewhere: those land as the columns' defaults (`input_format_null_as_default`, set on every staging insert),
+        which no one sees, as FINAL leaves the key out; a NULL in an upsert, a key or a version is refused as always."""
+        replacing = self._catalog.replacing(self._table)
+        if replacing is None:
+            raise ConfigurationError(change_refusal(self._catalog.facts_of(self._table, fresh=True),
+                                                    self._catalog.columns(self._table), chunk.schema)
+                                     or f"ClickHouse table {self._table} cannot take change rows")
+        self._refuse_nulls_where_defaults_would_land(upsert_rows(chunk))
+        rows = table_rows(chunk, replacing)
+        self._refuse_nulls_where_defaults_would_land(rows.select([*replacing.key, replacing.version, replacing.is_deleted]))
+        return rows
 
     def _refuse_nulls_where_defaults_would_land(self, chunk: pa.Table) -> None:
         """ClickHouse stores a NULL sent to a column that is not Nullable (Array, Map and Tuple columns never

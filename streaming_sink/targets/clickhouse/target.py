@@ -37,6 +37,10 @@ commit skips the partitions already inserted, and a deduplication token per labe
 a repeat of the one INSERT a crash cut a no-op, in the table and in its views. What that needs from
 the tables, and why, is in insert_commit.py and docs/clickhouse-views.md.
 
+Change rows (upserts and deletes, streaming_sink/changes.py) go into ReplacingMergeTree(version, is_deleted) tables
+through the same steps: the staging transaction maps `__version` and `__op` onto the table's columns
+(change_tables.py; docs/protocol.md, "ClickHouse: change tables").
+
 The same code speaks HTTP (`http://host:8123`) and embedded chdb (`chdb:///path`); chdb allows
 one process per path, so with chdb the writers run in the driver. Over HTTP the writers run in Spark
 tasks (the target is pickled without its connection; one client per thread), and a commit or an abort
@@ -46,11 +50,13 @@ over HTTP".
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from typing import Any
 from urllib.parse import urlparse
 
 import pyarrow as pa
 
+from ...changes import is_change_schema
 from ...committable import Committable, TxnRef
 from ...crash import crash_point, target_point
 from ...errors import UnknownDatabaseError
@@ -69,7 +75,8 @@ from ..base import (
     TargetError,
 )
 from ..descriptor import NeededModule, TargetDescriptor, keyword_options
-from .catalog import Catalog
+from .catalog import SUGGESTED_WINDOW, Catalog
+from .change_tables import JOB_CREATED_COMMENT, change_refusal, created_columns, created_engine, sorting_key_columns
 from .column_types import CLICKHOUSE_COLUMNS
 from .connection import Connection, literal, quote
 from .engines import COMMIT_MODES, DATABASE_FACTS_QUERY, INSERT, MOVE, TableFacts, engine_refusal
@@ -187,6 +194,7 @@ class ClickHouseTarget(Target):
             else:
                 tables.add(name)
                 self.catalog.engines[name] = table_facts.engine
+                self.catalog.facts[name] = table_facts
         self._refusals = {table: self.catalog.refusal(table) for table in sorted(tables)}
         refused = sorted(table for table, why in self._refusals.items() if why)
         if refused:
@@ -224,21 +232,62 @@ class ClickHouseTarget(Target):
         return limits + ([self._dedup_limit] if self._dedup_limit is not None else [])
 
     def check_schema(self, table: str, schema: pa.Schema) -> None:
+        """Refuse a table this commit mode cannot load, and change rows into a table that cannot take them
+        (change_tables.py): before any data moves, one line naming what to create."""
         self.check_loadable(table)
+        if is_change_schema(schema):
+            def refusal() -> str | None:
+                return change_refusal(self.catalog.facts_of(table, fresh=True), self.catalog.columns(table), schema)
+
+            why = self.connection.repeating(f"change-table check of {table}", refusal)
+            if why:
+                raise ConfigurationError(why)
+
+    def table_key(self, table: str) -> tuple[str, ...] | None:
+        """A ReplacingMergeTree's sorting key (system.tables.sorting_key), made of plain columns; None for other tables."""
+        facts = self.catalog.facts_of(table)
+        if facts is None or not facts.engine.endswith("ReplacingMergeTree"):
+            return None
+        return sorting_key_columns(facts.sorting_key)
 
     def table_columns(self, table: str) -> dict[str, str] | None:
         return self.catalog.columns(table)
 
-    def create_table(self, table: str, schema: pa.Schema) -> None:
-        """Create a MergeTree table for an Arrow schema if it is missing (the embedded quick start)."""
-        columns = ", ".join(f"{quote(f.name)} {clickhouse_type(f.type, f.nullable)}" for f in schema)
+    def create_table(self, table: str, schema: pa.Schema, key: Sequence[str] = ()) -> None:
+        """Create a table for an Arrow schema if it is missing (change_tables.py: MergeTree for appended rows, a
+        ReplacingMergeTree ordered by `key` for change rows), marked as the job's (`add_columns` may alter it). In
+        commit_mode "insert" it keeps a deduplication window, which a repeated INSERT … SELECT needs."""
+        columns = ", ".join(f"{quote(name)} {kind}" for name, kind in created_columns(schema, key, clickhouse_type))
+        engine = created_engine(schema, key, quote)
+        window = f" SETTINGS non_replicated_deduplication_window = {SUGGESTED_WINDOW}" if self.commit_mode == INSERT else ""
 
         def create() -> None:
             client = self.client()
             client.command(f"CREATE DATABASE IF NOT EXISTS {quote(self.database)}")
-            client.command(f"CREATE TABLE IF NOT EXISTS {self.connection.table(table)} ({columns}) ENGINE = MergeTree ORDER BY tuple()")
+            client.command(f"CREATE TABLE IF NOT EXISTS {self.connection.table(table)} ({columns}) ENGINE = {engine}"
+                           f"{window} COMMENT {literal(JOB_CREATED_COMMENT)}")
 
         self.connection.repeating(f"creation of {table}", create)
+
+    def add_columns(self, table: str, fields: Sequence[pa.Field]) -> None:
+        """Add Nullable columns for `fields` to a table the job created (its comment says so), each unless it exists:
+        called by the driver before the writers of the batch whose rows carry them begin (their staging tables are
+        made `AS` the table, so they get the columns). A staging table prepared before (a batch the restart rolls
+        forward) gets them at its commit (`_match_staging`). Safe to repeat; a table the job did not create is refused."""
+        if not fields:
+            return
+        additions = ", ".join(f"ADD COLUMN IF NOT EXISTS {quote(f.name)} {clickhouse_type(f.type, True)}" for f in fields)
+
+        def add() -> None:
+            facts = self.catalog.facts_of(table, fresh=True)
+            if facts is None or facts.comment != JOB_CREATED_COMMENT:
+                raise ConfigurationError(
+                    f"ClickHouse table {self.connection.table(table)} was not created by the job, so the sink does not add "
+                    f"columns {[f.name for f in fields]} to it: add them yourself (ALTER TABLE … ADD COLUMN), or drop the "
+                    "fields upstream (sink.on_unknown_field)")
+            self.client().command(f"ALTER TABLE {self.connection.table(table)} {additions}", settings=_MOVE_SYNC)
+
+        self.connection.repeating(f"columns added to {table}", add)
 
     def begin(self, table: str, new_ref: NewRef, record_intent: RecordIntent) -> TableTransaction:
         self.check_loadable(table)
@@ -294,6 +343,7 @@ class ClickHouseTarget(Target):
         partitions = sorted(connection.partition_sizes(staging))
         if first:
             self.ledger.write(c, MOVING)
+        self._match_staging(c)
         move_sync = {"alter_sync": 3} if str(connection.settings.get("alter_sync")) == "3" else _MOVE_SYNC  # see _MOVE_SYNC
         for partition_id in partitions:
             connection.client().command(
@@ -307,6 +357,28 @@ class ClickHouseTarget(Target):
                 f"staging table {staging} still holds {left} rows after its partitions were moved: "
                 "something wrote into it during the commit"
             )
+
+    def _match_staging(self, c: Committable) -> None:
+        """Give a staging table the columns its table gained since it was made (`add_columns`, or a user's ALTER), each
+        in the table's place: a partition moves only between tables of one structure. The rows take the column's
+        default (NULL for an added Nullable column), as an INSERT without it would. Safe to repeat."""
+        connection, staging = self.connection, c.label
+        found: dict[str, dict[str, str]] = {c.table: {}, staging: {}}
+        for table, name, kind in connection.client().query(  # one round trip: this runs at every commit
+            "SELECT table, name, type FROM system.columns WHERE database = {db:String} AND table IN ({t:String}, {s:String}) "
+            "ORDER BY position", parameters={"db": self.database, "t": c.table, "s": staging},
+        ).result_rows:
+            found[table][name] = kind
+        table_columns, staging_columns = found[c.table], found[staging]
+        missing = [name for name in table_columns if name not in staging_columns]
+        if not missing or [name for name in table_columns if name in staging_columns] != list(staging_columns):
+            return  # nothing to add, or a structure this cannot mend: the MOVE says how they differ
+        names = list(table_columns)
+        additions = ", ".join(
+            f"ADD COLUMN IF NOT EXISTS {quote(name)} {table_columns[name]} "
+            + (f"AFTER {quote(names[names.index(name) - 1])}" if names.index(name) else "FIRST")
+            for name in missing)
+        connection.client().command(f"ALTER TABLE {connection.table(staging)} {additions}", settings=_MOVE_SYNC)
 
     def abort(self, ref: TxnRef) -> None:
         """Drop the staging table, unless a commit of the label began: then only committing it is right.
