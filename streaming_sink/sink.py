@@ -15,8 +15,8 @@ import json
 import logging
 import time
 import weakref
-from collections.abc import Callable, Collection
-from dataclasses import dataclass
+from collections.abc import Callable, Collection, Mapping
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Protocol
 
 from .batch_log import BatchLog
@@ -95,7 +95,7 @@ class ExactlyOnceSink:
         table_column: str | None = None,
         flush_bytes: int = 64 * 1024 * 1024,
         retain_batches: int = 100,
-        struct_columns: bool = False,
+        table_slots: Mapping[str, tuple[tuple[str, str], ...]] | None = None,
         dead_letter_table: str | None = None,
         listeners: list[Callable[[BatchReport], None]] | None = None,
         runner: WriterRunner | None = None,
@@ -119,7 +119,7 @@ class ExactlyOnceSink:
         self.target, self.state, self.job_id = target, state, job_id
         self.table, self.table_column = table, table_column
         self.flush_bytes, self.retain_batches = flush_bytes, retain_batches
-        self.struct_columns = struct_columns  # with table_column: each table's row is a struct column of its own
+        self.table_slots = table_slots  # with table_column: each table's columns in slots of the data (Router)
         self.dead_letter_table = dead_letter_table  # only to report dead letters apart from loaded rows
         self.listeners = list(listeners or [])  # told of every batch's report (metrics)
         self.runner = runner if runner is not None else _spark_runner()
@@ -150,7 +150,7 @@ class ExactlyOnceSink:
         tables = self.target.routable_tables()
         self.planner.start(self.target)
         self._router = Router(
-            frozenset(tables) if tables is not None else None, self.table, self.table_column, self.struct_columns
+            frozenset(tables) if tables is not None else None, self.table, self.table_column, self.table_slots
         )
         marker = CheckpointMarker(self.checkpoint_location, self.job_id, self._spark) if self.checkpoint_location else None
         floor = marker.epoch() if marker else 0
@@ -188,6 +188,13 @@ class ExactlyOnceSink:
         """The tables rows may route to, when the caller knows them and the target cannot list them (the packaged job
         resolves its own): a batch of few known tables is then written without counting its rows to plan it."""
         self._expected_tables = frozenset(tables)
+
+    def route_by_slots(self, table_slots: Mapping[str, tuple[tuple[str, str], ...]]) -> None:
+        """Where each table's columns are in the data (`Router.table_slots`), when the caller lays them out only once
+        the target's tables are known (the packaged job, after `start`); before the first batch."""
+        self.table_slots = table_slots
+        if self._router is not None:
+            self._router = replace(self._router, table_slots=table_slots)
 
     @property
     def epoch(self) -> int:
