@@ -50,7 +50,8 @@ class WriterRunner(Protocol):
     """Runs one writer per partition of a micro-batch and returns what each prepared.
 
     The default runs Spark tasks (`execution.SparkWriterRunner`); the simulation runs in-memory
-    Arrow batches, so the coordinator itself never needs Spark.
+    Arrow batches, so the coordinator itself never needs Spark. A runner may also `keep(data)` for the passes of
+    a planned batch (its count keeps it too) and `release(data)`, which the sink calls when each batch ends.
     """
 
     def run(
@@ -239,6 +240,10 @@ class ExactlyOnceSink:
         except StopForOperator as stop:
             self._record_stop(query_id, batch_id, stop)
             raise
+        finally:  # what a planned batch's passes kept (`keep`) goes with the batch, however it ended
+            release = getattr(self.runner, "release", None)
+            if release is not None:
+                release(df)
         self.last_report = report
         log.info("streaming_sink.batch %s", json.dumps({"job": self.job_id, **report.__dict__}, sort_keys=True))
         for listener in self.listeners:
@@ -437,6 +442,9 @@ class ExactlyOnceSink:
         committer = self._committer
         assert committer is not None
         log.warning("job %s batch %s: found PREPARED by epoch %d; committing it", self.job_id, record.batch_id, record.epoch)
+        keep = getattr(self.runner, "keep", None)
+        if keep is not None and record.plan is not None and record.waves_prepared < len(record.plan.waves):
+            keep(df)  # its unwritten waves, each a pass over the re-run batch, read it once
         committer.abort_intents(record.query_id, record.batch_id, keep={c.label for c in record.committables})
         self._abort_leftovers_once(record.query_id)
         committed = self._commit_prepared(df, committer.log_of(record), started_commit=time.time())
