@@ -68,6 +68,7 @@ class SparkWriterRunner:
         if driver_fetch not in DRIVER_FETCHES:
             raise ConfigurationError(f"driver_fetch {driver_fetch!r}: one of {', '.join(DRIVER_FETCHES)}")
         self.driver_fetch = driver_fetch
+        self._kept: list[DataFrame] = []  # what `keep` persisted for the running batch
 
     def run(
         self, df: DataFrame, target: Target, router: Router, context: WriteContext, store: StateStore
@@ -108,11 +109,13 @@ class SparkWriterRunner:
 
         if not df.is_cached:
             df.persist(StorageLevel.MEMORY_AND_DISK)
+            self._kept.append(df)
 
-    def release(self, df: DataFrame) -> None:
-        """Drop what `keep` kept (the batch is over, written or failed); nothing for a batch never kept."""
-        if df.is_cached:
-            df.unpersist()
+    def release(self) -> None:
+        """Drop what `keep` kept (the batch is over, written or failed), whatever the sink made of the batch it was
+        given before it was kept; nothing for a batch never kept."""
+        while self._kept:
+            self._kept.pop().unpersist()
 
 
 def _task_context() -> TaskContext:

@@ -58,7 +58,7 @@ class WriterRunner(Protocol):
 
     The default runs Spark tasks (`execution.SparkWriterRunner`); the simulation runs in-memory
     Arrow batches, so the coordinator itself never needs Spark. A runner may also `keep(data)` for the passes of
-    a planned batch (its count keeps it too) and `release(data)`, which the sink calls when each batch ends.
+    a planned batch (its count keeps it too) and `release()` what it kept, which the sink calls when each batch ends.
     """
 
     def run(
@@ -251,7 +251,7 @@ class ExactlyOnceSink:
         finally:  # what a planned batch's passes kept (`keep`) goes with the batch, however it ended
             release = getattr(self.runner, "release", None)
             if release is not None:
-                release(df)
+                release()
         self.last_report = report
         log.info("streaming_sink.batch %s", json.dumps({"job": self.job_id, **report.__dict__}, sort_keys=True))
         for listener in self.listeners:
