@@ -68,6 +68,7 @@ class SparkWriterRunner:
         if driver_fetch not in DRIVER_FETCHES:
             raise ConfigurationError(f"driver_fetch {driver_fetch!r}: one of {', '.join(DRIVER_FETCHES)}")
         self.driver_fetch = driver_fetch
+        self._kept: list[DataFrame] = []  # what `keep` persisted for the running batch
 
     def run(
         self, df: DataFrame, target: Target, router: Router, context: WriteContext, store: StateStore
@@ -91,10 +92,30 @@ class SparkWriterRunner:
         return 1 if target.runs_writers_in_driver else df.rdd.getNumPartitions()
 
     def table_rows(self, df: DataFrame, router: Router) -> dict[str, int]:
-        """Rows per table in the batch (one Spark job): what its plan is made from (`batch_plan.py`)."""
+        """Rows per table in the batch (one Spark job): what its plan is made from (`batch_plan.py`). The batch is
+        kept first (`keep`): this count reads the source, and the plan's waves read the copy."""
+        self.keep(df)
         if router.table_column is None:
             return {str(router.table): df.count()}
         return {str(row[0]): int(row[1]) for row in df.groupBy(router.table_column).count().collect()}
+
+
+    def keep(self, df: DataFrame) -> None:
+        """Keep the batch's rows for the passes that follow (a planned batch reads its source once, not once per wave).
+        Persisted in memory and on disk rather than `localCheckpoint`ed: a block an executor took with it when it died
+        is computed again from the source (the same offsets: the same rows), where a local checkpoint's would fail
+        the batch."""
+        from pyspark import StorageLevel
+
+        if not df.is_cached:
+            df.persist(StorageLevel.MEMORY_AND_DISK)
+            self._kept.append(df)
+
+    def release(self) -> None:
+        """Drop what `keep` kept (the batch is over, written or failed), whatever the sink made of the batch it was
+        given before it was kept; nothing for a batch never kept."""
+        while self._kept:
+            self._kept.pop().unpersist()
 
 
 def _task_context() -> TaskContext:

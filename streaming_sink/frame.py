@@ -14,6 +14,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 import re
+from collections import Counter
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, cast
 
@@ -24,7 +25,6 @@ from .errors import ConfigurationError
 from .job_spec import JobSpec
 from .metrics import OBSERVED_NAME, TOMBSTONES_OBSERVED, UNKNOWN_FIELDS_OBSERVED
 from .projection import INTERNAL_PREFIX, Projection, plan_projection, projected, spark_reason
-from .routing import struct_column_for
 from .targets import descriptor_for
 from .targets.base import Target
 from .targets.columns import ColumnRules, column_key
@@ -44,9 +44,13 @@ _ADDED = re.compile(re.escape(_ADD_COLUMNS) + r"(?P<table>.+?): (?P<fields>\[.*?
 #: Top-level columns of a change row for the sink's one-change-per-key rule (latest_changes.py): the row's key, as the
 #: JSON of its key columns (tables differ in their keys), its `__op` (NULL: not a change: a dead letter) and `__version`.
 CHANGE_KEY_COLUMN = "__key"
+_SLOT = "__s"  # a slot column of the frame's output: `__s<type>_<k>`, the k-th column of that type of any table
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
-    from pyspark.sql.types import StructType
+    from pyspark.sql.types import DataType, StructType
+
+#: table -> ((column, slot), ...): where each table's columns ride in the frame (`routing.Router.table_slots`)
+TableSlots = dict[str, tuple[tuple[str, str], ...]]
 
 DEAD_LETTER_COLUMNS = "raw_value STRING, topic STRING, partition INT, offset BIGINT, kafka_timestamp TIMESTAMP, reason STRING"
 
@@ -87,7 +91,8 @@ def build_frame(raw: DataFrame, spec: JobSpec, tables: dict[str, str],
                 column_types: dict[str, dict[str, str] | None] | None = None,
                 unavailable: Mapping[str, str] | None = None,
                 keys: Mapping[str, tuple[str, ...]] | None = None) -> DataFrame:
-    """Kafka records -> one route column plus one struct column per table (only the routed one set).
+    """Kafka records -> one route column plus typed slot columns, which carry the routed table's columns where
+    `table_slots(spec, tables)` puts them (the frame is as wide as its widest table, whatever the tables' number).
 
     `column_types` are the target's, per table (`Target.table_columns`): a value its column
     cannot hold makes the message a dead letter naming the column (streaming_sink/value_checks.py).
@@ -187,7 +192,7 @@ def build_frame(raw: DataFrame, spec: JobSpec, tables: dict[str, str],
         elif spec.on_unknown_field == "add-column":  # the job adds the columns and runs the batch again (job.py)
             fatal = fatal.when(has_unknown, F.concat(F.lit(f"{_ADD_COLUMNS}{table}: "), F.to_json(unknown),
                                                      F.lit(' (sink.on_unknown_field = "add-column")')))
-        fields = [(_deleted_value(parsed[f.name], f.dataType, deleted, not f.nullable or not _nullable(
+        fields = [(_deleted_value(parsed[f.name], f.dataType, deleted, not f.nullable or not _column_takes_null(
                       rules, column_types, table, f.name)) if spec.changes and f.name not in key_columns else parsed[f.name]
                    ).alias(f.name) for f in schema.fields if f.name in parse_schema.names]
         fields += [F.col(source).cast("string").alias(name) if source == "key" else F.col(source).alias(name)
@@ -231,8 +236,8 @@ def build_frame(raw: DataFrame, spec: JobSpec, tables: dict[str, str],
     reason = F.coalesce(F.col(_REASON), failed)
 
     # Stage 3: each message to its table, or to the dead letters with its reason
-    columns = [(table, route == F.lit(table), row) for table, row in rows.items()]
     bad = reason.isNotNull()
+    members = [(table, (route == F.lit(table)) & ~bad, row) for table, row in rows.items()]
     if spec.dead_letter_table:
         raw_value = at["raw_value"]
         room = rules.raw_value_room((column_types.get(spec.dead_letter_table) or {}).get("raw_value"))
@@ -247,12 +252,19 @@ def build_frame(raw: DataFrame, spec: JobSpec, tables: dict[str, str],
             at["offset"].alias("offset"), at["kafka_timestamp"].alias("kafka_timestamp"), reason.alias("reason"),
         )
         routed = F.when(bad, F.lit(spec.dead_letter_table)).otherwise(route)
-        columns.append((spec.dead_letter_table, bad, dead))
+        members.append((spec.dead_letter_table, bad, dead))
     else:
         # No dead-letter table: the batch fails, and the error names the record and the reason.
         routed = F.when(bad, _unroutable(at, reason, "; configure a dead-letter table")).otherwise(route)
     # a route no table has fails the batch in its writers, naming the message (routing.Router)
     routed = F.when(F.col(_FATAL).isNotNull(), _unroutable(at, F.col(_FATAL), "")).otherwise(routed)
+    # Each slot holds the value of the one table whose condition holds (the conditions exclude each other): a null
+    # struct per table would cost every table's buffers in every Arrow row shipped to the writers.
+    layout, kinds = _slot_layout(row_schemas(spec, tables, projections))
+    slot_values: dict[str, list[Any]] = {slot: [] for slot in kinds}
+    for table, condition, row in members:
+        for column, slot in layout[table]:
+            slot_values[slot].append(F.when(condition, row.getField(column).cast(kinds[slot])))
     # Records in and dead letters also go to Spark's progress (`observedMetrics`, the Spark UI). `observe`
     # passes rows through unchanged; `bad` rides along as a column only so it is not computed twice.
     # a change row's top-level key, op and version: a dead letter is not a change (NULL op), a tombstone is no row
@@ -260,8 +272,7 @@ def build_frame(raw: DataFrame, spec: JobSpec, tables: dict[str, str],
         + [F.col(VERSION_COLUMN), F.col(POSITION_COLUMN), F.col(_TOMBSTONE)] if spec.changes else [F.lit(False).alias(_TOMBSTONE)]
     return frame.select(
         routed.alias(ROUTE_COLUMN),
-        *[F.when(condition & (~bad if name != spec.dead_letter_table else F.lit(True)), struct).alias(struct_column_for(name))
-          for name, condition, struct in columns],
+        *[F.coalesce(*sources).alias(slot) for slot, sources in slot_values.items()],
         *changes,
         bad.alias(_BAD_COLUMN),
         F.col(_UNKNOWN_COLUMN),
@@ -327,7 +338,7 @@ def _event(message: Any) -> Any:
     return F.from_json(event, "before STRING, after STRING, op STRING, source STRUCT<lsn: BIGINT>")
 
 
-def _nullable(rules: ColumnRules, column_types: Mapping[str, Mapping[str, str] | None], table: str, name: str) -> bool:
+def _column_takes_null(rules: ColumnRules, column_types: Mapping[str, Mapping[str, str] | None], table: str, name: str) -> bool:
     """Whether the target's column takes NULL (True where the target cannot tell: its schema decides then)."""
     types = {column_key(rules, column): kind for column, kind in (column_types.get(table) or {}).items()}
     spelling = types.get(column_key(rules, name))
@@ -413,14 +424,57 @@ def _unroutable(at: Mapping[str, Any], reason: Any, advice: str) -> Any:
 
 def table_schemas(spec: JobSpec, tables: dict[str, str]) -> dict[str, pa.Schema]:
     """The Arrow schema of every table the job writes, as the sink will hand it to the target."""
-    schemas = {}
-    projections = table_projections(spec, tables)
-    for table, ddl in tables.items():
-        projection = projections.get(table)
-        schemas[table] = to_arrow(projection.output if projection else projection_inputs(spec, ddl))
+    return {table: to_arrow(row) for table, row in row_schemas(spec, tables).items()}
+
+
+def row_schemas(spec: JobSpec, tables: Mapping[str, str],
+                projections: Mapping[str, Projection] | None = None) -> dict[str, StructType]:
+    """The Spark schema of the rows of every table the job writes, the dead letters' included."""
+    projections = table_projections(spec, tables) if projections is None else projections
+    rows = {table: projections[table].output if table in projections else projection_inputs(spec, ddl)
+            for table, ddl in tables.items()}
     if spec.dead_letter_table:
-        schemas[spec.dead_letter_table] = arrow_schema(DEAD_LETTER_COLUMNS)
-    return schemas
+        rows[spec.dead_letter_table] = spark_schema(DEAD_LETTER_COLUMNS)
+    return rows
+
+
+def table_slots(spec: JobSpec, tables: Mapping[str, str]) -> TableSlots:
+    """Where each table's columns ride in `build_frame`'s output: what the sink's Router reads them from."""
+    return _slot_layout(row_schemas(spec, tables))[0]
+
+
+def _slot_layout(rows: Mapping[str, StructType]) -> tuple[TableSlots, dict[str, DataType]]:
+    """Table -> ((column, slot), ...), and each slot's type: a table's i-th column of a type in that type's i-th slot,
+    so there are as many slots of a type as the table with most columns of it has. Types are told apart by their
+    Spark type with every nested part nullable (what a slot holds, the same Arrow type for every table). A pure
+    function of the schemas (tables and types sorted): a re-run batch has the same layout, as its checksum needs."""
+    kinds = {_nullable(f.dataType).json(): _nullable(f.dataType) for row in rows.values() for f in row.fields}
+    number = {kind: index for index, kind in enumerate(sorted(kinds))}
+    layout: TableSlots = {}
+    slots: dict[tuple[int, int], DataType] = {}
+    for table in sorted(rows):
+        used: Counter[str] = Counter()
+        pairs = []
+        for f in rows[table].fields:
+            kind = _nullable(f.dataType).json()
+            slots[number[kind], used[kind]] = kinds[kind]
+            pairs.append((f.name, f"{_SLOT}{number[kind]}_{used[kind]}"))
+            used[kind] += 1
+        layout[table] = tuple(pairs)
+    return layout, {f"{_SLOT}{kind}_{k}": slots[kind, k] for kind, k in sorted(slots)}
+
+
+def _nullable(kind: DataType) -> DataType:
+    """`kind` with every element, value and field nullable (Spark's JSON parsing makes them so anyway)."""
+    from pyspark.sql.types import ArrayType, MapType, StructField, StructType
+
+    if isinstance(kind, ArrayType):
+        return ArrayType(_nullable(kind.elementType), True)
+    if isinstance(kind, MapType):
+        return MapType(_nullable(kind.keyType), _nullable(kind.valueType), True)
+    if isinstance(kind, StructType):
+        return StructType([StructField(f.name, _nullable(f.dataType), True, f.metadata) for f in kind.fields])
+    return kind
 
 
 def spark_schema(ddl: str, key: str = "schema") -> StructType:

@@ -32,6 +32,7 @@ from .frame import (
     spark_schema,
     table_projections,
     table_schemas,
+    table_slots,
 )
 from .intervals import parse_interval
 from .job_spec import JobSpec
@@ -65,7 +66,6 @@ def build_sink(spec: JobSpec) -> ExactlyOnceSink:
         job_id=spec.job_id,
         table_column=ROUTE_COLUMN,
         flush_bytes=spec.flush_bytes,
-        struct_columns=True,
         dead_letter_table=spec.dead_letter_table,
         listeners=listeners,
         checkpoint_location=spec.checkpoint,
@@ -212,6 +212,7 @@ def _stream(spark: SparkSession, spec: JobSpec, source: KafkaSource, sink: Exact
     for table, why in resolved.unavailable.items():
         logging.getLogger("streaming_sink").warning("table %s: its topics' messages go to the dead letters: %s", table, why)
     columns = check_columns(sink.target, descriptor_for(spec.target_url).columns, table_schemas(spec, resolved.tables))
+    sink.route_by_slots(table_slots(spec, resolved.tables))  # where build_frame puts each table's columns
     reader = spark.readStream.format("kafka").options(**source.reader_options())
     frame = build_frame(reader.load(), spec, resolved.tables, columns, resolved.unavailable, resolved.keys)
     writer = frame.writeStream.foreachBatch(sink).option("checkpointLocation", spec.checkpoint)

@@ -1,7 +1,7 @@
 """Which target table each row goes to: a fixed table, or the value of a routing column."""
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 
 import pyarrow as pa
@@ -21,7 +21,9 @@ class Router:
     known_tables: frozenset[str] | None
     table: str | None = None
     table_column: str | None = None
-    struct_columns: bool = False  # each table's row is the struct column `struct_column_for(table)`
+    #: with `table_column`, when tables have schemas of their own (the packaged job): table -> ((column, slot), ...),
+    #: its rows are the named slots of the batch under its column names; the batch's other columns reach no table
+    table_slots: Mapping[str, tuple[tuple[str, str], ...]] | None = None
 
     def __post_init__(self) -> None:
         if (self.table is None) == (self.table_column is None):
@@ -44,22 +46,19 @@ class Router:
         if values.null_count:
             raise UnknownTableError(f"{values.null_count} rows have a null {self.table_column!r}: no table to route to")
         tables = [t for t in pc.unique(values).to_pylist()]
-        if self.known_tables is not None:  # None: the target cannot tell, its `begin` refuses a wrong name
-            unknown = sorted(set(map(str, tables)) - self.known_tables)
+        # known_tables None: the target cannot tell, its `begin` refuses a wrong name; a table without slots has no rows
+        for known, holder in ((self.known_tables, "the target has"), (self.table_slots, "the job loads")):
+            unknown = sorted(set(map(str, tables)) - set(known)) if known is not None else []
             if unknown:
                 raise UnknownTableError(
-                    f"rows route to unknown table(s) {unknown} by column {self.table_column!r}; "
-                    f"the target has {sorted(self.known_tables)}"
+                    f"rows route to unknown table(s) {unknown} by column {self.table_column!r}; {holder} {sorted(known or ())}"
                 )
         keep = [name for name in batch.schema.names if name != self.table_column]
         for table in tables:
-            rows = batch.filter(pc.equal(values, table))
-            if self.struct_columns:
-                yield str(table), pa.RecordBatch.from_struct_array(rows.column(struct_column_for(str(table))))
+            mask = pc.equal(values, table)
+            if self.table_slots is not None:  # only the table's own slots are filtered (zero-copy renamed below)
+                slots = self.table_slots[str(table)]
+                rows = batch.select([slot for _, slot in slots]).filter(mask)
+                yield str(table), pa.RecordBatch.from_arrays(rows.columns, names=[column for column, _ in slots])
             else:
-                yield str(table), rows.select(keep)
-
-
-def struct_column_for(table: str) -> str:
-    """The column that carries a table's rows when each table has its own schema (the packaged job)."""
-    return f"__row_{table}"
+                yield str(table), batch.filter(mask).select(keep)

@@ -15,8 +15,8 @@ import json
 import logging
 import time
 import weakref
-from collections.abc import Callable, Collection, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Collection, Mapping, Sequence
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Protocol
 
 from .batch_log import BatchLog
@@ -50,7 +50,8 @@ class WriterRunner(Protocol):
     """Runs one writer per partition of a micro-batch and returns what each prepared.
 
     The default runs Spark tasks (`execution.SparkWriterRunner`); the simulation runs in-memory
-    Arrow batches, so the coordinator itself never needs Spark.
+    Arrow batches, so the coordinator itself never needs Spark. A runner may also `keep(data)` for the passes of
+    a planned batch (its count keeps it too) and `release()` what it kept, which the sink calls when each batch ends.
     """
 
     def run(
@@ -95,7 +96,7 @@ class ExactlyOnceSink:
         table_column: str | None = None,
         flush_bytes: int = 64 * 1024 * 1024,
         retain_batches: int = 100,
-        struct_columns: bool = False,
+        table_slots: Mapping[str, tuple[tuple[str, str], ...]] | None = None,
         dead_letter_table: str | None = None,
         listeners: list[Callable[[BatchReport], None]] | None = None,
         runner: WriterRunner | None = None,
@@ -120,7 +121,7 @@ class ExactlyOnceSink:
         self.target, self.state, self.job_id = target, state, job_id
         self.table, self.table_column = table, table_column
         self.flush_bytes, self.retain_batches = flush_bytes, retain_batches
-        self.struct_columns = struct_columns  # with table_column: each table's row is a struct column of its own
+        self.table_slots = table_slots  # with table_column: each table's columns in slots of the data (Router)
         # rows with `__op` set are changes of the key these columns name, within their table (latest_changes.py)
         self.change_key = tuple(change_key)
         self.dead_letter_table = dead_letter_table  # only to report dead letters apart from loaded rows
@@ -153,7 +154,7 @@ class ExactlyOnceSink:
         tables = self.target.routable_tables()
         self.planner.start(self.target)
         self._router = Router(
-            frozenset(tables) if tables is not None else None, self.table, self.table_column, self.struct_columns
+            frozenset(tables) if tables is not None else None, self.table, self.table_column, self.table_slots
         )
         marker = CheckpointMarker(self.checkpoint_location, self.job_id, self._spark) if self.checkpoint_location else None
         floor = marker.epoch() if marker else 0
@@ -191,6 +192,13 @@ class ExactlyOnceSink:
         """The tables rows may route to, when the caller knows them and the target cannot list them (the packaged job
         resolves its own): a batch of few known tables is then written without counting its rows to plan it."""
         self._expected_tables = frozenset(tables)
+
+    def route_by_slots(self, table_slots: Mapping[str, tuple[tuple[str, str], ...]]) -> None:
+        """Where each table's columns are in the data (`Router.table_slots`), when the caller lays them out only once
+        the target's tables are known (the packaged job, after `start`); before the first batch."""
+        self.table_slots = table_slots
+        if self._router is not None:
+            self._router = replace(self._router, table_slots=table_slots)
 
     @property
     def epoch(self) -> int:
@@ -239,6 +247,10 @@ class ExactlyOnceSink:
         except StopForOperator as stop:
             self._record_stop(query_id, batch_id, stop)
             raise
+        finally:  # what a planned batch's passes kept (`keep`) goes with the batch, however it ended
+            release = getattr(self.runner, "release", None)
+            if release is not None:
+                release()
         self.last_report = report
         log.info("streaming_sink.batch %s", json.dumps({"job": self.job_id, **report.__dict__}, sort_keys=True))
         for listener in self.listeners:
@@ -437,6 +449,9 @@ class ExactlyOnceSink:
         committer = self._committer
         assert committer is not None
         log.warning("job %s batch %s: found PREPARED by epoch %d; committing it", self.job_id, record.batch_id, record.epoch)
+        keep = getattr(self.runner, "keep", None)
+        if keep is not None and record.plan is not None and record.waves_prepared < len(record.plan.waves):
+            keep(df)  # its unwritten waves, each a pass over the re-run batch, read it once
         committer.abort_intents(record.query_id, record.batch_id, keep={c.label for c in record.committables})
         self._abort_leftovers_once(record.query_id)
         committed = self._commit_prepared(df, committer.log_of(record), started_commit=time.time())

@@ -10,7 +10,7 @@ import re
 
 import pytest
 
-from streaming_sink.frame import build_frame, resolve_tables
+from streaming_sink.frame import build_frame, resolve_tables, table_slots
 from streaming_sink.job_spec import JobSpec
 from streaming_sink.routing import UnknownTableError
 from streaming_sink.sink import ExactlyOnceSink
@@ -64,9 +64,10 @@ def kafka_frame(spark):
 
 def run_batch(spark, target, tmp_path, job: JobSpec):
     sink = ExactlyOnceSink(target=target, state=FileStateStore(tmp_path / "state"), job_id=job.job_id,
-                           table_column="__table", struct_columns=True, dead_letter_table=job.dead_letter_table)
+                           table_column="__table", dead_letter_table=job.dead_letter_table)
     sink.start()
     tables = resolve_tables(job, sink.known_tables)
+    sink.route_by_slots(table_slots(job, tables))
     return sink.process(build_frame(kafka_frame(spark), job, tables), 0, "q")
 
 
@@ -131,10 +132,12 @@ def test_batch_figures_reach_the_metrics_endpoint(spark_session, target, tmp_pat
     try:
         job = spec(tmp_path, target.url)
         sink = ExactlyOnceSink(target=target, state=FileStateStore(tmp_path / "state"), job_id=job.job_id,
-                               table_column="__table", struct_columns=True, dead_letter_table=job.dead_letter_table,
+                               table_column="__table", dead_letter_table=job.dead_letter_table,
                                listeners=[metrics.record])
         sink.start()
-        frame = build_frame(kafka_frame(spark_session), job, resolve_tables(job, sink.known_tables))
+        tables = resolve_tables(job, sink.known_tables)
+        sink.route_by_slots(table_slots(job, tables))
+        frame = build_frame(kafka_frame(spark_session), job, tables)
         sink.process(frame, 0, "q")
         sink.process(frame, 0, "q")  # re-run: already committed, counted as such, no rows twice
         text = urllib.request.urlopen(f"http://127.0.0.1:{server.server_address[1]}/metrics", timeout=10).read().decode()
@@ -164,9 +167,11 @@ def test_kafka_metadata_columns_a_user_chooses_arrive_as_the_records_carried_the
     for table, schema in table_schemas(job, job.tables).items():
         target.create_table(table, schema)
     sink = ExactlyOnceSink(target=target, state=FileStateStore(tmp_path / "state"), job_id=job.job_id,
-                           table_column="__table", struct_columns=True)
+                           table_column="__table")
     sink.start()
-    sink.process(build_frame(raw, job, resolve_tables(job, sink.known_tables)), 0, "q")
+    tables = resolve_tables(job, sink.known_tables)
+    sink.route_by_slots(table_slots(job, tables))
+    sink.process(build_frame(raw, job, tables), 0, "q")
     rows = target.client().query(f"SELECT id, kafka_topic, kafka_partition, kafka_offset, kafka_timestamp, kafka_key "
                                  f"FROM {DB}.orders ORDER BY id").result_rows
     assert [(i, t, p, o, ts.replace(tzinfo=None), k) for i, t, p, o, ts, k in rows] == [

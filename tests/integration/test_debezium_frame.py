@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from streaming_sink.changes import DELETE, UPSERT
-from streaming_sink.frame import CHANGE_KEY_COLUMN, build_frame, table_schemas
+from streaming_sink.frame import CHANGE_KEY_COLUMN, build_frame, table_schemas, table_slots
 from streaming_sink.job_spec import JobSpec
 from streaming_sink.sink import ExactlyOnceSink
 from streaming_sink.state import FileStateStore
@@ -49,7 +49,7 @@ def load(spark: Any, tmp_path: Any, job: JobSpec, messages: list[str | None], ba
     frame = build_frame(spark.createDataFrame(records, KAFKA).repartition(3), job, job.tables or {},
                         keys={"customers": ("id",)})
     sink = ExactlyOnceSink(target=target, state=FileStateStore(tmp_path / "state"), job_id=job.job_id,
-                           table_column="__table", struct_columns=True, dead_letter_table="dead_letters",
+                           table_column="__table", table_slots=table_slots(job, job.tables or {}), dead_letter_table="dead_letters",
                            change_key=(CHANGE_KEY_COLUMN,))
     sink.process(frame, batch, "q")
     return target

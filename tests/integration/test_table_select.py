@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from streaming_sink.errors import ConfigurationError
-from streaming_sink.frame import build_frame, resolve_tables, table_projections, table_schemas
+from streaming_sink.frame import build_frame, resolve_tables, table_projections, table_schemas, table_slots
 from streaming_sink.job_spec import JobSpec
 from streaming_sink.sink import ExactlyOnceSink
 from streaming_sink.state import FileStateStore
@@ -50,11 +50,13 @@ def test_a_select_maps_and_transforms_columns_and_a_row_it_cannot_compute_is_a_d
     for table, schema in schemas.items():
         clickhouse_target.create_table(table, schema)
     sink = ExactlyOnceSink(target=clickhouse_target, state=FileStateStore(tmp_path / "state"), job_id=job.job_id,
-                           table_column="__table", struct_columns=True, dead_letter_table=job.dead_letter_table)
+                           table_column="__table", dead_letter_table=job.dead_letter_table)
     sink.start()
     raw = spark_session.createDataFrame(
         [(bytearray(m.encode()), "events", 0, offset, dt.datetime(2026, 1, 2)) for offset, m in enumerate(MESSAGES)], KAFKA)
-    report = sink.process(build_frame(raw, job, resolve_tables(job, sink.known_tables)), 0, "q")
+    tables = resolve_tables(job, sink.known_tables)
+    sink.route_by_slots(table_slots(job, tables))
+    report = sink.process(build_frame(raw, job, tables), 0, "q")
     client = clickhouse_target.client()
     assert client.query(f"SELECT id, name, cents, code, origin FROM {DB}.orders ORDER BY id").result_rows == [
         (1, "A", 150, 7, "shop@0"), (4, None, None, None, None)]
@@ -108,9 +110,10 @@ def test_the_selects_output_is_what_the_value_checks_hold_to_the_tables_columns(
     client.command(f"CREATE TABLE {DB}.dead_letters (raw_value Nullable(String), topic String, partition Int32, "
                    "offset Int64, kafka_timestamp DateTime64(6), reason String) ENGINE = MergeTree ORDER BY offset")
     sink = ExactlyOnceSink(target=clickhouse_target, state=FileStateStore(tmp_path / "state"), job_id=job.job_id,
-                           table_column="__table", struct_columns=True, dead_letter_table=job.dead_letter_table)
+                           table_column="__table", dead_letter_table=job.dead_letter_table)
     sink.start()
     tables = resolve_tables(job, sink.known_tables)
+    sink.route_by_slots(table_slots(job, tables))
     types = check_columns(clickhouse_target, descriptor_for(job.target_url).columns, table_schemas(job, tables))
     messages = ['{"table": "orders", "id": 1, "amount": 1.5}', '{"table": "orders", "id": 2, "amount": 400}']
     raw = spark_session.createDataFrame(

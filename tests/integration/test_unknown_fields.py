@@ -7,7 +7,7 @@ import datetime as dt
 import pytest
 
 from streaming_sink.errors import UnknownTableError
-from streaming_sink.frame import build_frame, resolve_tables, table_schemas
+from streaming_sink.frame import build_frame, resolve_tables, table_schemas, table_slots
 from streaming_sink.job_spec import JobSpec
 from streaming_sink.metrics import BatchMetrics, progress_listener
 from streaming_sink.sink import ExactlyOnceSink
@@ -40,9 +40,10 @@ def records() -> list[tuple]:
 
 def sink_for(spec: JobSpec, target, tmp_path, listeners=()) -> ExactlyOnceSink:
     sink = ExactlyOnceSink(target=target, state=FileStateStore(tmp_path / "state"), job_id=spec.job_id,
-                           table_column="__table", struct_columns=True, dead_letter_table=spec.dead_letter_table,
+                           table_column="__table", dead_letter_table=spec.dead_letter_table,
                            listeners=list(listeners))
     sink.start()
+    sink.route_by_slots(table_slots(spec, resolve_tables(spec, sink.known_tables)))
     return sink
 
 

@@ -11,7 +11,7 @@ import json
 
 import pytest
 
-from streaming_sink.frame import build_frame, check_columns, resolve_tables, table_schemas
+from streaming_sink.frame import build_frame, check_columns, resolve_tables, table_schemas, table_slots
 from streaming_sink.job_spec import JobSpec
 from streaming_sink.sink import ExactlyOnceSink
 from streaming_sink.state import FileStateStore
@@ -64,9 +64,10 @@ def run_one_batch(spark, target, tmp_path, target_url: str, schema: str, message
         table_field="table", dead_letter_table="dead_letters",
     )
     sink = ExactlyOnceSink(target=target, state=FileStateStore(tmp_path / "state"), job_id=job.job_id,
-                           table_column="__table", struct_columns=True, dead_letter_table=job.dead_letter_table)
+                           table_column="__table", dead_letter_table=job.dead_letter_table)
     sink.start()
     tables = resolve_tables(job, sink.known_tables)
+    sink.route_by_slots(table_slots(job, tables))
     columns = check_columns(target, descriptor_for(job.target_url).columns, table_schemas(job, tables))
     rows = [(bytearray(value), "events", 0, offset, dt.datetime(2026, 1, 1)) for offset, value in enumerate(messages)]
     sink.process(build_frame(spark.createDataFrame(rows, KAFKA), job, tables, columns), 0, "q")

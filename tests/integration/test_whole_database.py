@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 
 from streaming_sink.config import resolve_config
-from streaming_sink.frame import ROUTE_COLUMN, build_frame
+from streaming_sink.frame import ROUTE_COLUMN, build_frame, table_slots
 from streaming_sink.records import BatchState
-from streaming_sink.routing import struct_column_for
+from streaming_sink.routing import Router
 from streaming_sink.state import open_store
 from streaming_sink.target_tables import JobTables
 from tests.support.jobs import ConfigJob, job_toml, local_spark
@@ -136,8 +136,6 @@ def test_a_whole_database_by_pattern_through_a_kill(tmp_path, kafka_broker):
 def test_a_topic_created_while_the_job_runs_is_a_dead_letter_saying_so(tmp_path, spark_session):
     """Tables are resolved when the job starts; Spark reads a topic the pattern matches later, and each of its
     messages becomes a dead letter naming the topic, its table and what to do (the frame, as the job builds it)."""
-    from pyspark.sql import functions as F
-
     spec = resolve_config({
         "job_id": "wd", "kafka": {"bootstrap_servers": "127.0.0.1:9092", "topic_pattern": r"^pg\..+$"},
         "routing": {"topic_table": r"^pg\.public\.(.+)$"}, "dead_letters": {"table": DEAD},
@@ -148,22 +146,28 @@ def test_a_topic_created_while_the_job_runs_is_a_dead_letter_saying_so(tmp_path,
         "key BINARY, value BINARY, topic STRING, partition INT, offset BIGINT, timestamp TIMESTAMP, timestampType INT")
     resolved = JobTables({"orders": "id BIGINT NOT NULL"}, {"refunds": NO_TABLE})
     frame = build_frame(records, spec, resolved.tables, None, resolved.unavailable)
-    rows = {row.topic: (row.orders, row.reason) for row in frame.select(
-        F.col(struct_column_for(DEAD)).topic.alias("topic"), F.col(struct_column_for(DEAD)).reason.alias("reason"),
-        F.col(struct_column_for("orders")).id.alias("orders")).collect() if row.topic or row.orders}
-    assert rows == {
-        None: (1, None),  # pg.public.orders: a row of orders
-        "pg.public.later": (None, "topic pg.public.later maps to table later: it was not among the tables of the topics "
-                                  "read when the job started (a topic created since): restart the job to load it"),
-        "pg.public.refunds": (None, f"topic pg.public.refunds maps to table refunds: {NO_TABLE}"),
+    rows = _rows_by_table(frame, spec, resolved.tables)
+    assert rows["orders"] == [{"id": 1}]
+    assert {row["topic"]: row["reason"] for row in rows[DEAD]} == {
+        "pg.public.later": "topic pg.public.later maps to table later: it was not among the tables of the topics "
+                           "read when the job started (a topic created since): restart the job to load it",
+        "pg.public.refunds": f"topic pg.public.refunds maps to table refunds: {NO_TABLE}",
     }
+
+
+def _rows_by_table(frame, spec, tables: dict[str, str]) -> dict[str, list[dict]]:
+    """The frame's rows as the sink's writers take them: split by the Router, each table under its own columns."""
+    router = Router(None, table_column=ROUTE_COLUMN, table_slots=table_slots(spec, tables))
+    rows: dict[str, list[dict]] = {}
+    for batch in frame.toArrow().to_batches():
+        for table, part in router.split(batch):
+            rows.setdefault(table, []).extend(part.to_pylist())
+    return rows
 
 
 def test_three_hundred_tables_make_a_frame_that_routes_each_message(tmp_path, spark_session):
     """A whole database is hundreds of tables: the frame must still build (a CASE nested once per table overflowed
-    Spark's stack at 300) and put each message in its own table's column only."""
-    from pyspark.sql import functions as F
-
+    Spark's stack at 300) and put each message in its own table only."""
     spec = resolve_config({
         "job_id": "wd", "kafka": {"bootstrap_servers": "127.0.0.1:9092", "topic_pattern": r"^pg\..+$"},
         "routing": {"topic_table": r"^pg\.public\.(.+)$"}, "dead_letters": {"table": DEAD}}, Path(tmp_path))
@@ -173,9 +177,9 @@ def test_three_hundred_tables_make_a_frame_that_routes_each_message(tmp_path, sp
          for n in range(0, 300, 7)],
         "key BINARY, value BINARY, topic STRING, partition INT, offset BIGINT, timestamp TIMESTAMP, timestampType INT")
     frame = build_frame(records, spec, tables)
-    filled = F.concat_ws(",", *[F.when(F.col(struct_column_for(table)).isNotNull(), F.lit(table)) for table in tables])
-    rows = frame.select(F.col(ROUTE_COLUMN).alias("route"), filled.alias("filled")).collect()
-    assert sorted((row.route, row.filled) for row in rows) == [(f"t{n:03d}", f"t{n:03d}") for n in range(0, 300, 7)]
+    rows = _rows_by_table(frame, spec, tables)
+    assert {table: [(row["id"], row["name"]) for row in part] for table, part in rows.items()} == {
+        f"t{n:03d}": [(n, f"n{n}")] for n in range(0, 300, 7)}
 
 
 def test_doctor_resolves_the_tables_as_run_does(tmp_path, kafka_broker):
@@ -211,3 +215,54 @@ def test_doctor_resolves_the_tables_as_run_does(tmp_path, kafka_broker):
         f"tables ['{DEAD}', 'orders'] exist with every column the job writes; table refunds: its topics' messages go "
         f"to the dead letters: {NO_TABLE.replace('default', 'shop')}")
     assert f"pattern matches 2 topic(s) now ['{topics['orders']}', '{topics['refunds']}']" in checks["kafka"]["detail"]
+
+
+def _wide_database(tmp_path: Path, spark_session, count: int):
+    """`count` tables of a few shapes (the widest: id, name, amount, born, note), a message to every seventh, and a
+    frame over them: what the packaged job ships to its writers."""
+    spec = resolve_config({
+        "job_id": "wd", "kafka": {"bootstrap_servers": "127.0.0.1:9092", "topic_pattern": r"^pg\..+$"},
+        "routing": {"topic_table": r"^pg\.public\.(.+)$"}, "dead_letters": {"table": DEAD}}, Path(tmp_path))
+    shapes = ["id BIGINT NOT NULL, name STRING", "id BIGINT NOT NULL, amount DOUBLE, born DATE",
+              "id BIGINT NOT NULL, name STRING, amount DOUBLE, born DATE, note STRING"]
+    tables = {f"t{n:03d}": shapes[n % len(shapes)] for n in range(count)}
+    messages = [(None, json.dumps({"id": n, "name": f"n{n}", "amount": n / 2, "born": "2026-01-02", "note": "x"}
+                                  if n % 3 == 2 else {"id": n, "name": f"n{n}"} if n % 3 == 0 else
+                                  {"id": n, "amount": n / 2, "born": "2026-01-02"}).encode(),
+                 f"pg.public.t{n:03d}", 0, n, dt.datetime(2026, 1, 1), 0) for n in range(0, count, 7)]
+    messages.append((None, b"not json", "pg.public.t000", 0, 10_000, dt.datetime(2026, 1, 1), 0))
+    records = spark_session.createDataFrame(
+        messages, "key BINARY, value BINARY, topic STRING, partition INT, offset BIGINT, timestamp TIMESTAMP, timestampType INT")
+    return spec, tables, build_frame(records, spec, tables)
+
+
+def test_the_frame_is_as_wide_as_its_widest_table_not_as_all_its_tables(tmp_path, spark_session):
+    """Every row shipped to the writers as Arrow used to carry every table's columns (a struct per table, null but
+    allocated): 300 tables cost ~12 KB a message. The frame's width must follow the widest table, whatever the count."""
+    widths = {}
+    for count in (3, 300):
+        _, _, frame = _wide_database(tmp_path, spark_session, count)
+        arrow = frame.toArrow()
+        widths[count] = (len(frame.columns), arrow.nbytes / arrow.num_rows)
+    (columns_few, bytes_few), (columns_many, bytes_many) = widths[3], widths[300]
+    # the route, the widest table's 5 columns and the dead letters' 6 share slots by type: at most 1 + 5 + 6 columns
+    assert columns_many == columns_few <= 12, widths
+    # Arrow bytes per message: those of the few-table frame, give or take the route names' length and buffer padding
+    assert bytes_many < 2 * bytes_few, widths
+
+
+def test_each_table_takes_its_own_columns_back_from_the_shared_slots(tmp_path, spark_session):
+    """Tables of different shapes share the slots of each type: every table gets back its own columns, names, types
+    and values, and a message no table can parse is a dead letter."""
+    spec, tables, frame = _wide_database(tmp_path, spark_session, 30)
+    rows = _rows_by_table(frame, spec, tables)
+    born = dt.date(2026, 1, 2)
+    expected = {f"t{n:03d}": [{"id": n, "name": f"n{n}", "amount": n / 2, "born": born, "note": "x"} if n % 3 == 2
+                              else {"id": n, "name": f"n{n}"} if n % 3 == 0 else {"id": n, "amount": n / 2, "born": born}]
+                for n in range(0, 30, 7)}
+    meta = {"kafka_partition": 0}
+    assert {table: [{k: v for k, v in row.items() if not k.startswith("kafka_")} for row in part]
+            for table, part in rows.items() if table != DEAD} == expected
+    assert all(row.items() >= meta.items() for table, part in rows.items() if table != DEAD for row in part)
+    [dead] = rows[DEAD]
+    assert (dead["raw_value"], dead["offset"], dead["reason"]) == ("not json", 10_000, "not valid JSON for the schema of t000")
