@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Idempotent set-up of a development/CI machine (Debian 12): system packages, the project's
-# virtualenv, and the jars for the local Kafka broker and Spark's Kafka source.
+# virtualenv, and the jars for the local Kafka broker and Spark's Kafka source. `--tests` adds what only the
+# tests need: PostgreSQL and the Kafka Connect and Debezium jars of the change-data tests (scripts/test.sh asks).
 # Every step checks before acting, so a second run takes seconds. Caches live outside the
 # clone (~/.cache/pip, ~/.m2, ~/.cache/streaming-sink) so a fresh clone reuses them.
 set -euo pipefail
@@ -12,6 +13,14 @@ STAMP="$VENV/.streaming-sink-setup"
 start=$SECONDS
 
 log() { printf 'setup: %s\n' "$*" >&2; }
+
+for_tests=0
+for arg in "$@"; do
+    case "$arg" in
+        --tests) for_tests=1 ;;
+        *) log "unknown argument $arg (only --tests)"; exit 2 ;;
+    esac
+done
 
 # Python >= 3.10 with venv support: $PYTHON if given, else the first suitable on PATH.
 pick_python() {
@@ -46,7 +55,7 @@ command -v setpriv >/dev/null 2>&1 || missing_pkgs+=(util-linux)
 command -v openssl >/dev/null 2>&1 || missing_pkgs+=(openssl)  # test certificates (tests/integration/test_http.py)
 # PostgreSQL for the change-data tests (tests/support/services/postgres.py): its binaries under
 # /usr/lib/postgresql/<version>/bin, and the package's `postgres` account, which runs the server when we are root.
-compgen -G "/usr/lib/postgresql/*/bin/postgres" >/dev/null || missing_pkgs+=(postgresql)
+((for_tests)) && ! compgen -G "/usr/lib/postgresql/*/bin/postgres" >/dev/null && missing_pkgs+=(postgresql)
 if ((${#missing_pkgs[@]})); then
     if [[ $(id -u) -eq 0 ]]; then
         SUDO=()
@@ -90,6 +99,7 @@ fi
 
 # --- jars (Kafka broker and Connect, Debezium, Spark Kafka source) ---------------------------------------------------
 # Run from the repo so `tests.support.services` is importable even before the editable install exists.
-PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}" "$VENV/bin/python" -m tests.support.services.jars >/dev/null
+PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}" "$VENV/bin/python" -m tests.support.services.jars \
+    $( ((for_tests)) && echo --tests ) >/dev/null
 
 log "ready in $((SECONDS - start))s"

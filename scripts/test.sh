@@ -5,7 +5,7 @@ set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
-bash scripts/setup.sh
+bash scripts/setup.sh --tests
 
 export PYSPARK_PYTHON="$ROOT/.venv/bin/python"
 export PYSPARK_DRIVER_PYTHON="$ROOT/.venv/bin/python"

@@ -254,14 +254,15 @@ def spark_kafka_jars_conf(spark_version: str | None = None) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m tests.support.services.jars``: fetch every jar set (used by scripts/setup.sh)."""
-    del argv
+    """``python -m tests.support.services.jars [--tests]``: fetch the broker's and Spark's jar sets, and with
+    ``--tests`` the change-data tests' too, Kafka Connect and Debezium (used by scripts/setup.sh)."""
     broker = kafka_broker_jars()
-    connect = kafka_connect_jars()
-    plugin = debezium_postgres_plugin()
     spark = spark_kafka_jars()
     print(f"kafka broker {KAFKA_VERSION}: {len(broker)} jars under {cache_root()}")
-    print(f"kafka connect {KAFKA_VERSION}: {len(connect)} jars; debezium postgres plugin: {plugin}")
+    if "--tests" in (argv or []):
+        connect = kafka_connect_jars()
+        plugin = debezium_postgres_plugin()
+        print(f"kafka connect {KAFKA_VERSION}: {len(connect)} jars; debezium postgres plugin: {plugin}")
     print("spark kafka source: " + " ".join(j.name for j in spark))
     return 0
 
