@@ -15,7 +15,7 @@ import time
 import weakref
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TypeVar
+from typing import Self, TypeVar
 
 T = TypeVar("T")
 
@@ -139,6 +139,44 @@ class ProcessGuard:
     def detach(self) -> None:
         """The owner stopped the process itself; nothing left to clean up."""
         self._finalizer.detach()
+
+
+class LocalService:
+    """What every local service shares: one process (``_proc``, guarded by ``_guard`` so that it dies with the tests),
+    ``running``, ``stop`` (SIGTERM, SIGKILL at the deadline), ``kill`` (a crash) and ``with`` (start, then stop). A
+    service's ``start`` sets both; one that ends its own way overrides ``stop``/``kill`` and calls ``_release``."""
+
+    _proc: subprocess.Popen[bytes] | None = None
+    _guard: ProcessGuard | None = None
+    stop_timeout: float = 30.0
+
+    def start(self) -> Self:
+        raise NotImplementedError
+
+    @property
+    def running(self) -> bool:
+        return self._proc is not None and self._proc.poll() is None
+
+    def stop(self, timeout: float | None = None) -> None:
+        stop_process(self._proc, self.stop_timeout if timeout is None else timeout)
+        self._release()
+
+    def kill(self) -> None:
+        """SIGKILL (crash simulation); ``start()`` brings the service back with its data."""
+        stop_process(self._proc, hard=True)
+        self._release()
+
+    def _release(self) -> None:
+        if self._guard is not None:
+            self._guard.detach()
+            self._guard = None
+        self._proc = None
+
+    def __enter__(self) -> Self:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
 
 
 def exit_problem(proc: subprocess.Popen[bytes] | None) -> str | None:

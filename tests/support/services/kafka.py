@@ -21,10 +21,10 @@ import uuid
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from types import TracebackType
 
 from tests.support.services import jars
 from tests.support.services._proc import (
+    LocalService,
     ProcessGuard,
     ServiceError,
     exit_problem,
@@ -32,7 +32,6 @@ from tests.support.services._proc import (
     log_since,
     log_tail,
     spawn,
-    stop_process,
     wait_until,
 )
 from tests.support.services.ports import free_ports, port_accepts
@@ -107,7 +106,7 @@ def _cluster_id() -> str:
             return cid
 
 
-class KafkaBroker:
+class KafkaBroker(LocalService):
     """A KRaft broker in ``directory``; ``start()`` returns once clients can create topics.
 
     Use as a context manager or call ``stop()``; the JVM is also killed when this object is
@@ -217,34 +216,6 @@ class KafkaBroker:
         """Stop (controlled shutdown) and start again on the same ports with the same data."""
         self.stop()
         return self.start()
-
-    def stop(self, timeout: float = 30.0) -> None:
-        """Stop the broker: SIGTERM (controlled shutdown), SIGKILL if still up at the deadline."""
-        stop_process(self._proc, timeout)
-        if self._guard is not None:
-            self._guard.detach()
-            self._guard = None
-        self._proc = None
-
-    def kill(self) -> None:
-        """SIGKILL the broker (crash simulation); ``start()`` brings it back with its data."""
-        stop_process(self._proc, hard=True)
-        self.stop()
-
-    @property
-    def running(self) -> bool:
-        return self._proc is not None and self._proc.poll() is None
-
-    def __enter__(self) -> KafkaBroker:
-        return self.start()
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.stop()
 
     def _java_env(self) -> dict[str, str]:
         env = dict(os.environ)

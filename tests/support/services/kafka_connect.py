@@ -16,11 +16,11 @@ import urllib.error
 import urllib.request
 from collections.abc import Iterable, Mapping
 from pathlib import Path
-from types import TracebackType
 from typing import Any
 
 from tests.support.services import jars
 from tests.support.services._proc import (
+    LocalService,
     ProcessGuard,
     ServiceError,
     exit_problem,
@@ -28,7 +28,6 @@ from tests.support.services._proc import (
     log_since,
     log_tail,
     spawn,
-    stop_process,
     wait_until,
 )
 from tests.support.services.ports import free_port
@@ -56,7 +55,7 @@ DEFAULT_JVM_OPTS = (
 FATAL_LOG_MARKERS = ("Stopping due to error", "Address already in use", "Failed to start Connect")
 
 
-class KafkaConnect:
+class KafkaConnect(LocalService):
     """A standalone Connect worker in ``directory`` against the broker at ``bootstrap``.
 
     ``start()`` returns once the REST API answers; ``add_connector()`` once the connector's task runs. Use as a
@@ -133,34 +132,6 @@ class KafkaConnect:
             raise ServiceError(f"Kafka Connect {self.version} did not start in {self.directory}: {exc}\n"
                                f"--- last lines of {self.log_path} ---\n{log_tail(self.log_path)}") from None
         return self
-
-    def stop(self, timeout: float = 30.0) -> None:
-        """Stop the worker: SIGTERM (connectors stop and flush their offsets), SIGKILL at the deadline."""
-        stop_process(self._proc, timeout)
-        if self._guard is not None:
-            self._guard.detach()
-            self._guard = None
-        self._proc = None
-
-    def kill(self) -> None:
-        """SIGKILL the worker (crash simulation); offsets not yet flushed are lost, as in a real crash."""
-        stop_process(self._proc, hard=True)
-        self.stop()
-
-    @property
-    def running(self) -> bool:
-        return self._proc is not None and self._proc.poll() is None
-
-    def __enter__(self) -> KafkaConnect:
-        return self.start()
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.stop()
 
     # -- connectors --------------------------------------------------------------------------
 

@@ -24,7 +24,6 @@ import subprocess
 import tempfile
 import weakref
 from pathlib import Path
-from types import TracebackType
 from typing import Any
 
 import psycopg
@@ -32,6 +31,7 @@ from psycopg import sql
 from psycopg.conninfo import make_conninfo
 
 from tests.support.services._proc import (
+    LocalService,
     ProcessGuard,
     ServiceError,
     exit_problem,
@@ -88,7 +88,7 @@ def _group_alive(pgid: int) -> bool:
     return False
 
 
-class PostgresServer:
+class PostgresServer(LocalService):
     """A PostgreSQL server with database ``database`` owned by ``user`` (LOGIN REPLICATION, password auth).
 
     Use as a context manager or call ``stop()``; the server is also killed when this object is collected, when
@@ -171,10 +171,7 @@ class PostgresServer:
             except subprocess.TimeoutExpired:
                 stop_process(proc, hard=True)
             wait_until(lambda: not _group_alive(proc.pid), timeout=timeout, what="PostgreSQL's processes to exit")
-        if self._guard is not None:
-            self._guard.detach()
-            self._guard = None
-        self._proc = None
+        self._release()
 
     def kill(self) -> None:
         """SIGKILL the server (crash simulation); ``start()`` recovers it from its WAL."""
@@ -189,19 +186,7 @@ class PostgresServer:
         self._data_root = None
         self.port = None
 
-    @property
-    def running(self) -> bool:
-        return self._proc is not None and self._proc.poll() is None
-
-    def __enter__(self) -> PostgresServer:
-        return self.start()
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.remove()
 
     # -- clients -----------------------------------------------------------------------------

@@ -13,17 +13,16 @@ import shutil
 import signal
 import subprocess
 from pathlib import Path
-from types import TracebackType
 from urllib.parse import quote
 
 from tests.support.services._proc import (
+    LocalService,
     ProcessGuard,
     ServiceError,
     exit_problem,
     log_since,
     log_tail,
     spawn,
-    stop_process,
     wait_until,
 )
 from tests.support.services.ports import free_port
@@ -41,7 +40,7 @@ def redis_server_executable() -> str:
     return found
 
 
-class RedisServer:
+class RedisServer(LocalService):
     """``redis-server`` on a free loopback port with its data in ``directory``.
 
     ``restart()`` and ``kill()``/``start()`` keep port and data, so clients reconnect to the
@@ -81,10 +80,6 @@ class RedisServer:
             return f"rediss://{auth}{HOST}:{self.port}/0?ssl_ca_certs={ca}&ssl_certfile={cert}&ssl_keyfile={key}"
         return f"redis://{auth}{HOST}:{self.port}/0"
 
-    @property
-    def running(self) -> bool:
-        return self._proc is not None and self._proc.poll() is None
-
     def start(self) -> RedisServer:
         """Start (or start again, same port and data) and wait until PING answers."""
         if self.running:
@@ -107,7 +102,7 @@ class RedisServer:
                 )
                 return self
             except ServiceError as exc:
-                self._stop(hard=True)
+                self.kill()
                 if fresh and attempt < attempts and "Address already in use" in log_since(self.log_path, log_offset):
                     continue
                 if fresh:
@@ -117,13 +112,9 @@ class RedisServer:
                 ) from None
         raise AssertionError("unreachable")
 
-    def stop(self, timeout: float = 20.0) -> None:
-        """Graceful stop (SIGTERM: Redis fsyncs the AOF and exits); SIGKILL at the deadline."""
-        self._stop(hard=False, timeout=timeout)
-
-    def kill(self) -> None:
-        """SIGKILL, an outage/crash; with ``appendfsync always`` no acknowledged write is lost."""
-        self._stop(hard=True)
+    # stop: SIGTERM (Redis fsyncs the AOF and exits), SIGKILL at the deadline; kill: an outage, and with
+    # ``appendfsync always`` no acknowledged write is lost (LocalService)
+    stop_timeout = 20.0
 
     def restart(self) -> RedisServer:
         """Stop and start again on the same port with the same data directory."""
@@ -147,16 +138,6 @@ class RedisServer:
         assert self._proc is not None
         self._proc.send_signal(signal.SIGCONT)
 
-    def __enter__(self) -> RedisServer:
-        return self.start()
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.stop()
 
     def _argv(self) -> list[str]:
         return [
@@ -208,12 +189,6 @@ class RedisServer:
         finally:
             client.close()
 
-    def _stop(self, *, hard: bool, timeout: float = 20.0) -> None:
-        stop_process(self._proc, timeout, hard=hard)
-        if self._guard is not None:
-            self._guard.detach()
-            self._guard = None
-        self._proc = None
 
 
 class RedisSentinelGroup:
