@@ -20,7 +20,8 @@ from typing import TYPE_CHECKING, Any, cast
 
 import pyarrow as pa
 
-from .changes import DELETE, OP_COLUMN, POSITION_COLUMN, UPSERT, VERSION_COLUMN, table_columns
+from .changes import DELETE, OP_COLUMN, POSITION_COLUMN, VERSION_COLUMN, table_columns
+from .debezium import change_op, change_row, change_version, event_problem
 from .errors import ConfigurationError
 from .job_spec import JobSpec
 from .metrics import OBSERVED_NAME, TOMBSTONES_OBSERVED, UNKNOWN_FIELDS_OBSERVED
@@ -289,53 +290,6 @@ def columns_to_add(error: str) -> tuple[str, list[str]] | None:
     any other failure. The frame wrote them as JSON, so every field name reads back as it came."""
     found = _ADDED.search(error)
     return (found.group("table"), [str(name) for name in json.loads(found.group("fields"))]) if found else None
-
-
-def change_row(message: Any) -> Any:
-    """A Debezium change event's row as JSON text: `after` for an insert, a snapshot read or an update, `before` for a
-    delete. The event is the message itself, or its `payload` when the converter wrote the schema beside it."""
-    from pyspark.sql import functions as F
-
-    event = _event(message)
-    return F.when(event["op"] == F.lit("d"), event["before"]).otherwise(event["after"])
-
-
-def change_op(message: Any) -> Any:
-    """`__op` of a change event: an upsert for c (insert), r (snapshot read) and u (update), a delete for d."""
-    from pyspark.sql import functions as F
-
-    op = _event(message)["op"]
-    return F.when(op.isin("c", "r", "u"), F.lit(UPSERT)).when(op == F.lit("d"), F.lit(DELETE))
-
-
-def change_version(message: Any) -> Any:
-    """`__version` of a change event: the source's log position (`source.lsn`, PostgreSQL) where the connector gives
-    one, else the Kafka offset; both grow with a key's changes (Debezium keys records by the row's key)."""
-    from pyspark.sql import functions as F
-
-    return F.coalesce(_event(message)["source"]["lsn"], F.col("offset"))
-
-
-def event_problem(message: Any) -> Any:
-    """Why a message is not a change event the job loads (NULL: it is one, or a tombstone)."""
-    from pyspark.sql import functions as F
-
-    event = _event(message)
-    op, row = event["op"], F.when(event["op"] == F.lit("d"), event["before"]).otherwise(event["after"])
-    return F.when(message.isNull(), F.lit(None)).when(
-        op.isNull(), F.lit("not a Debezium change event: no `op` (in the message or its `payload`)")).when(
-        ~op.isin("c", "r", "u", "d"), F.concat(F.lit("Debezium op '"), op, F.lit(
-            "' is not a row change (the job loads c, r, u and d; a truncate or a message is not loaded)"))).when(
-        row.isNull(), F.concat(F.lit("Debezium op '"), op, F.lit("' carries no row (`after` for c, r, u; `before` for d)")))
-
-
-def _event(message: Any) -> Any:
-    """The change event's fields the job reads, from the message or, with the converter's schema, its `payload`."""
-    from pyspark.sql import functions as F
-
-    wrapped = F.from_json(message, "schema STRING, payload STRING")
-    event = F.when(wrapped["schema"].isNotNull() & wrapped["payload"].isNotNull(), wrapped["payload"]).otherwise(message)
-    return F.from_json(event, "before STRING, after STRING, op STRING, source STRUCT<lsn: BIGINT>")
 
 
 def _column_takes_null(rules: ColumnRules, column_types: Mapping[str, Mapping[str, str] | None], table: str, name: str) -> bool:

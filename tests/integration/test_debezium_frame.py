@@ -133,3 +133,24 @@ def test_a_table_without_a_key_is_refused_before_any_data_moves(spark, tmp_path)
 def test_the_tables_rows_carry_op_and_version(tmp_path, spark):
     schemas = table_schemas(spec(tmp_path), {"customers": SCHEMA})
     assert schemas["customers"].names == ["id", "name", "__op", "__version"]
+
+
+def test_a_foreach_batch_pipeline_of_its_own_reads_events_with_the_same_functions(spark, tmp_path):
+    """The sink's API: a user's own pipeline reads the events with streaming_sink.debezium and hands change rows to
+    `ExactlyOnceSink(change_key=...)`, as docs/change-streams.md shows."""
+    from pyspark.sql import functions as F
+
+    from streaming_sink.debezium import change_op, change_row, change_version
+
+    messages = [event("c", None, {"id": 1, "name": "a"}, lsn=5), event("u", None, {"id": 1, "name": "b"}, lsn=6),
+                event("c", None, {"id": 2, "name": "c"}, lsn=7), event("d", {"id": 2, "name": None}, None, lsn=8)]
+    kafka = spark.createDataFrame([(bytearray(m.encode()), "t", 0, at, dt.datetime(2026, 1, 2)) for at, m in enumerate(messages)],
+                                  KAFKA).repartition(2)
+    value = F.col("value").cast("string")
+    changes = kafka.select(F.from_json(change_row(value), "id INT, name STRING").alias("row"), change_op(value).alias("__op"),
+                           change_version(value).alias("__version")).select("row.*", "__op", "__version")
+    target = MemoryTarget()
+    sink = ExactlyOnceSink(target=target, state=FileStateStore(tmp_path / "state"), job_id="own", table="customers",
+                           change_key=["id"])
+    sink.process(changes, 0, "q")
+    assert rows(target) == [(1, "b", UPSERT, 6), (2, None, DELETE, 8)]
