@@ -157,6 +157,7 @@ def apply_recovery(committer: Committer, actions: list[RecoveryAction], progress
             committer.abort_intents(action.query_id, action.batch_id, keep=keep)
         elif action.action == Action.ABORT_LEFTOVERS:
             still = set(leftover_labels(committer.store, committer.target, committer.job_id))  # re-read under our epoch
+            committer.refuse_newer_epochs(still & set(action.labels))
             for label in action.labels:
                 if label in still:
                     committer.check_epoch()

@@ -27,7 +27,7 @@ from .batch_log import BatchLog
 from .committable import Committable, TxnRef
 from .crash import crash_point
 from .errors import InvariantBreach, ReplayAmbiguousError, ReplayImpossibleError, TargetMismatchError
-from .labels import attempt_epoch, label_prefix
+from .labels import attempt_epoch, label_prefix, parse_label
 from .records import BatchRecord, BatchState
 from .state import StateStore
 from .state.base import fencing_error
@@ -262,6 +262,7 @@ class Committer:
         """
         self.check_epoch()
         leftovers = leftover_labels(self.store, self.target, self.job_id, {query_id})
+        self.refuse_newer_epochs(leftovers)
         for label in leftovers:
             self.check_epoch()
             self.target.abort(TxnRef(self.target.kind, self.target.database, "", label, -1, ""))
@@ -269,6 +270,14 @@ class Committer:
             log.warning("job %s: aborted %d transaction(s) on the target that the journal does not name: %s",
                         self.job_id, len(leftovers), leftovers)
         return len(leftovers)
+
+    def refuse_newer_epochs(self, labels: Iterable[str]) -> None:
+        """Never abort a server transaction a newer epoch began (I5), as for intents: its driver may still record and
+        commit it. A leftover that no record names and that is newer than this process's epoch also says the store
+        went back (its newest epoch is below the label's): the label's own attempt is the only witness left."""
+        newest = max((parts.attempt.epoch for label in labels if (parts := parse_label(label, self.job_id))), default=0)
+        if newest > self.epoch:
+            raise fencing_error(self.job_id, self.epoch, newest)
 
     def finish_prepared(self, record: BatchRecord) -> None:
         """Roll a PREPARED batch forward outside its own re-run; a lost part cannot be replayed here."""

@@ -60,8 +60,9 @@ def label_prefix(job_id: str, query_id: str) -> str:
 
 @dataclass(frozen=True)
 class LabelParts:
-    """What the readable part of a label says. The protocol never reads labels back (the journal keeps every
-    field); operators' tools and tests do, through `parse_label` only."""
+    """What the readable part of a label says. The protocol reads labels back only where the journal has nothing: a
+    server's leftover transaction no record or intent names (its attempt's epoch, `Committer.refuse_newer_epochs`);
+    operators' tools and tests read them too, through `parse_label` only."""
 
     query: str  # the query id's first characters, as the label keeps them
     batch_id: int

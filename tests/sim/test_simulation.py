@@ -137,3 +137,12 @@ def test_a_replanned_batch_stops_and_ends_exact_after_restore_offsets() -> None:
     outcome = run_schedule(5, Config(checkpoint_faults=True))
     assert outcome.remedies == 1, outcome.describe()
     assert not outcome.violations and outcome.stopped is None, outcome.describe()
+
+
+def test_an_operator_after_a_store_rollback_never_aborts_a_newer_epochs_leftovers() -> None:
+    """Found by the extended run (seed 110046): the store went back to a snapshot from epoch 1 while a driver of
+    epoch 3 wrote a batch in waves; that driver stopped (StateStoreLostError), and an operator's `recover` took epoch 2
+    from the rolled-back store and aborted the epoch-3 transactions it found on the server (I5). A leftover of a newer
+    epoch than the process's own now stops it, as an intent of one does: that driver may still be alive."""
+    outcome = run_schedule(110046)
+    assert not outcome.violations, outcome.describe()
