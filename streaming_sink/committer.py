@@ -239,9 +239,7 @@ class Committer:
         """
         self.check_epoch()
         intents = self.store.intents(self.job_id, query_id, batch_id)
-        newer = [r for r in intents if (attempt_epoch(r.attempt) or 0) > self.epoch]
-        if newer:
-            raise fencing_error(self.job_id, self.epoch, attempt_epoch(newer[0].attempt))
+        self._refuse_newer(attempt_epoch(r.attempt) or 0 for r in intents)
         self.check_target(intents, query_id, batch_id)  # every one is aborted or forgotten below
         aborted = 0
         for ref in intents:
@@ -275,7 +273,11 @@ class Committer:
         """Never abort a server transaction a newer epoch began (I5), as for intents: its driver may still record and
         commit it. A leftover that no record names and that is newer than this process's epoch also says the store
         went back (its newest epoch is below the label's): the label's own attempt is the only witness left."""
-        newest = max((parts.attempt.epoch for label in labels if (parts := parse_label(label, self.job_id))), default=0)
+        self._refuse_newer(parts.attempt.epoch for label in labels if (parts := parse_label(label, self.job_id)))
+
+    def _refuse_newer(self, epochs: Iterable[int]) -> None:
+        """Stop (FencedError) before aborting anything begun under an epoch newer than this process's."""
+        newest = max(epochs, default=0)
         if newest > self.epoch:
             raise fencing_error(self.job_id, self.epoch, newest)
 

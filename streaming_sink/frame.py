@@ -135,10 +135,14 @@ def build_frame(raw: DataFrame, spec: JobSpec, tables: dict[str, str],
     inputs = []  # each table's input row: its parsed fields and the metadata columns
     projections = table_projections(spec, tables)
 
+    def target_type(table: str, name: str) -> str | None:
+        """How the target spells the type of the table's column of that name (None: it cannot tell)."""
+        types = {column_key(rules, column): kind for column, kind in (column_types.get(table) or {}).items()}
+        return types.get(column_key(rules, name))
+
     def column_problems(table: str, field: Any, column: Any) -> list[tuple[Any, str]]:
         """(condition, reason) for the values of `column` its table's column of that name cannot hold."""
-        types = {column_key(rules, name): kind for name, kind in (column_types.get(table) or {}).items()}
-        return value_problems(table, field, column, rules.limits(types.get(column_key(rules, field.name))))
+        return value_problems(table, field, column, rules.limits(target_type(table, field.name)))
 
     utf8 = F.is_valid_utf8(message)
     reason = F.when(tombstone, F.lit(None)).when(message.isNull(), F.lit("message has no value")).when(
@@ -193,8 +197,8 @@ def build_frame(raw: DataFrame, spec: JobSpec, tables: dict[str, str],
         elif spec.on_unknown_field == "add-column":  # the job adds the columns and runs the batch again (job.py)
             fatal = fatal.when(has_unknown, F.concat(F.lit(f"{_ADD_COLUMNS}{table}: "), F.to_json(unknown),
                                                      F.lit(' (sink.on_unknown_field = "add-column")')))
-        fields = [(_deleted_value(parsed[f.name], f.dataType, deleted, not f.nullable or not _column_takes_null(
-                      rules, column_types, table, f.name)) if spec.changes and f.name not in key_columns else parsed[f.name]
+        fields = [(_deleted_value(parsed[f.name], f.dataType, deleted, not f.nullable or not rules.limits(
+                      target_type(table, f.name)).nullable) if spec.changes and f.name not in key_columns else parsed[f.name]
                    ).alias(f.name) for f in schema.fields if f.name in parse_schema.names]
         fields += [F.col(source).cast("string").alias(name) if source == "key" else F.col(source).alias(name)
                    for source, name, _ in spec.metadata()]
@@ -290,13 +294,6 @@ def columns_to_add(error: str) -> tuple[str, list[str]] | None:
     any other failure. The frame wrote them as JSON, so every field name reads back as it came."""
     found = _ADDED.search(error)
     return (found.group("table"), [str(name) for name in json.loads(found.group("fields"))]) if found else None
-
-
-def _column_takes_null(rules: ColumnRules, column_types: Mapping[str, Mapping[str, str] | None], table: str, name: str) -> bool:
-    """Whether the target's column takes NULL (True where the target cannot tell: its schema decides then)."""
-    types = {column_key(rules, column): kind for column, kind in (column_types.get(table) or {}).items()}
-    spelling = types.get(column_key(rules, name))
-    return spelling is None or rules.limits(spelling).nullable
 
 
 def _deleted_value(value: Any, kind: Any, deleted: Any, required: bool) -> Any:

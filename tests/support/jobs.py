@@ -18,7 +18,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import signal
 import subprocess
 import sys
 from collections.abc import Callable, Mapping
@@ -28,7 +27,7 @@ from typing import Any
 
 from streaming_sink.records import BatchState
 from streaming_sink.state import open_store
-from tests.support.pipeline import REPO, open_target, row_checksum
+from tests.support.pipeline import REPO, kill_driver, open_target, row_checksum
 from tests.support.services.spark import local_spark_conf, spark_env
 
 #: the job every `job_toml` starts from
@@ -189,14 +188,7 @@ class ConfigJob:
                 cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
             )
 
-    @staticmethod
-    def kill(proc: subprocess.Popen) -> None:
-        """kill -9 the driver's process group (its Python and its Spark JVM at once), and reap it."""
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        proc.wait()
+    kill = staticmethod(kill_driver)
 
     def committed_batches(self) -> int:
         store = open_store(self.state_url)

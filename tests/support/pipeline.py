@@ -77,6 +77,16 @@ def row_checksum(rows: list[tuple]) -> int:
     return total % (1 << 64)
 
 
+def kill_driver(proc: subprocess.Popen) -> None:
+    """kill -9 a driver started in a process group of its own: its Python process and the Spark JVM, at the same
+    instant; then reap it."""
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    proc.wait()
+
+
 @dataclass
 class LocalPipeline:
     root: Path
@@ -220,12 +230,7 @@ class LocalPipeline:
         raise AssertionError(f"no {count} committed batches within {deadline_s}s")
 
     def kill(self, proc: subprocess.Popen) -> None:
-        """kill -9 the driver: its Python process and the Spark JVM, at the same instant."""
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        proc.wait()
+        kill_driver(proc)
 
     def kill_at_random_instants(self, rng: random.Random, runs: int, max_wait_s: float) -> int:
         """Start the driver up to `runs` times; each time, once it has committed one more batch, kill it
