@@ -124,11 +124,13 @@ class BatchLog:
         return self._record
 
     def accept_loss(self, given_up: Collection[Committable]) -> BatchRecord:
-        """An operator gives up these committables (their rows re-ingested by other means) and closes the batch:
-        recorded as discarded and COMMITTED in one write."""
+        """An operator gives up these committables and the waves never written (their rows re-ingested by other
+        means) and closes the batch: recorded as discarded and COMMITTED in one write."""
         record = self._record
         event = (f"operator accepted the loss of {len(given_up)} transaction(s) "
                  f"({sum(c.rows for c in given_up)} rows): {[c.label for c in given_up]}")
+        if record.unwritten_tables():
+            event += f"; and of the {len(record.unwritten_tables())} table(s) never written: {record.unwritten_tables()}"
         settled = replace(record, discarded=sorted(set(record.discarded) | {c.label for c in given_up}), stop=None,
                           events=[*record.events, event])
         self._write(self._committed(settled, None))

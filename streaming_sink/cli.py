@@ -405,11 +405,16 @@ def _accept_loss(args: argparse.Namespace, store: StateStore, target: Target, re
             f"batch {args.batch} belongs to query {args.query_id}, the query of {args.checkpoint}: Spark re-runs it "
             "when the job restarts, and the job replays what it lost from the source. Restart the job instead")
     source = json.dumps(source_ranges(record.source)) if record.source else "not recorded"
-    rows = sum(c.rows for c in record.live_committables())
+    done = store.done_labels(args.job, args.query_id, args.batch)
+    pending = [c for c in record.live_committables() if c.label not in done]
+    unwritten = record.unwritten_tables()
+    never_written = f"{len(unwritten)} table(s) never written (later waves): {', '.join(unwritten)}" if unwritten else ""
     if not args.apply:
-        _emit(args, {"applied": False, "batch": args.batch, "query_id": args.query_id, "source": source},
-              f"dry run: would commit what the target still holds of batch {args.batch} ({len(record.live_committables())} "
-              f"transaction(s), {rows} rows) and give up the rest; its source range: {source}. "
+        _emit(args, {"applied": False, "batch": args.batch, "query_id": args.query_id, "source": source,
+                     "never_written": unwritten},
+              f"dry run: would commit what the target still holds of batch {args.batch} ({len(pending)} "
+              f"transaction(s), {sum(c.rows for c in pending)} rows) and give up the rest"
+              + (f" and the {never_written}" if unwritten else "") + f"; its source range: {source}. "
               "Re-run with --apply after re-ingesting those offsets")
         return ExitCode.OK
     committer = _take_over(args, store, target)
@@ -417,8 +422,10 @@ def _accept_loss(args: argparse.Namespace, store: StateStore, target: Target, re
     lines = [f"batch {args.batch} of query {args.query_id} closed: {len(given_up)} transaction(s) given up "
              f"({sum(c.rows for c in given_up)} rows); its source range: {source}"]
     lines += [f"  {c.label}: table {c.table}, {c.rows} rows" for c in given_up]
+    lines += [f"  and {never_written}"] if unwritten else []
     _emit(args, {"applied": True, "batch": args.batch, "query_id": args.query_id, "source": source,
-                 "given_up": [{"label": c.label, "table": c.table, "rows": c.rows} for c in given_up]}, "\n".join(lines))
+                 "given_up": [{"label": c.label, "table": c.table, "rows": c.rows} for c in given_up],
+                 "never_written": unwritten}, "\n".join(lines))
     return ExitCode.OK
 
 

@@ -103,7 +103,7 @@ class Committer:
                 break
             crash_point("between-waves", batch.record.batch_id)
             if on_wave is None:
-                raise self._unwritten_waves(batch.record, wave)
+                raise self._unwritten_waves(batch.record)
             on_wave(wave)
         committed = batch.mark_committed({"commit_s": time.time() - started} if started is not None else None)
         self.abort_intents(committed.query_id, committed.batch_id, keep={c.label for c in committed.committables})
@@ -297,10 +297,10 @@ class Committer:
 
         self.roll_forward(self.log_of(record), cannot_replay)
 
-    def _unwritten_waves(self, record: BatchRecord, wave: int) -> ReplayImpossibleError:
-        """Waves `wave`.. of a batch were never written, and only the batch's re-run holds their rows."""
-        assert record.plan is not None
-        tables = [t for w in record.plan.waves[wave:] for t in w]
+    def _unwritten_waves(self, record: BatchRecord) -> ReplayImpossibleError:
+        """Waves of a batch were never written, and only the batch's re-run holds their rows."""
+        assert record.plan is not None and record.next_wave is not None
+        wave, tables = record.next_wave, record.unwritten_tables()
         stop = ReplayImpossibleError(
             f"job {self.job_id}: batch {record.batch_id} of query {record.query_id} commits in "
             f"{len(record.plan.waves)} waves and waves {wave}.. ({len(tables)} table(s): {', '.join(tables[:10])}"

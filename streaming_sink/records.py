@@ -84,6 +84,12 @@ class BatchRecord:
             return None
         return self.waves_prepared
 
+    def unwritten_tables(self) -> list[str]:
+        """The tables of the waves never written (none once the record holds the whole batch): only the batch's re-run
+        holds their rows, and a batch given up (`settle --accept-loss`) leaves them to the operator."""
+        wave = self.next_wave
+        return [] if wave is None or self.plan is None else [t for tables in self.plan.waves[wave:] for t in tables]
+
     def live_committables(self) -> list[Committable]:
         """The transactions whose rows the batch delivers: not those replayed under new labels or given up."""
         gone = set(self.lost) | set(self.discarded)

@@ -194,3 +194,57 @@ def test_a_wave_the_server_rolled_back_is_replayed_alone_from_the_re_run_batch(
     assert {c.table for c in replayed} == set(prepared.plan.waves[1])
     assert len(replayed) == len(wave_1)
     assert_exact(starrocks, store)
+
+
+def test_an_older_querys_batch_killed_between_waves_is_given_up_naming_the_tables_never_written(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """`settle --accept-loss` on a batch of an older query whose driver died between waves: what the operator must
+    re-ingest is the given-up labels' tables *and* every table of the waves never written, so both are named (in the
+    dry run, in the applied verdict and in the record's event), or those tables' rows would be lost unnoticed."""
+    import json
+
+    from streaming_sink.cli import main
+    from streaming_sink.state import FileStateStore
+
+    monkeypatch.setattr("streaming_sink.retry.sleep", lambda _seconds: None)
+    tables = TABLES[:30]  # 120 transactions against Doris 2.1's 100 running: 3 waves of at most 50
+    with DorisEmulator(tmp_path / "doris") as doris:
+        for table in tables:
+            doris.create_table(DB, table, [("id", "INT"), ("name", "VARCHAR(32)")])
+        store = FileStateStore(tmp_path / "state")
+        batches = [[pa.record_batch({"__table": tables, "id": [w * 1000 + n for n in range(len(tables))],
+                                     "name": [f"w{w}"] * len(tables)})] for w in range(WRITERS)]
+        driver = KilledDriver(store, "between-waves", 1)  # type: ignore[arg-type]
+        with monkeypatch.context() as patch:
+            for module in (sink_module, committer_module, batch_log_module):
+                patch.setattr(module, "crash_point", driver.crash_point)
+            sink = ExactlyOnceSink(DorisTarget(doris.fe_url, DB, "root", "", backoff_s=0.0), driver, JOB,  # type: ignore[arg-type]
+                                   table_column="__table", runner=InMemoryRunner(), spread="never", heartbeat_seconds=None)
+            with pytest.raises(Killed):
+                sink.process(batches, 0, "q-old")
+        record = store.get_batch(JOB, "q-old", 0)
+        assert record is not None and record.plan is not None and record.next_wave == 1
+        never_written = [t for wave in record.plan.waves[1:] for t in wave]
+        assert never_written
+
+        checkpoint = tmp_path / "new-checkpoint"  # a new query, which never re-runs q-old's batch
+        checkpoint.mkdir()
+        (checkpoint / "metadata").write_text(json.dumps({"id": "q-new"}))
+        monkeypatch.setenv("STREAMING_SINK_TARGET_USER", "root")
+        monkeypatch.setenv("STREAMING_SINK_TARGET_PASSWORD", "")
+        command = ["settle", "--job", JOB, "--state", f"file://{tmp_path / 'state'}", "--target",
+                   doris.fe_url.replace("http://", "doris://"), "--database", DB, "--query-id", "q-old", "--batch", "0",
+                   "--accept-loss", "--checkpoint", str(checkpoint)]
+        assert main(command) == 0, capsys.readouterr().err
+        dry = capsys.readouterr().out
+        assert f"{len(never_written)} table(s) never written" in dry and never_written[0] in dry, dry
+        # --force: the killed driver is this test's own process, alive to the command's liveness check
+        assert main([*command, "--apply", "--force"]) == 0, capsys.readouterr().err
+        said = capsys.readouterr().out
+        assert f"{len(never_written)} table(s) never written" in said and all(t in said for t in never_written), said
+        closed = store.get_batch(JOB, "q-old", 0)
+        assert closed is not None and closed.state is BatchState.COMMITTED
+        assert all(t in closed.events[-1] for t in never_written), closed.events[-1]
+        for n, table in enumerate(tables):  # wave 0 is committed; the other waves' tables hold nothing
+            rows = sorted(doris.visible_rows(DB, table))
+            assert rows == ([] if table in never_written else expected(n)), table
