@@ -48,6 +48,7 @@ defined outside this one, e.g. a product's own error beside its target):
     │   ├── CommittedNotChosenError                     exit 3  runbook 'A transaction the journal did not choose is committed'
     │   └── TransactionLimitError                       exit 3  runbook 'Too many open transactions for the server'
     └── UnknownTableError (ValueError)                  exit 5
+        └── UnplannedTableError                         exit 5
 """
 from __future__ import annotations
 
@@ -130,6 +131,12 @@ class UnknownDatabaseError(ConfigurationError):
 
 class UnknownTableError(StreamingSinkError, ValueError):
     """A row names a table the target does not have; raised before the writer begins anything for it."""
+
+
+class UnplannedTableError(UnknownTableError):
+    """A row of a table the write pass was not sized for (the sink wrote the batch uncounted, taking it to hold only
+    tables it had seen): raised before the writer begins anything for it. The sink aborts the pass, counts and
+    plans the batch, and writes it again; the caller never sees it."""
 
 
 class EncodingError(StreamingSinkError, ValueError):

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from .errors import ConfigurationError, UnknownTableError  # UnknownTableError moved to errors.py
+from .errors import ConfigurationError, UnknownTableError, UnplannedTableError  # UnknownTableError moved to errors.py
 
 
 @dataclass(frozen=True)
@@ -24,6 +24,8 @@ class Router:
     #: with `table_column`, when tables have schemas of their own (the packaged job): table -> ((column, slot), ...),
     #: its rows are the named slots of the batch under its column names; the batch's other columns reach no table
     table_slots: Mapping[str, tuple[tuple[str, str], ...]] | None = None
+    #: the only tables a write pass may begin transactions for (None: any): a pass the sink did not count
+    admitted_tables: frozenset[str] | None = None
 
     def __post_init__(self) -> None:
         if (self.table is None) == (self.table_column is None):
@@ -53,6 +55,10 @@ class Router:
                 raise UnknownTableError(
                     f"rows route to unknown table(s) {unknown} by column {self.table_column!r}; {holder} {sorted(known or ())}"
                 )
+        unplanned = sorted(set(map(str, tables)) - self.admitted_tables) if self.admitted_tables is not None else []
+        if unplanned:
+            raise UnplannedTableError(f"rows route to table(s) {unplanned}, which this uncounted write pass does not "
+                                      f"admit (it admits {sorted(self.admitted_tables or ())})")
         keep = [name for name in batch.schema.names if name != self.table_column]
         for table in tables:
             mask = pc.equal(values, table)

@@ -26,7 +26,14 @@ from .checkpoint_marker import CheckpointMarker
 from .committable import Committable
 from .committer import Committer
 from .crash import crash_point
-from .errors import BatchDoesNotAddUpError, ReplayLostAgainError, ReplayMismatchError, SourceReplannedError, StopForOperator
+from .errors import (
+    BatchDoesNotAddUpError,
+    ReplayLostAgainError,
+    ReplayMismatchError,
+    SourceReplannedError,
+    StopForOperator,
+    UnplannedTableError,
+)
 from .job_id import JOB_ID as _JOB_ID
 from .labels import partition_wave, pass_prefix
 from .liveness import HEARTBEAT_SECONDS, Heartbeat, process_owner
@@ -140,6 +147,7 @@ class ExactlyOnceSink:
         self._leftovers_swept = False  # the first batch of this driver clears the server's unnamed leftovers
         self._router: Router | None = None
         self._expected_tables: frozenset[str] = frozenset()  # `expect_tables`
+        self._seen_tables: frozenset[str] = frozenset()  # the tables this driver's committed batches held
         self._committer: Committer | None = None
         self._query_id: str | None = None  # the query of the batch being processed
         self._write_passes: tuple[tuple[str, int] | None, int] = (None, 0)  # (batch, passes written by this driver)
@@ -366,14 +374,15 @@ class ExactlyOnceSink:
     # -- steps -----------------------------------------------------------------------------------
 
     def _write(self, df: Any, query_id: str, batch_id: int, replay: ReplayPlan | None = None,
-               plan: BatchPlan | None = None, wave: int = 0) -> list[PartitionResult]:
+               plan: BatchPlan | None = None, wave: int = 0, admitted: frozenset[str] | None = None) -> list[PartitionResult]:
         write_pass = self._write_pass(query_id, batch_id)
         self._write_passes = ((query_id, batch_id), write_pass + 1)
         context = WriteContext(self.job_id, query_id, batch_id, self.epoch, write_pass, self.flush_bytes, replay,
                                plan, wave)
         assert self._router is not None
+        router = self._router if admitted is None else replace(self._router, admitted_tables=admitted)
         try:
-            return self.runner.run(df, self.target, self._router, context, self.state)
+            return self.runner.run(df, self.target, router, context, self.state)
         except TransactionLimitError as refused:
             held = self.state.intents(self.job_id, query_id, batch_id)  # read before the abort forgets them
             self._abort_unprepared(query_id, batch_id)
@@ -418,8 +427,16 @@ class ExactlyOnceSink:
         started = time.time()
         assert self._router is not None
         tables = 1 if self.table is not None else len(self.known_tables or self._expected_tables) or None
-        plan = self.planner.plan(self.runner, df, self.target, self._router, tables)
-        results = self._write(df, query_id, batch_id, plan=plan)
+        seen = self._seen_tables if tables is None and self._seen_tables else None
+        plan = self.planner.plan(self.runner, df, self.target, self._router, len(seen) if seen else tables)
+        try:
+            # Uncounted, on the guess that the batch holds only tables seen before: its writers begin transactions
+            # for those only, so the pass holds no more than the budget allowed them; a row of another table stops it
+            results = self._write(df, query_id, batch_id, plan=plan, admitted=seen if plan is None else None)
+        except UnplannedTableError as unplanned:
+            log.info("job %s batch %s: %s; counting and planning the batch", self.job_id, batch_id, unplanned)
+            plan = self.planner.plan(self.runner, df, self.target, self._router, None)
+            results = self._write(df, query_id, batch_id, plan=plan)
         written = time.time()
         crash_point("after-writers-prepared", batch_id)
         committables = self._added_up(results, query_id, batch_id)
@@ -469,6 +486,7 @@ class ExactlyOnceSink:
         committed = self._committer.roll_forward(batch, replay, started=started_commit,
                                                  on_wave=lambda wave: self._write_wave(df, batch, wave))
         assert committed is not None, "a replay that returns replayed every lost part"
+        self._seen_tables |= {c.table for c in committed.committables}
         return committed
 
     def _write_wave(self, df: Any, batch: BatchLog, wave: int) -> None:

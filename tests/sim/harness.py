@@ -241,6 +241,10 @@ class Config:
     faults: int | None = None  # planned faults; None: drawn 0..4
     zombie_driver: bool = True
     zombie_tasks: bool = True
+    # Of the task attempts (with `zombie_tasks`): the share run on an executor of their own pace, which the driver
+    # may declare lost while they go on, and the share that get a speculative twin: the attempts that act late.
+    slow_tasks: float = 0.08
+    speculative_tasks: float = 0.06
     operator: bool = True
     downtime: bool = True  # restarts after the prepared timeout or the label retention
     store_wipe: bool = True  # the state store loses everything (epoch counter included)
@@ -1022,13 +1026,14 @@ class SimRunner:
             process = sim.new_process(actor, "task", f"task-b{context.batch_id}p{partition}a{task_attempt}", context.epoch)
             writer = PartitionWriter(context, target, router, store, partition, task_attempt)
             roll = sim.rng.random() if sim.config.zombie_tasks and not sim.clean else 1.0
+            slow, twinned = sim.config.slow_tasks, sim.config.slow_tasks + sim.config.speculative_tasks
             try:
-                if roll < 0.08:  # the task runs on an executor of its own pace; it may be declared lost
+                if roll < slow:  # the task runs on an executor of its own pace; it may be declared lost
                     outcome = self._remote(writer, batches, process)
                     if outcome is not None:
                         return outcome
                     continue
-                if roll < 0.14:  # a speculative twin starts beside this attempt
+                if roll < twinned:  # a speculative twin starts beside this attempt
                     sim.task_attempts += 1
                     twin_attempt = sim.task_attempts
                     twin = PartitionWriter(context, target, router, store, partition, twin_attempt)
@@ -1036,7 +1041,7 @@ class SimRunner:
                     self._zombie(twin, batches, sim.register(Process(name, "task", context.epoch)))
                     actor.process = process
                 result = writer.add_all(batches)
-                if roll < 0.2 and attempt_number < 3:  # prepared, then the task fails before reporting
+                if roll < twinned + 0.06 and attempt_number < 3:  # prepared, then the task fails before reporting
                     sim.log(f"{process.name} failed after prepare; retried")
                     continue
                 return result

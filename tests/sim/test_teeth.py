@@ -24,8 +24,12 @@ def _first_violation(seeds: range, config: Config | None = None) -> Outcome | No
 
 
 # Without the re-check after begin, a late writer's transaction is left to whoever can find it: a
-# server that lists open transactions lets the next restart abort it, so the leak shows where it cannot.
-UNLISTED = Config(lists_leftovers=False)
+# server that lists open transactions lets the next restart abort it, so the leak shows where it cannot. It leaks only
+# when a late attempt (a slow executor's, declared lost, or a speculative twin) records its intent before the batch's
+# record closes the gate and begins after the driver's final abort: at the default share of late attempts about one
+# schedule in 200 has that (seed 187 first, or 535 once uncounted passes changed what the seeds draw), so here many
+# attempts run late.
+UNLISTED = Config(lists_leftovers=False, slow_tasks=0.4, speculative_tasks=0.2)
 # A fenced driver's unchecked commits show when commits run in the pool (no progress write between them stops a
 # fenced worker) and operators take the epoch in the middle of a commit phase.
 RACED_COMMITS = Config(commit_parallelism=4, operators=2, operator_actions=("recover",))

@@ -190,3 +190,68 @@ def test_a_batch_of_tables_the_caller_expects_is_not_counted_when_they_cannot_pa
             sink.expect_tables(expected)
         assert sink.process(batch(), 0, "q").transactions == 8
         assert runner.counted == counts, expected
+
+
+def test_a_sink_that_cannot_list_its_tables_counts_until_it_has_seen_them_and_again_when_a_new_one_comes() -> None:
+    """Without `tables` or `expect_tables`, StarRocks and Doris cannot say how many tables a batch may hold, and every
+    batch was counted (a Spark job). The tables of the batches already committed fit the budget: an uncounted pass
+    may write those, and a batch with another table is counted and planned after all. Its uncounted pass never
+    begins a transaction for the new tables, so it never holds more than the budget allowed the seen ones."""
+    from streaming_sink.batch_plan import ServerLimits
+    from tests.integration.test_protocol_findings import InMemoryRunner
+
+    class Limited(MemoryTarget):
+        """Counts the transactions open at once (begun, not yet committed or aborted): the most in each batch."""
+
+        open: set[str] = set()
+        peak = 0
+
+        def server_limits(self) -> ServerLimits:
+            return ServerLimits(20, 1000, "test")  # a budget of 10 transactions a wave
+
+        def _begin(self, label: str, table: str) -> Any:
+            self.open.add(label)
+            self.peak = max(self.peak, len(self.open))
+            return super()._begin(label, table)
+
+        def _commit(self, label: str) -> Any:
+            self.open.discard(label)
+            return super()._commit(label)
+
+        def _abort(self, label: str) -> None:
+            self.open.discard(label)
+            super()._abort(label)
+
+    class Counting(InMemoryRunner):
+        counted = 0
+
+        def table_rows(self, data: Any, router: Router) -> dict[str, int]:
+            self.counted += 1
+            return super().table_rows(data, router)
+
+    def batch(tables: list[str], base: int) -> list[list[pa.RecordBatch]]:
+        return [[pa.record_batch({"__table": tables, "id": [base + 10 * p + n for n in range(len(tables))]})]
+                for p in range(4)]
+
+    target, runner = Limited(), Counting()
+    sink = ExactlyOnceSink(target, MemoryStateStore(), "job", table_column="__table", runner=runner,
+                           heartbeat_seconds=None, spread="never")
+    sink.start()
+    two, five = ["a", "b"], ["a", "b", "c", "d", "e"]
+    counts, waves, peaks = [], [], []
+    for batch_id, tables in enumerate([two, two, five, five]):
+        target.peak = 0
+        report = sink.process(batch(tables, 1000 * batch_id), batch_id, "q")
+        counts.append(runner.counted)
+        waves.append(report.waves)
+        peaks.append(target.peak)
+    # batch 0: nothing seen, counted; 1: its two tables were seen (2 x 4 writers, within 10); 2: three new tables,
+    # counted after an uncounted pass that began none of them (5 x 4 transactions: 3 waves); 3: seen, but 5 x 4
+    # passes the budget, so counted again
+    assert counts == [1, 1, 2, 3]
+    assert waves == [1, 1, 3, 3]  # 2 tables x 4 writers a wave
+    assert peaks == [8, 8, 8, 8]  # never past the budget of 10, the uncounted pass of batch 2 included
+    for table in five:
+        expected = sorted(1000 * b + 10 * p + tables.index(table) for b, tables in enumerate([two, two, five, five])
+                          if table in tables for p in range(4))
+        assert sorted(row["id"] for row in target.rows(table)) == expected, table
