@@ -4,6 +4,7 @@ INSERT relies on (docs/clickhouse-views.md)."""
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -72,15 +73,16 @@ class Catalog:
         """Why this commit mode cannot load `table` exactly once, its engine and views included; None when it can."""
         database = self._connection.database
         rows = list(self._connection.client().query(FACTS_QUERY, parameters={"db": database, "t": table}).named_results())
-        if rows:
-            self.engines[table] = str(rows[0]["engine"])
-            self.facts[table] = TableFacts.from_row(rows[0])
-            why = engine_refusal(self.facts[table], self.commit_mode)
-            if why:
-                return f"ClickHouse table {database}.{table}: {why}"
-        entry = self.entry(database, table)
-        if entry is None:
+        if not rows:
             return None  # no such table: the job's own checks name it
+        self.engines[table] = str(rows[0]["engine"])
+        facts = self.facts[table] = TableFacts.from_row(rows[0])
+        why = engine_refusal(facts, self.commit_mode)
+        if why:
+            return f"ClickHouse table {database}.{table}: {why}"
+        # a table whose engine passed is no view (it writes nowhere), and the facts row names the views it feeds: no
+        # second read of system.tables (this runs at every label's first commit step)
+        entry = Entry(database, table, facts.engine, facts.engine_full, _feeds(rows[0]), None)
         if self.commit_mode == MOVE:
             if not entry.feeds:
                 return None
@@ -202,9 +204,8 @@ class Catalog:
         if not result.result_rows:
             return None
         row = dict(zip(result.column_names, result.result_rows[0], strict=True))
-        feeds = tuple(zip(row.get("dependencies_database") or [], row.get("dependencies_table") or [], strict=True))
         writes_to = _view_destination(row) if row["engine"] == "MaterializedView" else None
-        return Entry(database, name, row["engine"], row.get("engine_full") or "", feeds, writes_to)
+        return Entry(database, name, row["engine"], row.get("engine_full") or "", _feeds(row), writes_to)
 
     def columns(self, table: str) -> dict[str, str]:
         """The table's columns and their types, in table order (none: no such table)."""
@@ -229,6 +230,11 @@ _VIEW_TO = re.compile(
     rf"CREATE MATERIALIZED VIEW\s+(?:IF NOT EXISTS\s+)?(?:{_IDENT}\.)?{_IDENT}\s+(?:ON CLUSTER\s+\S+\s+)?"
     rf"TO\s+(?:(?P<db>{_IDENT})\.)?(?P<table>{_IDENT})"
 )
+
+
+def _feeds(row: Mapping[str, Any]) -> tuple[tuple[str, str], ...]:
+    """(database, view) of each view an INSERT into the table of this system.tables row fires."""
+    return tuple(zip(row.get("dependencies_database") or [], row.get("dependencies_table") or [], strict=True))
 
 
 def _unquote(identifier: str) -> str:

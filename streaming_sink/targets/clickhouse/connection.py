@@ -126,14 +126,14 @@ class Connection(PerThread):
         return int(self.client().query(f"SELECT count() FROM {self.table(table)}").result_rows[0][0])
 
     def partition_sizes(self, table: str) -> dict[str, tuple[int, int]]:
-        """partition id -> (rows, uncompressed bytes) of the table's active parts; an error if the table is gone
-        (checked after the listing, so an empty one means empty, not gone)."""
+        """partition id -> (rows, uncompressed bytes) of the table's active parts; an error if the table is gone. An
+        empty listing is checked after it (so it means empty, not gone); a listed part is a table that was there."""
         rows = self.client().query(
             "SELECT partition_id, sum(rows), sum(data_uncompressed_bytes) FROM system.parts "
             "WHERE database = {db:String} AND table = {t:String} AND active GROUP BY partition_id",
             parameters={"db": self.database, "t": table},
         ).result_rows
-        if not self.exists(table):
+        if not rows and not self.exists(table):
             raise TargetError(f"staging table {self.table(table)} does not exist")
         return {str(r[0]): (int(r[1]), int(r[2])) for r in rows}
 

@@ -52,10 +52,13 @@ COMMIT_MODES = (MOVE, INSERT)
 #: engines whose replicas can lag (Replicated*, and Shared* on ClickHouse Cloud): reads that decide sync first
 REPLICATED_PREFIXES = ("Replicated", "Shared")
 
-# What the target asks ClickHouse for every table of a database ({db}), or for one ({db}, {t}): the facts a verdict reads.
+# What the target asks ClickHouse for every table of a database ({db}), or for one ({db}, {t}): the facts a verdict reads,
+# and the views an INSERT into the table fires (`dependencies_*`, read by catalog.py), so one read of system.tables
+# decides a table's refusal.
 DATABASE_FACTS_QUERY = (
     "SELECT t.name AS name, t.engine AS engine, t.engine_full AS engine_full, t.partition_key AS partition_key, "
-    "t.storage_policy AS storage_policy, t.sorting_key AS sorting_key, t.comment AS comment, d.engine AS database_engine "
+    "t.storage_policy AS storage_policy, t.sorting_key AS sorting_key, t.comment AS comment, d.engine AS database_engine, "
+    "t.dependencies_database AS dependencies_database, t.dependencies_table AS dependencies_table "
     "FROM system.tables AS t "
     "INNER JOIN system.databases AS d ON d.name = t.database WHERE t.database = {db:String}"
 )

@@ -97,7 +97,10 @@ class StagingTransaction(TableTransaction):
 
     def _refuse_nulls_where_defaults_would_land(self, chunk: pa.Table) -> None:
         """ClickHouse stores a NULL sent to a column that is not Nullable (Array, Map and Tuple columns never
-        are) as the type's default: 0, '', [], {}. Refused instead, naming the column (docs/types.md)."""
+        are) as the type's default: 0, '', [], {}. Refused instead, naming the column (docs/types.md). The columns are
+        read only for a chunk that holds a NULL: without one there is nothing to refuse."""
+        if not any(column.null_count for column in chunk.columns):
+            return
         if self._not_nullable is None:
             columns = self._catalog.columns(self._table)
             self._not_nullable = {name for name, kind in columns.items() if not kind.startswith(_NULLABLE_PREFIXES)}

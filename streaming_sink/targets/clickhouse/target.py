@@ -7,7 +7,8 @@
   1. list the staging table's partitions (an error if the table is gone);
   2. a ledger row (label, table, rows, state `moving`), unless the label has one;
   3. `ALTER TABLE <staging> MOVE PARTITION ID … TO TABLE <target>` for each partition: atomic per
-     partition, and a moved partition is no longer listed, so a repeat moves only the rest;
+     partition, and a moved partition is no longer listed, so a repeat moves only the rest (a move refused because
+     the table gained columns since the staging table was made mends it and is sent again: `_move_partition`);
   4. verify that the staging table still exists and holds 0 rows;
   5. a ledger row with state `committed`; 6. drop the staging table;
 * abort   = drop the staging table; refused once the ledger names the label (its commit began).
@@ -91,6 +92,8 @@ INSERT_CRASH_POINT = target_point("clickhouse-after-insert")
 # A partition move returns once every replica ran it (alter_sync 0 waits for none, 1 for this replica: the defaults on
 # Cloud and on a server; 3 for the active replicas only, kept when the target's `settings` ask for it).
 _MOVE_SYNC = {"alter_sync": 2}
+#: INCOMPATIBLE_COLUMNS: "Tables have different structure", a partition move refused before it moves anything (26.9)
+_DIFFERENT_STRUCTURE = 122
 
 
 class CommitInterruptedError(CommitAmbiguousError):
@@ -273,7 +276,8 @@ class ClickHouseTarget(Target):
         """Add Nullable columns for `fields` to a table the job created (its comment says so), each unless it exists:
         called by the driver before the writers of the batch whose rows carry them begin (their staging tables are
         made `AS` the table, so they get the columns). A staging table prepared before (a batch the restart rolls
-        forward) gets them at its commit (`_match_staging`). Safe to repeat; a table the job did not create is refused."""
+        forward) gets them at its commit, when its first move is refused (`_move_partition`). Safe to repeat; a table the
+        job did not create is refused."""
         if not fields:
             return
         additions = ", ".join(f"ADD COLUMN IF NOT EXISTS {quote(f.name)} {clickhouse_type(f.type, True)}" for f in fields)
@@ -343,14 +347,8 @@ class ClickHouseTarget(Target):
         partitions = sorted(connection.partition_sizes(staging))
         if first:
             self.ledger.write(c, MOVING)
-        self._match_staging(c)
-        move_sync = {"alter_sync": 3} if str(connection.settings.get("alter_sync")) == "3" else _MOVE_SYNC  # see _MOVE_SYNC
         for partition_id in partitions:
-            connection.client().command(
-                f"ALTER TABLE {connection.table(staging)} MOVE PARTITION ID {literal(partition_id)} "
-                f"TO TABLE {connection.table(c.table)}",
-                settings=move_sync,
-            )
+            self._move_partition(c, partition_id)
         left = connection.count_rows(staging)
         if left:
             raise TargetError(
@@ -358,13 +356,31 @@ class ClickHouseTarget(Target):
                 "something wrote into it during the commit"
             )
 
-    def _match_staging(self, c: Committable) -> None:
+    def _move_partition(self, c: Committable, partition_id: str) -> None:
+        """One staging partition into the table. A move between tables of different structure is refused before
+        anything moves (INCOMPATIBLE_COLUMNS): then the staging table is given the columns its table gained, and the
+        move sent again; the columns are read only then, not at every commit."""
+        from clickhouse_connect.driver.exceptions import DatabaseError
+
+        connection = self.connection
+        move_sync = {"alter_sync": 3} if str(connection.settings.get("alter_sync")) == "3" else _MOVE_SYNC  # see _MOVE_SYNC
+        move = (f"ALTER TABLE {connection.table(c.label)} MOVE PARTITION ID {literal(partition_id)} "
+                f"TO TABLE {connection.table(c.table)}")
+        try:
+            connection.client().command(move, settings=move_sync)
+        except DatabaseError as error:
+            if getattr(error, "code", None) != _DIFFERENT_STRUCTURE or not self._match_staging(c):
+                raise
+            connection.client().command(move, settings=move_sync)
+
+    def _match_staging(self, c: Committable) -> bool:
         """Give a staging table the columns its table gained since it was made (`add_columns`, or a user's ALTER), each
         in the table's place: a partition moves only between tables of one structure. The rows take the column's
-        default (NULL for an added Nullable column), as an INSERT without it would. Safe to repeat."""
+        default (NULL for an added Nullable column), as an INSERT without it would. Safe to repeat. False: nothing to
+        add, or a difference this cannot mend (the move's error says it)."""
         connection, staging = self.connection, c.label
         found: dict[str, dict[str, str]] = {c.table: {}, staging: {}}
-        for table, name, kind in connection.client().query(  # one round trip: this runs at every commit
+        for table, name, kind in connection.client().query(  # one round trip for both tables
             "SELECT table, name, type FROM system.columns WHERE database = {db:String} AND table IN ({t:String}, {s:String}) "
             "ORDER BY position", parameters={"db": self.database, "t": c.table, "s": staging},
         ).result_rows:
@@ -372,13 +388,14 @@ class ClickHouseTarget(Target):
         table_columns, staging_columns = found[c.table], found[staging]
         missing = [name for name in table_columns if name not in staging_columns]
         if not missing or [name for name in table_columns if name in staging_columns] != list(staging_columns):
-            return  # nothing to add, or a structure this cannot mend: the MOVE says how they differ
+            return False  # nothing to add, or a structure this cannot mend: the MOVE says how they differ
         names = list(table_columns)
         additions = ", ".join(
             f"ADD COLUMN IF NOT EXISTS {quote(name)} {table_columns[name]} "
             + (f"AFTER {quote(names[names.index(name) - 1])}" if names.index(name) else "FIRST")
             for name in missing)
         connection.client().command(f"ALTER TABLE {connection.table(staging)} {additions}", settings=_MOVE_SYNC)
+        return True
 
     def abort(self, ref: TxnRef) -> None:
         """Drop the staging table, unless a commit of the label began: then only committing it is right.
