@@ -110,7 +110,7 @@ class Catalog:
         why = (f"one INSERT in flight per commit running at once, commit_parallelism {self.commit_parallelism}; "
                "each commit checks its own partitions too")
         problems = [problem for table in tables if (problem := self.window_shortfall(table, self.commit_parallelism, why))] + problems
-        columns = ", ".join(quote(name) for name in self.insertable_columns(entry.name))
+        columns = ", ".join(quote(name) for name in self.columns(entry.name))
         try:
             self._connection.client().query(f"SELECT {columns} FROM {self._connection.table(entry.name)} ORDER BY {columns} LIMIT 0")
         except DatabaseError as error:
@@ -208,21 +208,14 @@ class Catalog:
         return Entry(database, name, row["engine"], row.get("engine_full") or "", _feeds(row), writes_to)
 
     def columns(self, table: str) -> dict[str, str]:
-        """The table's columns and their types, in table order (none: no such table)."""
+        """The table's stored columns an INSERT sets (not MATERIALIZED, ALIAS or EPHEMERAL: computed, or never
+        stored), with their types, in table order (none: no such table): the columns rows carry into it."""
         rows = self._connection.repeating(f"column read of {table}", lambda: self._connection.client().query(
-            "SELECT name, type FROM system.columns WHERE database = {db:String} AND table = {t:String} ORDER BY position",
+            "SELECT name, type FROM system.columns WHERE database = {db:String} AND table = {t:String} "
+            "AND default_kind IN ('', 'DEFAULT') ORDER BY position",
             parameters={"db": self._connection.database, "t": table},
         ).result_rows)
         return {name: kind for name, kind in rows}
-
-    def insertable_columns(self, table: str) -> list[str]:
-        """Stored columns an INSERT may set (not MATERIALIZED, ALIAS or EPHEMERAL), in table order."""
-        rows = self._connection.client().query(
-            "SELECT name FROM system.columns WHERE database = {db:String} AND table = {t:String} "
-            "AND default_kind IN ('', 'DEFAULT') ORDER BY position",
-            parameters={"db": self._connection.database, "t": table},
-        ).result_rows
-        return [r[0] for r in rows]
 
 
 _IDENT = r"(?:`(?:[^`\\]|\\.)*`|[A-Za-z_][A-Za-z0-9_]*)"

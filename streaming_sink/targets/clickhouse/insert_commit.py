@@ -97,7 +97,7 @@ class InsertCommit:
             done: set[str] = set()
         else:
             done = self._ledger.inserted_partitions(c.label)  # empty for a label an older version began: all repeated
-        columns = ", ".join(quote(name) for name in self._catalog.insertable_columns(staging))
+        columns = ", ".join(quote(name) for name in self._catalog.columns(staging))
         quorum = self._catalog.engine_of(c.table).startswith("Replicated")  # Shared*: every insert is a quorum insert already
         for partition_id in sorted(set(sizes) - done):
             settings = self._settings_sql(f"{staging}:{partition_id}", quorum)
