@@ -48,7 +48,7 @@ from .streamload.accounting import RowCounts
 from .streamload.body_pipe import BodyPipe
 from .streamload.doris_arrow import ArrowFormat, table_arrow_type
 from .streamload.fe import NO_ANSWER, Answer, Dialect
-from .streamload.http import HttpClient, HttpConnectionError, HttpError, HttpStatusError, api_path, excerpt
+from .streamload.http import AskedBody, HttpClient, HttpConnectionError, HttpError, HttpStatusError, api_path, excerpt
 from .streamload.table_schema import TableModel, fetch_table_schema
 from .streamload.target import LabelRetention, SharedOptions, StreamLoadTarget
 
@@ -596,8 +596,8 @@ class _OpenLoad:
         pauses = self.api.retry.pauses()
         while True:
             try:
-                answer = self.api.stream_load(ref, self.headers, self.pipe.body, what=f"stream load of label {ref.label}",
-                                              repeat=False)
+                answer = self.api.stream_load(ref, self.headers, AskedBody(self.pipe.body),
+                                              what=f"stream load of label {ref.label}", repeat=False)
             except TargetError as error:  # no answer, or a 5xx: sent again only while the body was never asked for
                 pause = None if self.pipe.asked or not isinstance(error.__cause__, HttpError) else next(pauses, None)
                 if pause is None:

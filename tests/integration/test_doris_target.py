@@ -112,6 +112,38 @@ def test_every_flush_of_a_table_feeds_one_txn_begun_after_its_intent_and_precomm
     assert sorted(emu.visible_rows(DB, "orders")) == as_tuples(rows(0, 9))
 
 
+def test_the_first_write_returns_only_once_the_server_began_the_load_however_slow_its_begin(
+        emu: DorisEmulator, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The writer confirms its intent when the first write returns (the intent gate): that must be after the server
+    began the transaction, which the BE says by asking for the body, not after the client's `continue_timeout`
+    guess. A begin slower than that wait (0.2 s here; the FE's 307 comes well within it) must still hold the write
+    back."""
+    import threading
+
+    began, entered = threading.Event(), threading.Event()
+    real = emu._be_stream_load
+
+    def slow_begin(req: Any, call: Any) -> Any:
+        entered.set()
+        began.wait(30)
+        return real(req, call)
+
+    monkeypatch.setattr(emu, "_be_stream_load", slow_begin)
+    target = make_target(emu)
+    target.http.continue_timeout = 0.2
+    txn = Writer(emu).begin(target)
+    written = threading.Event()
+    writer = threading.Thread(target=lambda: (txn.write(rows(0, 3)), written.set()))
+    writer.start()
+    assert entered.wait(30)
+    returned_before_the_begin = written.wait(2.0)  # a window for a wrong early return; the right code never returns
+    began.set()
+    writer.join(30)
+    assert not returned_before_the_begin, "the first write returned before the server began its transaction"
+    assert written.is_set() and states(emu) == {"L_orders_c0": "PREPARE"}
+    assert [p.rows for p in txn.prepare()] == [3]
+
+
 def test_a_writer_that_gives_up_mid_body_leaves_nothing_behind(emu: DorisEmulator) -> None:
     """The body is cut short (no final chunk), so the server never takes a part of it; the label is aborted."""
     target, writer = make_target(emu), Writer(emu)
@@ -518,6 +550,7 @@ def test_arrow_column_types_are_read_once_in_the_driver_and_travel_to_the_tasks(
     in_task.http.request = lambda method, path, *a, **k: (asked.append(path), real(method, path, *a, **k))[1]
     txn = Writer(emu).begin(in_task, "typed")
     txn.write(pa.table({"id": pa.array([1], pa.int64()), "small": pa.array([5], pa.int64())}))
+    txn.abort()
     assert asked and not [path for path in asked if path.endswith("/_schema")]
 
 
