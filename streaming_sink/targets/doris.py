@@ -2,22 +2,26 @@
 
 Doris has no begin/load/prepare API like StarRocks: a whole load request is one transaction that
 ends PRECOMMITTED (durable, invisible) when the answer arrives. So a writer's `TableTransaction`
-holds one server transaction per flush, each under its own deterministic label:
+keeps ONE load open for the whole batch, under one deterministic label, and streams every flush
+into its chunked body (docs/protocol.md, Doris: one load per table and writer): the (table, writer)
+holds the one transaction the batch's plan counted, however often it flushes.
 
-* write   = ask the writer for the chunk's label, record the intent, then one 2PC stream load;
-* prepare = nothing left to do: every chunk is already PRECOMMITTED; one PreparedPart per chunk;
+* write   = the first: record the intent, open the 2PC stream load, return once the server began
+  it (asked for the body); each: feed the flush into the body;
+* prepare = end the body: the answer pre-commits the transaction; one PreparedPart;
 * commit  = `_stream_load_2pc` `commit` by txn id; "already committed/visible" is success, "already
   aborted" (the precommit timeout, 3600 s by default, passed, or an abort) is ABORTED: never visible,
   safe to load again. "Not found" means the FE forgot the txn (label history: 12 h, or 2000 newer
   finished txns in the database): the label state decides, and without a committed one it is LOST,
   which only the coordinator can judge;
-* abort   = `_stream_load_2pc` `abort` by txn id when known, else by label (2.1+), else by the
-  empty-body probe that older servers need (it reveals the txn id that holds a label).
+* abort   = cut the body short, then `_stream_load_2pc` `abort` by txn id when known, else by label
+  (2.1+), else by the empty-body probe that older servers need (it reveals the txn id that holds a label).
 
-A load that is retried after an unclear failure may find its label taken ("Label Already Exists"):
-a RUNNING or PRECOMMITTED holder is aborted and the chunk loaded again under the same label (we
-never adopt data whose load we did not see answered); a FINISHED holder means the label was
-committed already, which the protocol never does before the batch is prepared: a loud error.
+A load is sent again only while the server has not asked for its body (the body streams and is not
+kept). Such a repeat may find its label taken ("Label Already Exists"): a RUNNING or PRECOMMITTED
+holder is aborted and the load sent again under the same label (we never adopt data whose load we
+did not see answered); a FINISHED holder means the label was committed already, which the protocol
+never does before the batch is prepared: a loud error.
 
 Wire facts (paths, headers, messages): docs/protocol.md, the "Doris: ..." sections.
 """
@@ -25,7 +29,8 @@ from __future__ import annotations
 
 import logging
 import re
-from collections.abc import Callable, Iterable
+import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -40,9 +45,10 @@ from .descriptor import TargetDescriptor
 from .encoding import CsvFormat, JsonFormat, WireFormat, columns_entry, encode_chunks
 from .olap_types import DORIS_COLUMNS
 from .streamload.accounting import RowCounts
+from .streamload.body_pipe import BodyPipe
 from .streamload.doris_arrow import ArrowFormat, table_arrow_type
 from .streamload.fe import NO_ANSWER, Answer, Dialect
-from .streamload.http import HttpClient, HttpConnectionError, HttpError, HttpStatusError, api_path, excerpt
+from .streamload.http import AskedBody, HttpClient, HttpConnectionError, HttpError, HttpStatusError, api_path, excerpt
 from .streamload.table_schema import TableModel, fetch_table_schema
 from .streamload.target import LabelRetention, SharedOptions, StreamLoadTarget
 
@@ -177,7 +183,7 @@ class DorisOptions(SharedOptions):
 
 @dataclass
 class _PartState:
-    """One chunk of a writer's transaction: its label, and its txn id once the load answered."""
+    """A writer's transaction of one table: its label, and its txn id and counts once the load answered."""
 
     ref: TxnRef
     txn_id: int | None = None
@@ -202,11 +208,12 @@ class LoadApi:
         """How often a write-lock timeout or a commit whose answer was lost is tried again (the client's own policy)."""
         return self.http.retry
 
-    def stream_load(self, ref: TxnRef, headers: dict[str, str], body: Any, what: str) -> Answer:
-        """A stream-load PUT under `ref`'s label; repeats are safe because the label makes them so (then resolved by status)."""
+    def stream_load(self, ref: TxnRef, headers: dict[str, str], body: Any, what: str, repeat: bool = True) -> Answer:
+        """A stream-load PUT under `ref`'s label; repeats are safe because the label makes them so (then resolved by
+        status). `repeat` False: only a request that never reached the server is sent again (a streamed body)."""
         try:
             payload = self.http.request("PUT", api_path(ref.database, ref.table, "_stream_load"), headers=headers,
-                                        body=body, idempotent=True).json()
+                                        body=body, idempotent=repeat).json()
         except HttpError as error:
             raise TargetError(f"Doris {what} got no usable answer: {error}") from error
         return Answer.expect(payload, Dialect.LOAD, f"Doris {what}")
@@ -309,7 +316,7 @@ class DorisTarget(StreamLoadTarget):
     """Apache Doris through 2PC stream loads (`two_phase_commit`; abort by label needs 2.1+, `format: arrow` 2.1+).
 
     The target tables must exist: the sink never creates Doris tables. Picklable: writers run in Spark tasks,
-    one pre-committed transaction per chunk written.
+    one pre-committed transaction per table a writer writes.
     """
 
     kind = "doris"
@@ -439,84 +446,77 @@ class DorisTarget(StreamLoadTarget):
 
 
 class _DorisTransaction(TableTransaction):
-    """One table of one writer attempt: a PRECOMMITTED server transaction per chunk written, each loaded here.
+    """One table of one writer attempt: ONE server transaction for the whole batch, however often the writer flushes.
 
-    A load that is retried after an unclear failure may find its label taken: `_free_label` resolves it.
+    The first write records the intent, opens the 2PC stream load (on its own thread) and returns once the server
+    has begun the transaction (it asked for the body); every write feeds the load's chunked body; prepare ends the
+    body, and the server's answer pre-commits the transaction. So a (table, writer) holds the one transaction the
+    batch's plan counted (docs/protocol.md, Doris: one load per table and writer).
     """
 
     def __init__(self, api: LoadApi, arrow_schema: Callable[[str, pa.Schema], pa.Schema], new_ref: NewRef,
                  record_intent: RecordIntent) -> None:
         self._api, self._options, self._arrow_schema = api, api.options, arrow_schema
         self._new_ref, self._record_intent = new_ref, record_intent
-        self._parts: list[_PartState] = []
+        self._part: _PartState | None = None
+        self._load: _OpenLoad | None = None
+        self._rows = 0  # rows fed into the body
+        self._bytes = 0
 
     def write(self, chunk: pa.Table) -> None:
-        ref = self._new_ref(len(self._parts))
-        self._record_intent(ref)  # durable before the server sees the label
-        part = _PartState(ref)
-        self._parts.append(part)
-        self._load(part, chunk)
+        if self._load is None:
+            ref = self._new_ref(0)
+            self._part = _PartState(ref)
+            chunk, change_headers = self._options.change_load(ref.table, chunk)
+            self._record_intent(ref)  # durable before the server sees the label
+            self._load = _OpenLoad(self._api, ref, self._headers(ref, chunk, change_headers), chunk.schema)
+            self._load.start()
+        else:
+            chunk, _ = self._options.change_load(self._load.ref.table, chunk)
+        load = self._load
+        if chunk.schema != load.schema:
+            raise TargetError(f"Doris label {load.ref.label}: a later flush of {load.ref.table} has the columns "
+                              f"{chunk.schema.names}, the load's body began with {load.schema.names}")
+        fmt = self._wire_format(load.ref, chunk)
+        for piece in encode_chunks(chunk, fmt, self._options.piece_bytes):
+            if not load.pipe.put(piece):
+                raise load.failure()
+        self._rows += chunk.num_rows
+        self._bytes += chunk.nbytes
 
     def prepare(self) -> list[PreparedPart]:
-        unfinished = [p.ref.label for p in self._parts if p.txn_id is None]
-        if unfinished:
-            raise TargetError(f"Doris labels {unfinished} never finished loading; the transaction cannot be prepared")
-        return [PreparedPart(p.ref, str(p.txn_id), p.rows, p.bytes, dict(p.extra), p.filtered_rows, p.unselected_rows)
-                for p in self._parts]
+        if self._load is None or self._part is None:
+            return []
+        answer = self._load.finish()
+        part = self._part
+        self._accept_load(part, answer)
+        return [PreparedPart(part.ref, str(part.txn_id), part.rows, part.bytes, dict(part.extra), part.filtered_rows,
+                             part.unselected_rows)]
 
     def abort(self) -> None:
-        """Abort every chunk: by txn id where the load answered, by label where its outcome is unknown."""
-        errors: list[str] = []
-        for part in self._parts:
-            try:
-                if part.txn_id is not None:
-                    self._api.abort_txn(part.txn_id, part.ref)
-                else:
-                    self._api.abort(part.ref)
-            except TargetError as error:
-                errors.append(str(error))
-        if errors:
-            raise TargetError(f"{len(errors)} Doris abort(s) failed: " + " | ".join(errors))
+        """Stop the body short (the server never takes it whole), then abort by txn id if the load answered, else
+        by label."""
+        if self._load is None or self._part is None:
+            return
+        answer = self._load.give_up()
+        txn_id = int(answer.body.get("TxnId", -1)) if answer is not None and answer.ok else -1
+        if txn_id >= 0:
+            self._api.abort_txn(txn_id, self._part.ref)
+        else:
+            self._api.abort(self._part.ref)
 
-    # -- one chunk ---------------------------------------------------------------------------------
+    def _wire_format(self, ref: TxnRef, chunk: pa.Table) -> WireFormat:
+        options = self._options
+        return options.wire_format(self._arrow_schema(ref.table, chunk.schema) if options.format == "arrow" else None)
 
-    def _load(self, part: _PartState, chunk: pa.Table) -> None:
-        """One 2PC stream load of `chunk` under `part.ref.label`; sets the part's txn id and counts.
-
-        Transport failures are retried by the client (the label makes a repeat harmless); a label
-        found taken afterwards is resolved here.
-        """
-        ref, options = part.ref, self._options
-        chunk, change_headers = options.change_load(ref.table, chunk)
-        fmt = options.wire_format(self._arrow_schema(ref.table, chunk.schema) if options.format == "arrow" else None)
-        headers = {"Expect": "100-continue", "label": ref.label, "two_phase_commit": "true", **options.load_headers()}
-        headers.update(columns_entry(chunk.schema, fmt))
+    def _headers(self, ref: TxnRef, chunk: pa.Table, change_headers: dict[str, str]) -> dict[str, str]:
+        headers = {"Expect": "100-continue", "label": ref.label, "two_phase_commit": "true",
+                   **self._options.load_headers()}
+        headers.update(columns_entry(chunk.schema, self._wire_format(ref, chunk)))
         headers.update(change_headers)
-        piece_bytes = options.piece_bytes
+        return headers
 
-        def body() -> Iterable[bytes]:
-            return encode_chunks(chunk, fmt, piece_bytes)
-
-        resolutions = 0
-        pauses = self._api.retry.pauses()
-        while True:
-            answer = self._api.stream_load(ref, headers, body, what=f"stream load of label {ref.label}")
-            if answer.ok:
-                self._accept_load(part, chunk, answer)
-                return
-            if answer.status == "Label Already Exists" and resolutions < _MAX_LABEL_RESOLUTIONS:
-                resolutions += 1
-                self._free_label(ref, answer)
-                continue
-            if _RUNNING_LIMIT.search(answer.message):
-                raise TransactionLimitError(self._api.load_failure(ref, answer))
-            pause = next(pauses, None) if answer.status == "Fail" and _RETRYABLE_LOAD.search(answer.message) else None
-            if pause is not None:
-                wait(pause, f"Doris stream load of label {ref.label}: {answer.message}")
-                continue
-            raise TargetError(self._api.load_failure(ref, answer))
-
-    def _accept_load(self, part: _PartState, chunk: pa.Table, answer: Answer) -> None:
+    def _accept_load(self, part: _PartState, answer: Answer) -> None:
         ref = part.ref
         txn_id = int(answer.body.get("TxnId", -1))
         if str(answer.body.get("TwoPhaseCommit", "")).lower() != "true":
@@ -527,32 +527,117 @@ class _DorisTransaction(TableTransaction):
             )
         part.txn_id = txn_id
         counts = RowCounts.of(answer) or RowCounts(0)
-        if not counts.adds_up_to(chunk.num_rows):
+        if not counts.adds_up_to(self._rows):
             self._api.abort_txn(txn_id, ref)
-            raise TargetError(counts.mismatch("Doris", ref.label, chunk.num_rows) + "; aborted it")
-        part.rows, part.bytes = counts.loaded, chunk.nbytes
+            raise TargetError(counts.mismatch("Doris", ref.label, self._rows) + "; aborted it")
+        part.rows, part.bytes = counts.loaded, self._bytes
         part.extra = {"load_bytes": int(answer.body.get("LoadBytes", 0))}
         part.filtered_rows, part.unselected_rows = counts.filtered, counts.unselected  # accounted for, not lost
         counts.log_rejected("Doris", ref.label, answer)
 
-    def _free_label(self, ref: TxnRef, answer: Answer) -> None:
-        """A retried load found its label taken: abort a RUNNING/PRECOMMITTED holder, refuse a FINISHED one."""
-        existing = str(answer.body.get("ExistingJobStatus", ""))
-        if existing == "FINISHED":
-            raise TargetError(
-                f"Doris label {ref.label} is already committed (ExistingJobStatus FINISHED: {excerpt(answer.message, 200)}); "
-                "loading it again would duplicate its rows. A writer never reuses a committed label: was the state "
-                "store or the checkpoint restored from an older copy, or does another job share this job_id?"
-            )
-        holder = _LABEL_HOLDER.search(answer.message)
-        log.warning(
-            "Doris label %s is held by txn %s (%s) after a retried load; aborting that txn and loading again",
-            ref.label, holder.group(1) if holder else "?", existing or "status not given",
+
+class _OpenLoad:
+    """One 2PC stream load whose body is fed while it is sent: the request runs on its own thread.
+
+    Until the server asks for the body the request may be sent again (a lost connection, a 5xx, a write-lock
+    timeout), the label making a repeat harmless: a label held by an unfinished transaction (a repeated request's
+    own) is freed. Once the body was asked for it cannot be sent again (`BodyPipe`): any failure then fails the
+    writer, and Spark retries the task under a new label.
+    """
+
+    def __init__(self, api: LoadApi, ref: TxnRef, headers: dict[str, str], schema: pa.Schema) -> None:
+        self.api, self.ref, self.headers, self.schema = api, ref, headers, schema
+        self.pipe = BodyPipe()
+        self._answer: Answer | None = None
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, name=f"doris-load-{ref.table}", daemon=True)
+
+    def start(self) -> None:
+        """Send the request; return once the server began the transaction (asked for the body) or answered."""
+        self._thread.start()
+        if not self.pipe.wait_asked():
+            self._thread.join()
+            raise self.failure()
+
+    def finish(self) -> Answer:
+        """End the body and wait for the server's answer: the load's outcome, or its failure raised."""
+        self.pipe.end()
+        self._thread.join()
+        if self._answer is None or not self._answer.ok:
+            raise self.failure()
+        return self._answer
+
+    def give_up(self) -> Answer | None:
+        """Cut the body short and wait for the request to end; its answer, if one came."""
+        self.pipe.cancel()
+        self._thread.join()
+        return self._answer
+
+    def failure(self) -> BaseException:
+        """Why the request ended without a load (it must have ended)."""
+        self._thread.join()
+        if self._error is not None:
+            return self._error
+        if self._answer is not None and not self._answer.ok:
+            return TargetError(self.api.load_failure(self.ref, self._answer))
+        return TargetError(f"Doris stream load of label {self.ref.label} answered before its body ended: "
+                           f"{self._answer.body if self._answer else 'no answer'}")
+
+    def _run(self) -> None:
+        try:
+            self._answer = self._send()
+        except BaseException as error:  # handed to the writer's thread, which raises it
+            self._error = error
+        finally:
+            self.pipe.close()
+
+    def _send(self) -> Answer:
+        ref, resolutions = self.ref, 0
+        pauses = self.api.retry.pauses()
+        while True:
+            try:
+                answer = self.api.stream_load(ref, self.headers, AskedBody(self.pipe.body),
+                                              what=f"stream load of label {ref.label}", repeat=False)
+            except TargetError as error:  # no answer, or a 5xx: sent again only while the body was never asked for
+                pause = None if self.pipe.asked or not isinstance(error.__cause__, HttpError) else next(pauses, None)
+                if pause is None:
+                    raise
+                wait(pause, f"Doris stream load of label {ref.label}: {error}")
+                continue
+            if answer.ok:
+                return answer
+            if answer.status == "Label Already Exists" and resolutions < _MAX_LABEL_RESOLUTIONS:
+                resolutions += 1
+                _free_label(self.api, ref, answer)
+                continue
+            if _RUNNING_LIMIT.search(answer.message):
+                raise TransactionLimitError(self.api.load_failure(ref, answer))
+            retryable = answer.status == "Fail" and _RETRYABLE_LOAD.search(answer.message) and not self.pipe.asked
+            pause = next(pauses, None) if retryable else None
+            if pause is not None:
+                wait(pause, f"Doris stream load of label {ref.label}: {answer.message}")
+                continue
+            return answer
+
+
+def _free_label(api: LoadApi, ref: TxnRef, answer: Answer) -> None:
+    """A retried load found its label taken: abort a RUNNING/PRECOMMITTED holder, refuse a FINISHED one."""
+    existing = str(answer.body.get("ExistingJobStatus", ""))
+    if existing == "FINISHED":
+        raise TargetError(
+            f"Doris label {ref.label} is already committed (ExistingJobStatus FINISHED: {excerpt(answer.message, 200)}); "
+            "loading it again would duplicate its rows. A writer never reuses a committed label: was the state "
+            "store or the checkpoint restored from an older copy, or does another job share this job_id?"
         )
-        if holder:
-            self._api.abort_txn(int(holder.group(1)), ref)
-        else:
-            self._api.abort(ref)
+    holder = _LABEL_HOLDER.search(answer.message)
+    log.warning(
+        "Doris label %s is held by txn %s (%s) after a retried load; aborting that txn and loading again",
+        ref.label, holder.group(1) if holder else "?", existing or "status not given",
+    )
+    if holder:
+        api.abort_txn(int(holder.group(1)), ref)
+    else:
+        api.abort(ref)
 
 
 DESCRIPTOR = TargetDescriptor(

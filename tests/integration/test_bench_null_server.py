@@ -70,21 +70,22 @@ def test_starrocks_abort(server: NullServer) -> None:
 def test_doris_two_phase_commit(server: NullServer) -> None:
     target = DorisTarget(server.url, database="bench", user="u", password="p", piece_bytes=4096)
     assert target.routable_tables() is None
-    parts = _write(target, "doris", chunks=3)  # one pre-committed transaction per write
-    assert [p.rows for p in parts] == [ROWS.num_rows] * 3
+    parts = _write(target, "doris", chunks=3)  # every write streamed into one pre-committed transaction
+    assert [p.rows for p in parts] == [3 * ROWS.num_rows]
     stats = server.stats()
-    assert (stats["prepared"], stats["rows"]) == (3, 3 * ROWS.num_rows)
+    assert (stats["prepared"], stats["rows"]) == (1, 3 * ROWS.num_rows)
     for part in parts:
         assert target.commit(part.committable("0:x")) is CommitOutcome.COMMITTED
     assert target.commit(parts[0].committable("0:x")) is CommitOutcome.COMMITTED  # "already" committed
     stats = server.stats()
-    assert (stats["committed"], stats["committed_rows"], stats["open"]) == (3, 3 * ROWS.num_rows, 0)
+    assert (stats["committed"], stats["committed_rows"], stats["open"]) == (1, 3 * ROWS.num_rows, 0)
     target.close()
 
 
 def test_doris_abort_by_label_and_txn(server: NullServer) -> None:
     target = DorisTarget(server.url, database="bench", user="u", password="p")
-    first, second = _write(target, "doris_abort", chunks=2)
+    (first,) = _write(target, "doris_abort_a", chunks=1)
+    (second,) = _write(target, "doris_abort_b", chunks=1)
     target.abort(first.ref)  # by label
     target.api.abort_txn(int(second.txn_id or 0), second.ref)  # by txn id, as a writer's own abort does
     assert target.commit(first.committable("0:x")) is CommitOutcome.ABORTED
@@ -95,16 +96,16 @@ def test_doris_arrow_rows_counted(server: NullServer) -> None:
     """format "arrow": the target reads the column types from `_schema`, then every load is an Arrow IPC body
     (several streams when the chunk is encoded in pieces) whose record batches the server counts."""
     target = DorisTarget(server.url, database="bench", user="u", password="p", format="arrow", piece_bytes=4096)
-    parts = _write(target, "doris_arrow", chunks=2)
-    assert [p.rows for p in parts] == [ROWS.num_rows] * 2
+    parts = _write(target, "doris_arrow", chunks=2)  # both writes streamed into one body
+    assert [p.rows for p in parts] == [2 * ROWS.num_rows]
     stats = server.stats()
     assert stats["by_op"]["_schema"] == 1  # once per table and target: then cached
-    assert (stats["prepared"], stats["rows"]) == (2, 2 * ROWS.num_rows)
+    assert (stats["prepared"], stats["rows"]) == (1, 2 * ROWS.num_rows)
     assert stats["body_bytes"] > 2 * 4 * 4096  # pieces of ~4 KiB: several streams per body, all of them counted
     for part in parts:
         assert target.commit(part.committable("0:x")) is CommitOutcome.COMMITTED
     stats = server.stats()
-    assert (stats["committed"], stats["committed_rows"], stats["open"]) == (2, 2 * ROWS.num_rows, 0)
+    assert (stats["committed"], stats["committed_rows"], stats["open"]) == (1, 2 * ROWS.num_rows, 0)
     target.close()
 
 

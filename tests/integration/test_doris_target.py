@@ -90,17 +90,68 @@ def precommit(emu: DorisEmulator, label: str, data: bytes = b"1,a,0.5\n") -> int
 # -- loads and commits -----------------------------------------------------------------------------
 
 
-def test_each_flush_is_one_precommitted_txn_recorded_before_it_begins(emu: DorisEmulator) -> None:
+def test_every_flush_of_a_table_feeds_one_txn_begun_after_its_intent_and_precommitted_at_prepare(
+        emu: DorisEmulator) -> None:
+    """Issue 26: one server transaction per (table, writer), whatever the flushes: the first write records the
+    intent and returns once the server has begun the load (it runs while later flushes stream into its body);
+    prepare ends the body and pre-commits it."""
     target, writer = make_target(emu), Writer(emu)
     txn = writer.begin(target)
     txn.write(rows(0, 3))
+    assert states(emu) == {"L_orders_c0": "PREPARE"}, "the first write returns once the server began the load"
     txn.write(rows(3, 2))
+    txn.write(rows(5, 4))
+    assert states(emu) == {"L_orders_c0": "PREPARE"}
     parts = txn.prepare()
-    assert [p.ref.label for p in parts] == ["L_orders_c0", "L_orders_c1"] == [r.label for r in writer.intents]
-    assert [p.rows for p in parts] == [3, 2]
-    assert states(emu) == {"L_orders_c0": "PRECOMMITTED", "L_orders_c1": "PRECOMMITTED"}
+    assert [p.ref.label for p in parts] == ["L_orders_c0"] == [r.label for r in writer.intents]
+    assert [p.rows for p in parts] == [9]
+    assert states(emu) == {"L_orders_c0": "PRECOMMITTED"}
     assert [int(p.txn_id) for p in parts] == [t["txn_id"] for t in emu.transactions()]
     assert emu.visible_rows(DB, "orders") == []  # invisible until the driver commits
+    assert target.commit(parts[0].committable("sum")) is CommitOutcome.COMMITTED
+    assert sorted(emu.visible_rows(DB, "orders")) == as_tuples(rows(0, 9))
+
+
+def test_the_first_write_returns_only_once_the_server_began_the_load_however_slow_its_begin(
+        emu: DorisEmulator, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The writer confirms its intent when the first write returns (the intent gate): that must be after the server
+    began the transaction, which the BE says by asking for the body, not after the client's `continue_timeout`
+    guess. A begin slower than that wait (0.2 s here; the FE's 307 comes well within it) must still hold the write
+    back."""
+    import threading
+
+    began, entered = threading.Event(), threading.Event()
+    real = emu._be_stream_load
+
+    def slow_begin(req: Any, call: Any) -> Any:
+        entered.set()
+        began.wait(30)
+        return real(req, call)
+
+    monkeypatch.setattr(emu, "_be_stream_load", slow_begin)
+    target = make_target(emu)
+    target.http.continue_timeout = 0.2
+    txn = Writer(emu).begin(target)
+    written = threading.Event()
+    writer = threading.Thread(target=lambda: (txn.write(rows(0, 3)), written.set()))
+    writer.start()
+    assert entered.wait(30)
+    returned_before_the_begin = written.wait(2.0)  # a window for a wrong early return; the right code never returns
+    began.set()
+    writer.join(30)
+    assert not returned_before_the_begin, "the first write returned before the server began its transaction"
+    assert written.is_set() and states(emu) == {"L_orders_c0": "PREPARE"}
+    assert [p.rows for p in txn.prepare()] == [3]
+
+
+def test_a_writer_that_gives_up_mid_body_leaves_nothing_behind(emu: DorisEmulator) -> None:
+    """The body is cut short (no final chunk), so the server never takes a part of it; the label is aborted."""
+    target, writer = make_target(emu), Writer(emu)
+    txn = writer.begin(target)
+    txn.write(rows(0, 3))
+    txn.abort()
+    assert states(emu) == {"L_orders_c0": "ABORTED"}
+    assert emu.visible_rows(DB, "orders") == []
 
 
 def test_commit_makes_rows_visible_and_repeating_it_is_success(emu: DorisEmulator) -> None:
@@ -332,15 +383,19 @@ def test_5xx_beyond_the_retries_fails_loudly(emu: DorisEmulator) -> None:
         target.commit(committable)
 
 
-def test_slow_answer_then_retry_finds_the_label_precommitted_and_loads_it_once(emu: DorisEmulator) -> None:
+def test_a_load_whose_answer_is_lost_after_its_body_fails_the_writer_and_is_released(emu: DorisEmulator) -> None:
+    """The body streams as the writer flushes and is not kept, so a load whose answer never came cannot be sent
+    again: the writer fails (Spark retries its task under a new label) and its abort releases what the server took."""
     target = make_target(emu, request_timeout_s=0.5)
     emu.faults.slow_response.arm(op="stream_load", role="be", seconds=30)  # applied, answer late
-    committable = prepared(emu, target)
+    txn = Writer(emu).begin(target)
+    txn.write(rows(0, 3))
+    with pytest.raises(TargetError, match="got no usable answer"):
+        txn.prepare()
+    txn.abort()
     emu.faults.release()
-    history = [(t["label"], t["state"]) for t in emu.transactions()]
-    assert history == [(committable.label, "ABORTED"), (committable.label, "PRECOMMITTED")]
-    assert target.commit(committable) is CommitOutcome.COMMITTED
-    assert sorted(emu.visible_rows(DB, "orders")) == as_tuples(rows(0, 3))
+    assert [(t["label"], t["state"]) for t in emu.transactions()] == [("L_orders_c0", "ABORTED")]
+    assert emu.visible_rows(DB, "orders") == []
 
 
 def test_a_committed_label_is_never_loaded_again(emu: DorisEmulator) -> None:
@@ -379,9 +434,10 @@ def test_a_label_held_by_a_load_still_running_is_taken_over(emu: DorisEmulator) 
     go.set()
     thread.join(10)
     assert stale["answer"]["Status"] == "Fail"  # its txn was aborted under it
+    (part,) = txn.prepare()
     assert [(t["label"], t["state"]) for t in emu.transactions()] == [("L_orders_c0", "ABORTED"),
                                                                       ("L_orders_c0", "PRECOMMITTED")]
-    target.commit(txn.prepare()[0].committable("sum"))
+    target.commit(part.committable("sum"))
     assert sorted(emu.visible_rows(DB, "orders")) == as_tuples(rows(0, 3))
 
 
@@ -494,6 +550,7 @@ def test_arrow_column_types_are_read_once_in_the_driver_and_travel_to_the_tasks(
     in_task.http.request = lambda method, path, *a, **k: (asked.append(path), real(method, path, *a, **k))[1]
     txn = Writer(emu).begin(in_task, "typed")
     txn.write(pa.table({"id": pa.array([1], pa.int64()), "small": pa.array([5], pa.int64())}))
+    txn.abort()
     assert asked and not [path for path in asked if path.endswith("/_schema")]
 
 
@@ -524,8 +581,9 @@ def test_filtered_rows_beyond_the_ratio_fail_clearly(emu: DorisEmulator) -> None
     """Strict mode is the default (review B1): "x" for an INT filters its row instead of loading as NULL."""
     table = bad_numbers(emu)
     txn = Writer(emu).begin(make_target(emu), "typed")
+    txn.write(table)
     with pytest.raises(TargetError) as failure:
-        txn.write(table)
+        txn.prepare()  # the server answers when the body ends
     text = str(failure.value)
     assert "too many filtered rows" in text and "1 of 4 rows were filtered" in text
     assert "max_filter_ratio=0" in text and "'x'" in text  # the rejected row, from the ErrorURL
@@ -552,12 +610,14 @@ def test_a_server_that_ignores_two_phase_commit_is_refused(emu: DorisEmulator, m
     target = make_target(emu)
     real_load = target.api.stream_load
 
-    def without_2pc(ref, headers, body, what):  # as Doris 1.0/1.1 with 2PC disabled would answer
-        return real_load(ref, {k: v for k, v in headers.items() if k != "two_phase_commit"}, body, what)
+    def without_2pc(ref, headers, body, what, **options):  # as Doris 1.0/1.1 with 2PC disabled would answer
+        return real_load(ref, {k: v for k, v in headers.items() if k != "two_phase_commit"}, body, what, **options)
 
     monkeypatch.setattr(target.api, "stream_load", without_2pc)
     with pytest.raises(TargetError, match="WITHOUT two-phase commit"):
-        Writer(emu).begin(target).write(rows(0, 1))
+        txn = Writer(emu).begin(target)
+        txn.write(rows(0, 1))
+        txn.prepare()
 
 
 # -- start-up and configuration ---------------------------------------------------------------------
@@ -650,7 +710,7 @@ def test_recovery_commits_a_prepared_batch_exactly_once(emu: DorisEmulator, tmp_
     target, store = make_target(emu), FileStateStore(tmp_path / "state")
     epoch = store.take_epoch(JOB, "test")
     record = write_batch(target, store, epoch, 1)
-    assert len(record.committables) > 4  # one txn per flush, not per table
+    assert len(record.committables) == 4  # one txn per (table, writer), though each flushed several times
     store.put_batch(JOB, epoch, record)
     first = Committer(target, store, JOB, epoch)
     assert first.commit_pending(first.log_of(record)) == []

@@ -23,9 +23,8 @@ from streaming_sink.labels import wave_partition
 from streaming_sink.routing import Router
 from streaming_sink.spread import partition_keys, spark_hash_int, wave_rows
 from streaming_sink.state import FileStateStore
-from streaming_sink.targets.doris import DorisTarget
+from streaming_sink.targets.memory import MemoryTarget
 from streaming_sink.writer import PartitionResult, WriteContext
-from tests.support.doubles.emulators.doris import DorisEmulator
 from tests.support.targets.starrocks import starrocks_target
 
 pytestmark = [pytest.mark.slow, pytest.mark.spark_conf({"spark.sql.execution.arrow.maxRecordsPerBatch": "50"})]
@@ -129,17 +128,27 @@ def flushes_and_checksums(spark: Any, target: Any, store: Any, rows: Any, plan: 
     return checksums, flushes
 
 
+class TaskMemoryTarget(MemoryTarget):
+    """The memory target with its writers in Spark tasks, as a network target's: each task writes into its own copy,
+    and only the committables it returns, which name each flush, are read here."""
+
+    @property
+    def runs_writers_in_driver(self) -> bool:
+        return False
+
+    def __reduce__(self) -> tuple[Any, ...]:  # a task gets an empty copy: nothing is committed in this test
+        return TaskMemoryTarget, (None, self.database, self.per_flush)
+
+
 def test_the_same_batch_spreads_the_same_rows_in_the_same_order_whatever_its_input_partitions(spark, tmp_path) -> None:
     rows = source_rows()
     shuffled = rows[:]
     random.Random(7).shuffle(shuffled)
     plan = plan_of(rows)
-    with DorisEmulator(tmp_path / "doris") as doris:  # Doris: one transaction per flush, so each names its flush
-        emulator_with_tables(doris)
-        target = DorisTarget(doris.fe_url, DB, "root", "", backoff_s=0.01)
-        store = FileStateStore(tmp_path / "state")
-        first = flushes_and_checksums(spark, target, store, rows, plan, batch=0)
-        again = flushes_and_checksums(spark, target, store, shuffled, plan, batch=1)
+    target = TaskMemoryTarget(per_flush=True)  # a transaction per flush, so each names its flush and rows
+    store = FileStateStore(tmp_path / "state")
+    first = flushes_and_checksums(spark, target, store, rows, plan, batch=0)
+    again = flushes_and_checksums(spark, target, store, shuffled, plan, batch=1)
     checksums, flushes = first
     assert len(checksums) == min(plan.transactions(0), plan.partitions)
     assert sum(rows for _, rows in checksums.values()) == len(rows)

@@ -123,3 +123,31 @@ def test_one_table_wider_than_the_server_allows_fails_fast_and_releases_everythi
     assert {t["state"] for t in starrocks.transactions(DB)} == {"ABORTED"}  # everything the batch held is released
     assert starrocks.visible_rows(DB, "t0") == []
     assert store.intents(JOB, QUERY, 0) == []
+
+
+def test_a_doris_batch_whose_writers_flush_often_still_holds_the_transactions_its_plan_counted(
+        doris: DorisEmulator, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 26: the plan counts one transaction per (table, writer); a Doris writer that flushes a table several
+    times (here: about every 3 rows, 12 rows per table per writer) must still hold one, or a wave the plan sized at 48
+    transactions (10 tables x 16 writers, Doris 2.1's 100 running at most) holds four times that and the server
+    refuses its begins. Every table still equals the source row by row."""
+    pauses: list[object] = []
+    monkeypatch.setattr("streaming_sink.retry.sleep", pauses.append)
+    per_table = 12
+    frames = [[pa.record_batch({"__table": [table], "id": [w * 100 + n], "name": [f"w{w}"]})
+               for n in range(per_table) for table in TABLES] for w in range(16)]
+    routed_row_bytes = 15  # one (id, name) row as the router hands it to the writer
+    target = DorisTarget(doris.fe_url, DB, "root", "", backoff_s=0.0)
+    store = MemoryStateStore()
+    sink = ExactlyOnceSink(target, store, JOB, table_column="__table", runner=InMemoryRunner(), spread="never",
+                           flush_bytes=3 * 3 * routed_row_bytes)  # a wave's 3 tables: one flush per ~3 rows
+    report = sink.process(frames, 0, QUERY)
+    assert (report.action, report.waves) == ("written", 4)
+    assert wave_sizes(store) == [48, 48, 48, 16]
+    assert pauses == [], "a begin was refused and retried"
+    assert len(doris.transactions(DB)) == len(TABLES) * 16, "one server transaction per (table, writer)"
+    for table in TABLES:
+        assert sorted(doris.visible_rows(DB, table)) == sorted(
+            (w * 100 + k, f"w{w}") for w in range(16) for k in range(per_table)), table
+    assert {t["state"] for t in doris.transactions(DB)} == {"VISIBLE"}
+    assert store.intents(JOB, QUERY, 0) == []

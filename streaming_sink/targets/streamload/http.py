@@ -44,6 +44,18 @@ log = logging.getLogger(__name__)
 
 Body = bytes | Callable[[], Iterable[bytes]] | None
 
+
+class AskedBody:
+    """A body sent only once the server asks for it (`100 Continue`), never on the `continue_timeout` guess: whoever
+    makes it learns from being called that the server asked (a Doris BE asks once it began the load's transaction).
+    A server that neither asks nor answers within the read timeout still gets it (RFC 9110, 10.1.1)."""
+
+    def __init__(self, source: Callable[[], Iterable[bytes]]) -> None:
+        self.source = source
+
+    def __call__(self) -> Iterable[bytes]:
+        return self.source()
+
 REDIRECT_STATUSES = frozenset({301, 302, 303, 307, 308})
 #: The only redirects followed: they keep the method and body, as the StarRocks and Doris FEs use them.
 #: Credentials go to their Location only on these, and from https to plain http only when allowed.
@@ -425,7 +437,8 @@ class HttpClient(PerThread):
         else:
             connection.putheader("Transfer-Encoding", "chunked")
         connection.endheaders()
-        status_line = _early_status_line(sock, self.continue_timeout, read_timeout)
+        wait = read_timeout if isinstance(body, AskedBody) else self.continue_timeout
+        status_line = _early_status_line(sock, wait, read_timeout)
         if status_line is None:  # asked for, or no answer in time: send it
             try:
                 _write_body(sock, body() if callable(body) else body)

@@ -2,9 +2,9 @@
 the one adapter of the pipeline and the crash matrix.
 
 The emulator (tests/support/doubles/emulators/doris.py) runs in the pytest process, so a test can move its clock
-while the driver is down, restart it, and arm faults. Every flush is its own Doris transaction here
-(flush_bytes=1, small Arrow batches), so each (table, partition) of a batch spans several
-PRECOMMITTED transactions, as a large partition would in production.
+while the driver is down, restart it, and arm faults. Every Arrow batch is its own flush here (flush_bytes=1, small
+Arrow batches), so each (table, partition) of a batch streams many flushes into the body of its one transaction,
+as a large partition would in production.
 """
 from __future__ import annotations
 
@@ -27,9 +27,10 @@ USER, PASSWORD = "loader", "s3cret"  # not the default: proves credentials survi
 
 @dataclass
 class Rule:
-    """Fail (HTTP 503) or expire requests whose op and label parts match; at most `times` of them."""
+    """Fail (HTTP 503) or expire requests whose op and label parts match; at most `times` of them. "fail_at_end": a
+    load that fails once its whole body was read (its transaction aborted, as a load whose rows the BE rejects)."""
 
-    action: str  # "fail" | "expire"
+    action: str  # "fail" | "expire" | "fail_at_end"
     op: str
     parts: dict[str, str]
     times: int = 1_000_000
@@ -52,7 +53,13 @@ class ScriptedDoris(DorisEmulator):
 
     def route(self, role: str, req: Any, call: Call) -> Response:
         for rule in self.rules:
-            if role == "fe" and rule.matches(call):
+            if role == "be" and rule.action == "fail_at_end" and rule.matches(call):
+                rule.fired += 1
+                super().route(role, req, call)  # the whole body read, the transaction begun
+                with self.lock:
+                    self._expire_label(call.db, call.label)
+                return self._load_json(call.label or "", True, "Fail", "emulated failure at the load's end (scripted)")
+            if role == "fe" and rule.action != "fail_at_end" and rule.matches(call):
                 rule.fired += 1
                 if rule.action == "fail":
                     return Response.text("emulated HTTP 503 (scripted)", status=503)
@@ -63,7 +70,7 @@ class ScriptedDoris(DorisEmulator):
 
 @dataclass
 class DorisPipeline(LocalPipeline):
-    """LocalPipeline with a flush per Arrow batch: every (table, partition) spans several Doris transactions."""
+    """LocalPipeline with a flush per Arrow batch: every (table, partition) streams many flushes into one load."""
 
     flush_bytes: int = 1
 
@@ -101,8 +108,8 @@ def batch_txns(emu: DorisEmulator, batch: int) -> list[dict[str, Any]]:
 
 class DorisAdapter(EmulatorAdapter):
     """The scripted Doris emulator; the driver reaches it over HTTP, the test reads it directly. A finished job leaves
-    nothing COMMITTED and not yet VISIBLE. In the matrix: 4 batches of 40 messages per partition, several transactions
-    per (table, partition), commits in parallel."""
+    nothing COMMITTED and not yet VISIBLE. In the matrix: 4 batches of 40 messages per partition, several flushes
+    streamed into each (table, partition)'s one transaction, commits in parallel."""
 
     name = "doris"
     default_seed = "29"

@@ -118,7 +118,8 @@ class BaseEmulator:
 
     def close(self) -> None:
         self.stop()
-        self.store.close()
+        with self.lock:  # a handler may still be rolling back a load whose sender went away
+            self.store.close()
 
     def serve_fe_over_tls(self, certfile: str, keyfile: str) -> BaseEmulator:
         """Serve the FE over https (call before ``start``). The BE stays plain http and the FE's 307s

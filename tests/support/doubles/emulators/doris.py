@@ -366,7 +366,12 @@ class DorisEmulator(BaseEmulator):
                                      timeout_s=timeout, deadline=self.clock.now() + timeout,
                                      keep_s=p.streaming_label_keep_max_second, two_phase=two_pc)
         # A probe with an empty body is a valid load (Doris: the Flink connector): 0 rows, Success.
-        body = req.body()
+        try:
+            body = req.body()
+        except ConnectionError as exc:  # the sender went away before the body's end: the BE cancels the load (D-SLA)
+            with self.lock:
+                self._abort(txn, f"sender is gone: {exc}")
+            raise
         try:
             parsed = parse_payload(body, fmt, schema)
         except LoadError as exc:
