@@ -26,7 +26,8 @@ class TablePartition(NamedTuple):
 
 
 class FlushKey(NamedTuple):
-    """One flush of a writer's table: a transaction of its own on targets with one transaction per flush (Doris)."""
+    """One flush of a writer's table: a transaction of its own on a target with one transaction per flush (the Doris
+    target before it streamed a writer's flushes into one load: a record of that release replays this way)."""
 
     table: str
     partition: int

@@ -58,7 +58,8 @@ class MemoryTarget(Target):
     """A database in a dict. `tables`: the tables rows may be routed to (None: any table, created on first write).
 
     `per_flush=False` is StarRocks-shaped (one transaction per table and writer attempt, however many flushes);
-    `per_flush=True` is Doris-shaped (each flush is a transaction of its own, under its own label).
+    `per_flush=True` gives each flush a transaction of its own, under its own label, as the Doris target did before
+    it streamed a writer's flushes into one load (records of that release still replay that way: `replay.FlushKey`).
     """
 
     kind = "memory"
@@ -205,7 +206,7 @@ class _MemoryTransaction(TableTransaction):
         ref, txn = self._parts[-1]
         self._target._write(txn, chunk)
         if self._target.per_flush:
-            self._target._prepare(txn)  # Doris-shaped: each flush ends pre-committed
+            self._target._prepare(txn)  # per flush: each flush ends pre-committed
 
     def prepare(self) -> list[PreparedPart]:
         parts = []
