@@ -13,6 +13,7 @@ Each target's descriptor parses its own type spellings into `ColumnLimits` (stre
 """
 from __future__ import annotations
 
+from decimal import Decimal
 from typing import Any
 
 from .targets.columns import ColumnLimits, int_range
@@ -40,6 +41,15 @@ def value_problems(table: str, field: Any, value: Any, limits: ColumnLimits) -> 
         if sides:
             out = sides[0] if len(sides) == 1 else sides[0] | sides[1]
             problems.append((out, f"{where}: integer out of range [{low}, {high}]"))
+    if isinstance(kind, T.DecimalType) and limits.int_range:  # an integer wider than BIGINT (UInt64, LARGEINT)
+        low, high = limits.int_range
+        digits = kind.precision - kind.scale  # a bound beyond the field's digits cannot be passed
+        sides = [side for bound, side in ((low, value < F.lit(Decimal(low))), (high, value > F.lit(Decimal(high))))
+                 if abs(bound) < 10 ** digits]
+        if sides:
+            problems.append((sides[0] if len(sides) == 1 else sides[0] | sides[1], f"{where}: integer out of range [{low}, {high}]"))
+        if kind.scale > 0:
+            problems.append((value != F.round(value, 0), f"{where}: not an integer"))
     if isinstance(kind, T.DecimalType) and limits.decimal:
         precision, scale = limits.decimal
         if kind.precision - kind.scale > precision - scale:
