@@ -117,8 +117,8 @@ def build_frame(raw: DataFrame, spec: JobSpec, tables: dict[str, str],
         route = F.from_json(value, StructType([StructField(spec.table_field, StringType(), True)]))[spec.table_field]
     elif spec.topic_table:
         whole = f"^(?:{spec.topic_table})$"  # the whole topic, as Kafka matches a subscription pattern
-        derived = F.regexp_extract(F.col("topic"), whole, 1)
-        route = F.when(F.col("topic").rlike(whole) & (derived != F.lit("")), derived)
+        # one regex per message: regexp_extract gives "" for a topic it does not match, as for an empty group
+        route = F.nullif(F.regexp_extract(F.col("topic"), whole, 1), F.lit(""))
     else:
         assert spec.topic_tables is not None  # JobSpec: exactly one way to route
         mapping = F.create_map(*[F.lit(x) for pair in spec.topic_tables.items() for x in pair])
