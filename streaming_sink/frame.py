@@ -141,9 +141,10 @@ def build_frame(raw: DataFrame, spec: JobSpec, tables: dict[str, str],
         types = {column_key(rules, column): kind for column, kind in (column_types.get(table) or {}).items()}
         return types.get(column_key(rules, name))
 
-    def column_problems(table: str, field: Any, column: Any) -> list[tuple[Any, str]]:
-        """(condition, reason) for the values of `column` its table's column of that name cannot hold."""
-        return value_problems(table, field, column, rules.limits(target_type(table, field.name)))
+    def column_problems(table: str, field: Any, column: Any, text: Any = None) -> list[tuple[Any, str]]:
+        """(condition, reason) for the values of `column` its table's column of that name cannot hold (`text`: the
+        field's JSON text, for a check the parsed value cannot make)."""
+        return value_problems(table, field, column, rules.limits(target_type(table, field.name)), text)
 
     utf8 = F.is_valid_utf8(message)
     reason = F.when(tombstone, F.lit(None)).when(message.isNull(), F.lit("message has no value")).when(
@@ -185,7 +186,7 @@ def build_frame(raw: DataFrame, spec: JobSpec, tables: dict[str, str],
         if table not in projections:  # else the select's output is what the table's columns must hold (stage 2)
             for f in parse_schema.fields:
                 if f.name != "__corrupt":
-                    for problem, text in column_problems(table, f, parsed[f.name]):
+                    for problem, text in column_problems(table, f, parsed[f.name], _json_text(value, f)):
                         reason = reason.when(mine & problem, F.lit(text))
         known = [f.name for f in schema.fields] + ([spec.table_field] if spec.table_field else [])
         unknown = F.when(mine, F.array_except(F.coalesce(fields_of, F.array().cast("array<string>")), F.array(*map(F.lit, known))))
@@ -297,6 +298,18 @@ def columns_to_add(error: str) -> tuple[str, list[str]] | None:
     any other failure. The frame wrote them as JSON, so every field name reads back as it came."""
     found = _ADDED.search(error)
     return (found.group("table"), [str(name) for name in json.loads(found.group("fields"))]) if found else None
+
+
+def _json_text(message: Any, field: Any) -> Any:
+    """The field's JSON text where its parsed value cannot tell what was lost (a DECIMAL(38,s), which Spark's parser
+    rounds to its scale with no place to spare), else None: read only then, as it scans the message again."""
+    from pyspark.sql import functions as F
+    from pyspark.sql.types import DecimalType
+
+    kind = field.dataType
+    if not isinstance(kind, DecimalType) or _parsed_type(kind) != kind or "'" in field.name:
+        return None
+    return F.get_json_object(message, f"$['{field.name}']")
 
 
 def _parsed_type(kind: DataType) -> DataType:

@@ -53,7 +53,8 @@ def test_clickhouse_unsigned_and_128_bit_integers_at_their_edges(tmp_path, spark
            7: ({"u32": 2**32}, "column 'u32' of t (Nullable(UInt32)): integer out of range [0, 4294967295]"),
            8: ({"u32": -1}, "column 'u32' of t (Nullable(UInt32)): integer out of range [0, 4294967295]"),
            9: ({"i128": 10**38}, "not valid JSON for the schema of t"),  # 39 digits: more than Spark's DECIMAL(38) holds
-           10: ({"u32": 0.5}, "not valid JSON for the schema of t")}
+           10: ({"u32": 0.5}, "not valid JSON for the schema of t"),
+           11: ({"i128": 2.5}, "column 'i128' of t (Nullable(Int128)): not an integer")}
     rows, dead = _load(tmp_path, spark_session, "clickhouse://127.0.0.1:8123", columns,
                        good + [{"id": ident, **change} for ident, (change, _) in bad.items()])
     assert dead == {ident: reason for ident, (_, reason) in bad.items()}
@@ -66,16 +67,22 @@ def test_starrocks_bigint_largeint_and_decimal_at_their_edges(tmp_path, spark_se
     monkeypatch.setenv(USER_ENV, "root")
     columns = {"id": "BIGINT", "big": "LARGEINT", "d": "DECIMAL(10,2)", "wide": "DECIMAL(38,10)"}
     good = [{"id": I64, "big": 10**38 - 1, "d": 99999999.99, "wide": "9999999999999999999999999999.9999999999"},
+            {"id": 9, "big": "12"}, {"id": 10, "big": -7.0}, {"id": 11, "big": 1e3, "wide": "1.100000000000"},  # 1e3 is written 1000.0
             {"id": -I64 - 1, "big": -(10**38 - 1), "d": -99999999.99, "wide": "-0.0000000001"},
             {"id": 1, "d": "0.1"}]
     where = "column 'd' of t (DECIMAL(10,2))"
     bad = {2: ({"d": 1.234}, f"{where}: more than 2 decimal places, would be rounded"),
            3: ({"d": 12345678.915}, f"{where}: more than 2 decimal places, would be rounded"),
            4: ({"d": 123456789.5}, "not valid JSON for the schema of t"),  # 9 integer digits: more than the column's 8
-           5: ({"big": 2**127 - 1}, "not valid JSON for the schema of t")}  # LARGEINT past 38 digits: beyond Spark
+           5: ({"big": 2**127 - 1}, "not valid JSON for the schema of t"),  # LARGEINT past 38 digits: beyond Spark
+           6: ({"big": 1.5}, "column 'big' of t (LARGEINT): not an integer"),  # DECIMAL(38,0) would round it to 2
+           7: ({"big": "-2.5"}, "column 'big' of t (LARGEINT): not an integer"),
+           8: ({"wide": "0.00000000001"}, "column 'wide' of t (DECIMAL(38,10)): more than 10 decimal places, would be "
+                                          "rounded")}  # DECIMAL(38,10): no place to parse it wider
     rows, dead = _load(tmp_path, spark_session, "starrocks://127.0.0.1:8030", columns,
                        good + [{"id": ident, **change} for ident, (change, _) in bad.items()])
     assert dead == {ident: reason for ident, (_, reason) in bad.items()}
     assert [(r["id"], r["big"], r["d"], r["wide"]) for r in rows] == sorted(
-        (m["id"], None if "big" not in m else Decimal(m["big"]), Decimal(str(m["d"])).quantize(Decimal("0.01")),
+        (m["id"], None if "big" not in m else Decimal(m["big"]),
+         None if "d" not in m else Decimal(str(m["d"])).quantize(Decimal("0.01")),
          None if "wide" not in m else Decimal(m["wide"])) for m in good)
