@@ -45,6 +45,7 @@ _ADDED = re.compile(re.escape(_ADD_COLUMNS) + r"(?P<table>.+?): (?P<fields>\[.*?
 #: Top-level columns of a change row for the sink's one-change-per-key rule (latest_changes.py): the row's key, as the
 #: JSON of its key columns (tables differ in their keys), its `__op` (NULL: not a change: a dead letter) and `__version`.
 CHANGE_KEY_COLUMN = "__key"
+_DECIMAL_DIGITS = 38  # Spark's widest DECIMAL
 _SLOT = "__s"  # a slot column of the frame's output: `__s<type>_<k>`, the k-th column of that type of any table
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
@@ -116,8 +117,8 @@ def build_frame(raw: DataFrame, spec: JobSpec, tables: dict[str, str],
         route = F.from_json(value, StructType([StructField(spec.table_field, StringType(), True)]))[spec.table_field]
     elif spec.topic_table:
         whole = f"^(?:{spec.topic_table})$"  # the whole topic, as Kafka matches a subscription pattern
-        derived = F.regexp_extract(F.col("topic"), whole, 1)
-        route = F.when(F.col("topic").rlike(whole) & (derived != F.lit("")), derived)
+        # one regex per message: regexp_extract gives "" for a topic it does not match, as for an empty group
+        route = F.nullif(F.regexp_extract(F.col("topic"), whole, 1), F.lit(""))
     else:
         assert spec.topic_tables is not None  # JobSpec: exactly one way to route
         mapping = F.create_map(*[F.lit(x) for pair in spec.topic_tables.items() for x in pair])
@@ -140,9 +141,10 @@ def build_frame(raw: DataFrame, spec: JobSpec, tables: dict[str, str],
         types = {column_key(rules, column): kind for column, kind in (column_types.get(table) or {}).items()}
         return types.get(column_key(rules, name))
 
-    def column_problems(table: str, field: Any, column: Any) -> list[tuple[Any, str]]:
-        """(condition, reason) for the values of `column` its table's column of that name cannot hold."""
-        return value_problems(table, field, column, rules.limits(target_type(table, field.name)))
+    def column_problems(table: str, field: Any, column: Any, text: Any = None) -> list[tuple[Any, str]]:
+        """(condition, reason) for the values of `column` its table's column of that name cannot hold (`text`: the
+        field's JSON text, for a check the parsed value cannot make)."""
+        return value_problems(table, field, column, rules.limits(target_type(table, field.name)), text)
 
     utf8 = F.is_valid_utf8(message)
     reason = F.when(tombstone, F.lit(None)).when(message.isNull(), F.lit("message has no value")).when(
@@ -162,12 +164,14 @@ def build_frame(raw: DataFrame, spec: JobSpec, tables: dict[str, str],
     for table, ddl in tables.items():
         schema = spark_schema(ddl, f"tables.{table}.schema")
         parse_schema = StructType(
-            [StructField(f.name, f.dataType, True) for f in schema.fields if f.name != spec.table_field]
+            [StructField(f.name, _parsed_type(f.dataType), True) for f in schema.fields if f.name != spec.table_field]
             + [StructField("__corrupt", StringType(), True)]
         )
         mine = route == F.lit(table)
         # parsed only for the messages routed here: with hundreds of tables, one parse per message, not one per table
         parsed = F.when(mine, F.from_json(value, parse_schema, {"mode": "PERMISSIVE", "columnNameOfCorruptRecord": "__corrupt"}))
+        typed = {f.name: parsed[f.name] if _parsed_type(f.dataType) == f.dataType else parsed[f.name].cast(f.dataType)
+                 for f in schema.fields if f.name in parse_schema.names}  # the schema's types, once the checks have seen
         reason = reason.when(mine & parsed["__corrupt"].isNotNull(), F.lit(f"not valid JSON for the schema of {table}"))
         key_columns = keys.get(table) or () if spec.changes else ()
         if spec.changes and (not key_columns or any(name not in parse_schema.names for name in key_columns)):
@@ -182,7 +186,7 @@ def build_frame(raw: DataFrame, spec: JobSpec, tables: dict[str, str],
         if table not in projections:  # else the select's output is what the table's columns must hold (stage 2)
             for f in parse_schema.fields:
                 if f.name != "__corrupt":
-                    for problem, text in column_problems(table, f, parsed[f.name]):
+                    for problem, text in column_problems(table, f, parsed[f.name], _json_text(value, f)):
                         reason = reason.when(mine & problem, F.lit(text))
         known = [f.name for f in schema.fields] + ([spec.table_field] if spec.table_field else [])
         unknown = F.when(mine, F.array_except(F.coalesce(fields_of, F.array().cast("array<string>")), F.array(*map(F.lit, known))))
@@ -197,13 +201,13 @@ def build_frame(raw: DataFrame, spec: JobSpec, tables: dict[str, str],
         elif spec.on_unknown_field == "add-column":  # the job adds the columns and runs the batch again (job.py)
             fatal = fatal.when(has_unknown, F.concat(F.lit(f"{_ADD_COLUMNS}{table}: "), F.to_json(unknown),
                                                      F.lit(' (sink.on_unknown_field = "add-column")')))
-        fields = [(_deleted_value(parsed[f.name], f.dataType, deleted, not f.nullable or not rules.limits(
-                      target_type(table, f.name)).nullable) if spec.changes and f.name not in key_columns else parsed[f.name]
+        fields = [(_deleted_value(typed[f.name], f.dataType, deleted, not f.nullable or not rules.limits(
+                      target_type(table, f.name)).nullable) if spec.changes and f.name not in key_columns else typed[f.name]
                    ).alias(f.name) for f in schema.fields if f.name in parse_schema.names]
         fields += [F.col(source).cast("string").alias(name) if source == "key" else F.col(source).alias(name)
                    for source, name, _ in spec.metadata()]
         if spec.changes:
-            key_of = key_of.when(mine, F.to_json(F.struct(*[parsed[name].alias(name) for name in key_columns])))
+            key_of = key_of.when(mine, F.to_json(F.struct(*[typed[name].alias(name) for name in key_columns])))
             fields += [F.col(_OP).alias(OP_COLUMN), F.col(_VERSION).alias(VERSION_COLUMN)]
         inputs.append(F.when(mine, F.struct(*fields)))
 
@@ -294,6 +298,30 @@ def columns_to_add(error: str) -> tuple[str, list[str]] | None:
     any other failure. The frame wrote them as JSON, so every field name reads back as it came."""
     found = _ADDED.search(error)
     return (found.group("table"), [str(name) for name in json.loads(found.group("fields"))]) if found else None
+
+
+def _json_text(message: Any, field: Any) -> Any:
+    """The field's JSON text where its parsed value cannot tell what was lost (a DECIMAL(38,s), which Spark's parser
+    rounds to its scale with no place to spare), else None: read only then, as it scans the message again."""
+    from pyspark.sql import functions as F
+    from pyspark.sql.types import DecimalType
+
+    kind = field.dataType
+    if not isinstance(kind, DecimalType) or _parsed_type(kind) != kind or "'" in field.name:
+        return None
+    return F.get_json_object(message, f"$['{field.name}']")
+
+
+def _parsed_type(kind: DataType) -> DataType:
+    """The type a message's field is parsed as: its schema's, except that DECIMAL(p,s) is parsed with every digit
+    DECIMAL(38) has left as places, since Spark's JSON parser rounds to the scale it is given: so the value checks
+    see the places the column would lose (a dead letter, not a rounded value). The integer digits stay p - s, so the
+    cast back to the schema's type cannot overflow."""
+    from pyspark.sql.types import DecimalType
+
+    if isinstance(kind, DecimalType) and kind.precision < _DECIMAL_DIGITS:
+        return DecimalType(_DECIMAL_DIGITS, kind.scale + _DECIMAL_DIGITS - kind.precision)
+    return kind
 
 
 def _deleted_value(value: Any, kind: Any, deleted: Any, required: bool) -> Any:

@@ -13,13 +13,15 @@ Each target's descriptor parses its own type spellings into `ColumnLimits` (stre
 """
 from __future__ import annotations
 
+from decimal import Decimal
 from typing import Any
 
 from .targets.columns import ColumnLimits, int_range
 
 
-def value_problems(table: str, field: Any, value: Any, limits: ColumnLimits) -> list[tuple[Any, str]]:
-    """(condition, reason) pairs for one Spark field `field` whose value is the Column `value`.
+def value_problems(table: str, field: Any, value: Any, limits: ColumnLimits, text: Any = None) -> list[tuple[Any, str]]:
+    """(condition, reason) pairs for one Spark field `field` whose value is the Column `value` (`text`: the field's
+    JSON text, where the parsed value cannot show a fraction: a DECIMAL(38,0) holding a 128-bit integer).
 
     A condition is true for a row whose value `limits` cannot hold; the reasons name the table and
     column and say what the column is.
@@ -40,6 +42,17 @@ def value_problems(table: str, field: Any, value: Any, limits: ColumnLimits) -> 
         if sides:
             out = sides[0] if len(sides) == 1 else sides[0] | sides[1]
             problems.append((out, f"{where}: integer out of range [{low}, {high}]"))
+    if isinstance(kind, T.DecimalType) and limits.int_range:  # an integer wider than BIGINT (UInt64, LARGEINT)
+        low, high = limits.int_range
+        digits = kind.precision - kind.scale  # a bound beyond the field's digits cannot be passed
+        sides = [side for bound, side in ((low, value < F.lit(Decimal(low))), (high, value > F.lit(Decimal(high))))
+                 if abs(bound) < 10 ** digits]
+        if sides:
+            problems.append((sides[0] if len(sides) == 1 else sides[0] | sides[1], f"{where}: integer out of range [{low}, {high}]"))
+        if kind.scale > 0:
+            problems.append((value != F.round(value, 0), f"{where}: not an integer"))
+        elif text is not None:  # a number with places or an exponent, unless its places are zeros
+            problems.append((text.rlike(r"[.eE]") & ~text.rlike(r"^-?[0-9]+\.0*$"), f"{where}: not an integer"))
     if isinstance(kind, T.DecimalType) and limits.decimal:
         precision, scale = limits.decimal
         if kind.precision - kind.scale > precision - scale:
@@ -48,6 +61,9 @@ def value_problems(table: str, field: Any, value: Any, limits: ColumnLimits) -> 
             problems.append((F.abs(value) >= bound, f"{where}: too many integer digits"))
         if kind.scale > scale:
             problems.append((value != F.round(value, scale), f"{where}: more than {scale} decimal places, would be rounded"))
+        elif text is not None:  # parsed at the column's scale: a digit past it that is not a zero was rounded away
+            problems.append((text.rlike(rf"\.[0-9]{{{kind.scale}}}[0-9]*[1-9]"),
+                             f"{where}: more than {scale} decimal places, would be rounded"))
     if not limits.holds_non_finite:
         non_finite = _non_finite_inside(value, kind)
         if non_finite is not None:
