@@ -43,9 +43,14 @@ def kafka_source_package(spark_version: str, scala: str) -> str:
     return f"org.apache.spark:{KAFKA_SOURCE_ARTIFACT}_{scala}:{spark_version}"
 
 
+#: A zone-less timestamp in a message is read as UTC, as the targets store instants, unless [spark.conf] names a zone:
+#: Spark's default, the JVM's zone, shifts every such value by the machine's offset.
+SESSION_TIME_ZONE = "UTC"
+
+
 def session_conf(user_conf: dict[str, str], spark_version: str, scala: str) -> dict[str, str]:
-    """The user's Spark conf plus the Kafka source, unless the user already names one."""
-    conf = dict(user_conf)
+    """The user's Spark conf plus the Kafka source and the session's time zone, unless the user already names them."""
+    conf = {"spark.sql.session.timeZone": SESSION_TIME_ZONE, **user_conf}
     named = ",".join(conf.get(key, "") for key in ("spark.jars", "spark.jars.packages"))
     if KAFKA_SOURCE_ARTIFACT not in named:
         packages = [p for p in conf.get("spark.jars.packages", "").split(",") if p.strip()]

@@ -122,15 +122,19 @@ def test_metadata_column_mistakes(tmp_path, value, message):
         resolve_config(with_change("sink.metadata_columns", value), tmp_path)
 
 
-def test_the_kafka_source_is_added_unless_the_user_names_one():
+def test_the_kafka_source_and_a_utc_session_are_added_unless_the_user_names_them():
     package = "org.apache.spark:spark-sql-kafka-0-10_2.13:4.2.0"
-    assert session_conf({}, "4.2.0", "2.13") == {"spark.jars.packages": package}
-    assert session_conf({"spark.jars.packages": "io.delta:delta-spark_2.13:4.0.0"}, "4.2.0", "2.13") == {
-        "spark.jars.packages": f"io.delta:delta-spark_2.13:4.0.0,{package}"}
-    mine = {"spark.jars": "/opt/jars/spark-sql-kafka-0-10_2.13-4.2.0.jar"}
+    utc = {"spark.sql.session.timeZone": "UTC"}
+
+    def added(conf: dict) -> dict:
+        return {k: v for k, v in session_conf(conf, "4.2.0", "2.13").items() if k not in conf or conf[k] != v}
+
+    assert session_conf({}, "4.2.0", "2.13") == {**utc, "spark.jars.packages": package}
+    assert added({"spark.jars.packages": "io.delta:delta-spark_2.13:4.0.0"}) == {
+        **utc, "spark.jars.packages": f"io.delta:delta-spark_2.13:4.0.0,{package}"}
+    mine = {"spark.jars": "/opt/jars/spark-sql-kafka-0-10_2.13-4.2.0.jar", "spark.sql.session.timeZone": "Asia/Tokyo"}
     assert session_conf(mine, "4.2.0", "2.13") == mine
-    assert session_conf({"spark.jars.packages": package.replace("4.2.0", "4.1.3")}, "4.2.0", "2.13") == {
-        "spark.jars.packages": package.replace("4.2.0", "4.1.3")}
+    assert added({"spark.jars.packages": package.replace("4.2.0", "4.1.3")}) == utc
 
 
 def test_local_workers_run_this_python_unless_told_otherwise():
