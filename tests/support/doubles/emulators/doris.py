@@ -370,7 +370,8 @@ class DorisEmulator(BaseEmulator):
             body = req.body()
         except ConnectionError as exc:  # the sender went away before the body's end: the BE cancels the load (D-SLA)
             with self.lock:
-                self._abort(txn, f"sender is gone: {exc}")
+                if txn.state == PREPARE:  # not already aborted by the FE (a BE restart says why)
+                    self._abort(txn, f"sender is gone: {exc}")
             raise
         try:
             parsed = parse_payload(body, fmt, schema)
