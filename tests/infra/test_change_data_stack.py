@@ -80,8 +80,8 @@ def _replay(events: list[Event]) -> dict[int, dict[str, Any]]:
     for event in events:  # a key lives in one partition, so its changes are in order
         if event.envelope is None:
             continue  # a tombstone: log compaction's marker, the delete event before it already applied
-        if event.envelope["op"] == "d":
-            del replayed[int(event.envelope["before"]["id"])]
+        if event.envelope["op"] == "d":  # a delete re-sent after a crash finds its key gone already
+            replayed.pop(int(event.envelope["before"]["id"]), None)
         else:
             replayed[event.key] = _row(event.envelope["after"])
     return replayed
