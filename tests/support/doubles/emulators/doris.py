@@ -369,15 +369,12 @@ class DorisEmulator(BaseEmulator):
         try:
             body = req.body()
         except ConnectionError as exc:  # the sender went away before the body's end: the BE cancels the load (D-SLA)
-            with self.lock:
-                if txn.state == PREPARE:  # not already aborted by the FE (a BE restart says why)
-                    self._abort(txn, f"sender is gone: {exc}")
+            self._cancel_load(txn, f"sender is gone: {exc}")
             raise
         try:
             parsed = parse_payload(body, fmt, schema)
         except LoadError as exc:
-            with self.lock:
-                self._abort(txn, str(exc))
+            self._cancel_load(txn, str(exc))
             return self._load_json(label, two_pc, "Fail", p.be_message("INTERNAL_ERROR", str(exc)),
                                    txn)
         with self.lock:
@@ -411,6 +408,13 @@ class DorisEmulator(BaseEmulator):
                                        "visible later", txn, error_url=url)
             self._commit(txn)
             return self._load_json(label, two_pc, "Success", "OK", txn, error_url=url)
+
+    def _cancel_load(self, txn: Txn, reason: str) -> None:
+        """The BE cancels a load whose body failed; one the FE aborted while its body streamed (a BE restart, a 2PC
+        abort, its timeout) keeps the reason it was aborted for."""
+        with self.lock:
+            if txn.state == PREPARE:
+                self._abort(txn, reason)
 
     # -- BE: 2PC commit / abort --------------------------------------------------------------
 
