@@ -129,8 +129,9 @@ class BatchLog:
         record = self._record
         event = (f"operator accepted the loss of {len(given_up)} transaction(s) "
                  f"({sum(c.rows for c in given_up)} rows): {[c.label for c in given_up]}")
-        if record.unwritten_tables():
-            event += f"; and of the {len(record.unwritten_tables())} table(s) never written: {record.unwritten_tables()}"
+        unwritten = record.unwritten_tables()
+        if unwritten:
+            event += f"; and of the {len(unwritten)} table(s) never written: {unwritten}"
         settled = replace(record, discarded=sorted(set(record.discarded) | {c.label for c in given_up}), stop=None,
                           events=[*record.events, event])
         self._write(self._committed(settled, None))
