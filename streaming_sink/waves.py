@@ -59,6 +59,8 @@ class BatchPlanner:
         if per_wave is None and (not spread or tables == 1):  # no waves, and spreading one table lowers nothing
             return None
         writers = runner.writer_count(data, target)
+        if writers == 0:  # no partition, no row: Kafka gives a batch of empty offset ranges none
+            return None
         if self.spread != "always" and not needs_plan(tables, writers, per_wave, self.spread_above):
             return None
         plan = plan_batch(runner.table_rows(data, router), writers, per_wave, spread)

@@ -117,3 +117,14 @@ def test_a_driver_killed_after_the_counted_pass_of_a_new_table_leaves_the_batch_
         restarted.process(frame(spark_session, batch_id), batch_id, QUERY)
     assert runner.counted == 2
     assert_exact(starrocks, range(len(BATCHES)))
+
+
+def test_a_batch_without_partitions_is_empty_for_a_driver_that_has_seen_no_table(spark_session, starrocks, tmp_path):
+    """A Kafka batch whose offset ranges are all empty has no Spark partition. A driver that had seen no table yet
+    (just restarted) planned it for 0 writers and stopped the job (CI, test_change_stream_pipeline after a kill)."""
+    empty = spark_session.createDataFrame(spark_session.sparkContext.emptyRDD(), frame(spark_session, 0).schema)
+    assert empty.rdd.getNumPartitions() == 0
+    sink = sink_of(starrocks, tmp_path, CountingRunner())
+    assert sink.process(empty, 0, QUERY).action == "empty"
+    sink.process(frame(spark_session, 1), 1, QUERY)
+    assert_exact(starrocks, range(1, 2))

@@ -255,3 +255,24 @@ def test_a_sink_that_cannot_list_its_tables_counts_until_it_has_seen_them_and_ag
         expected = sorted(1000 * b + 10 * p + tables.index(table) for b, tables in enumerate([two, two, five, five])
                           if table in tables for p in range(4))
         assert sorted(row["id"] for row in target.rows(table)) == expected, table
+
+
+@pytest.mark.parametrize("spread", ["auto", "always"])
+def test_a_batch_without_partitions_is_empty_not_a_plan_for_no_writers(spread: str) -> None:
+    """Kafka gives a batch whose offset ranges are all empty no Spark partition at all. A sink that cannot list its
+    tables (or spreads always) planned it and stopped the job: "writers must be at least 1, got 0" (seen in CI after a
+    driver kill, the first batch of the restarted driver)."""
+    from streaming_sink.batch_plan import ServerLimits
+    from tests.integration.test_protocol_findings import InMemoryRunner
+
+    class Limited(MemoryTarget):
+        def server_limits(self) -> ServerLimits:
+            return ServerLimits(20, 1000, "test")
+
+    target = Limited()
+    sink = ExactlyOnceSink(target, MemoryStateStore(), "job", table_column="__table", runner=InMemoryRunner(),
+                           heartbeat_seconds=None, spread=spread)
+    sink.start()
+    assert sink.process([], 0, "q").action == "empty"
+    report = sink.process([[pa.record_batch({"__table": ["a"], "id": [1]})]], 1, "q")
+    assert report.action == "written" and [row["id"] for row in target.rows("a")] == [1]
