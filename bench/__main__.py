@@ -258,29 +258,31 @@ class Bench:
             raise RuntimeError(f"{mode}: delivered {got} rows, expected {expected}")
 
     def throughput(self, topic: str, events_total: int, batches: int) -> list[dict[str, Any]]:
+        """Every mode once per round, rounds one after another, so that the modes a goal compares ran minutes apart
+        at most and each ratio is taken within a round (a machine's drift between rounds cancels out). A mode's
+        result is its median round; `rounds` keeps every round's rows/s and x noop."""
         per_batch = events_total // batches
-        results = []
-        for mode in self.args.modes:
-            null_stats(self.null_url, reset=True)
-            name = f"tp-{mode}"
-            log(f"throughput: {mode} ({events_total} events, {batches} batches)")
-            try:
-                result = run_driver(self.spec(mode, topic, per_batch, name), self.work, name)
-                self.verify(mode, result, name, events_total)
-            except RuntimeError as error:  # recorded, and the other modes still run
-                log(f"  FAILED: {error}")
-                self.errors.append({"part": "throughput", "mode": mode, "error": str(error)[-2000:]})
-                continue
-            # the rows delivered (checked above), not Spark's input rows: a batch read twice (a spread's count of
-            # its tables, then its write) reports its input rows twice
-            result["rows_per_s"] = result["delivered"] / result["seconds"]
-            results.append(result)
-            log(f"  {result['seconds']:.1f}s, {result['rows_per_s']:,.0f} rows/s")
-            self.on_progress(results)
-        noop = next((r for r in results if r["mode"] == "noop"), None)
-        for result in results:
-            result["vs_noop"] = result["rows_per_s"] / noop["rows_per_s"] if noop else None
-        return results
+        runs: dict[str, list[dict[str, Any]]] = {mode: [] for mode in self.args.modes}
+        for round_number in range(self.args.rounds):
+            for mode in self.args.modes:
+                null_stats(self.null_url, reset=True)
+                name = f"tp-{mode}-r{round_number}"
+                log(f"throughput: {mode}, round {round_number + 1} of {self.args.rounds} ({events_total} events, {batches} batches)")
+                try:
+                    result = run_driver(self.spec(mode, topic, per_batch, name), self.work, name)
+                    self.verify(mode, result, name, events_total)
+                except RuntimeError as error:  # recorded, and the other modes still run
+                    log(f"  FAILED: {error}")
+                    self.errors.append({"part": "throughput", "mode": mode, "round": round_number, "error": str(error)[-2000:]})
+                    continue
+                # the rows delivered (checked above), not Spark's input rows: a batch read twice (a spread's count of
+                # its tables, then its write) reports its input rows twice
+                result["rows_per_s"] = result["delivered"] / result["seconds"]
+                result["round"] = round_number
+                runs[mode].append(result)
+                log(f"  {result['seconds']:.1f}s, {result['rows_per_s']:,.0f} rows/s")
+                self.on_progress(_medians(runs))
+        return _medians(runs)
 
     def starting_offsets(self, topic: str, rows: int) -> str:
         """Start each partition so that `rows` events are left in all (evenly spread)."""
@@ -390,18 +392,49 @@ def machine() -> dict[str, Any]:
             "java": java, "kafka": jars.KAFKA_VERSION, "load_average_at_start": os.getloadavg(), **versions}
 
 
-def goals(data: dict[str, Any]) -> list[dict[str, Any]]:
-    """The issue's goals, each with the number it was judged on."""
-    tp = {r["mode"]: r for r in data.get("throughput", [])}
+def _medians(runs: dict[str, list[dict[str, Any]]]) -> list[dict[str, Any]]:
+    """Each mode's median round (by rows/s), with every round's rows/s and x noop of the same round in `rounds`."""
+    noop = {r["round"]: r["rows_per_s"] for r in runs.get("noop", [])}
+    results = []
+    for done in runs.values():
+        if not done:
+            continue
+        for r in done:
+            r["vs_noop"] = r["rows_per_s"] / noop[r["round"]] if r["round"] in noop else None
+        median = sorted(done, key=lambda r: r["rows_per_s"])[(len(done) - 1) // 2]
+        results.append({**median, "rounds": [{"round": r["round"], "rows_per_s": round(r["rows_per_s"]),
+                                              "vs_noop": r["vs_noop"] and round(r["vs_noop"], 3)} for r in done]})
+    return results
 
-    def ratio(a: str, b: str) -> float | None:
-        return tp[a]["rows_per_s"] / tp[b]["rows_per_s"] if a in tp and b in tp else None
+
+def round_ratios(tp: dict[str, dict[str, Any]], a: str, b: str) -> list[float]:
+    """Mode a's rows/s over mode b's, one ratio per round both ran in."""
+    if a not in tp or b not in tp:
+        return []
+    of_b = {r["round"]: r["rows_per_s"] for r in tp[b].get("rounds", [{"round": 0, "rows_per_s": tp[b]["rows_per_s"]}])}
+    return sorted(r["rows_per_s"] / of_b[r["round"]]
+                  for r in tp[a].get("rounds", [{"round": 0, "rows_per_s": tp[a]["rows_per_s"]}]) if r["round"] in of_b)
+
+
+def goals(data: dict[str, Any]) -> list[dict[str, Any]]:
+    """The issue's goals, each judged on the median of its ratio over the rounds, with the lowest and highest."""
+    tp = {r["mode"]: r for r in data.get("throughput", [])}
+    ratios: dict[str, list[float]] = {}
+
+    def ratio(a: str, b: str) -> str:
+        ratios[f"{a}/{b}"] = round_ratios(tp, a, b)
+        return f"{a}/{b}"
 
     out = []
 
-    def goal(name: str, value: float | None, bound: float, unit: str = "x") -> None:
+    def goal(name: str, value: float | str | None, bound: float, unit: str = "x") -> None:
+        spread: dict[str, Any] = {}
+        if isinstance(value, str):
+            each = ratios[value]
+            value = each[(len(each) - 1) // 2] if each else None  # the median round (the lower of two)
+            spread = {"rounds": [round(r, 3) for r in each]} if len(each) > 1 else {}
         out.append({"goal": name, "value": None if value is None else round(value, 3), "bound": bound, "unit": unit,
-                    "met": None if value is None else value >= bound})
+                    "met": None if value is None else value >= bound, **spread})
 
     goal("embedded ClickHouse exactly-once (file store) >= 0.8 x noop", ratio("eo-chdb-file", "noop"), 0.8)
     goal("embedded ClickHouse exactly-once (Redis store) >= 0.8 x noop", ratio("eo-chdb-redis", "noop"), 0.8)
@@ -431,6 +464,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--events", type=int, help=f"events in the topic (full: {SIZES['full'][0]})")
     parser.add_argument("--batches", type=int, help="micro-batches of the throughput runs (maxOffsetsPerTrigger = events / batches)")
     parser.add_argument("--modes", default=",".join(THROUGHPUT_MODES), help="throughput modes, comma-separated")
+    parser.add_argument("--rounds", type=int, help="rounds of every throughput mode (full: 3, quick: 1); goals take the median")
     parser.add_argument("--skip", default="", help="parts to skip, comma-separated: memory,restart,commit,encode,profile")
     parser.add_argument("--work", type=Path, default=REPO / "data" / "bench", help="scratch directory (wiped)")
     parser.add_argument("--no-record", action="store_true", help="do not write bench/results or bench/README.md")
@@ -439,6 +473,9 @@ def main(argv: list[str] | None = None) -> int:
     events_total = args.events or SIZES[size][0]
     batches = args.batches or SIZES[size][1]
     args.modes = [m for m in args.modes.split(",") if m]
+    args.rounds = args.rounds or (1 if args.quick else 3)
+    if args.rounds < 1:
+        parser.error("--rounds must be at least 1")
     skip = set(filter(None, args.skip.split(",")))
     if args.quick:
         skip |= {"restart"}  # three more drivers: the full run measures it
@@ -458,6 +495,7 @@ def main(argv: list[str] | None = None) -> int:
                             "size": size if not (args.events or args.batches) else "custom", "machine": machine(),
                             "config": {"events": events_total, "batches": batches, "partitions": PARTITIONS,
                                        "max_offsets_per_trigger": events_total // batches, "spark_master": "local[2]",
+                                       "rounds": args.rounds,
                                        "trigger": "availableNow", "event_bytes": len(events(1)[0]), "fields": 10}}
     with contextlib.ExitStack() as stack:
         broker = stack.enter_context(KafkaBroker(work / "kafka"))

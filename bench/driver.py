@@ -153,7 +153,8 @@ def _batch_function(spec: dict[str, Any], reports: list[dict[str, Any]]) -> Call
                         "transactions": batch.transactions, **(batch.timings or {})})
 
     runner = _spread_every_batch() if "spread" in mode else None
-    return ExactlyOnceSink(target, open_store(spec["state_url"]), job_id=f"bench-{mode}", table_column="table",
+    return ExactlyOnceSink(target, open_store(spec["state_url"]), job_id=f"bench-{Path(spec['checkpoint']).name}",
+                           table_column="table",
                            checkpoint_location=spec["checkpoint"], listeners=[report], runner=runner)
 
 

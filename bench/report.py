@@ -62,6 +62,8 @@ def table(data: dict[str, Any]) -> str:
         for g in data["goals"]:
             value = "n/a" if g["value"] is None else (f"{g['value']:,.0f}" if g["unit"] == "rows/s" else f"{g['value']}")
             extra = f" ({g['worst']})" if g.get("worst") else ""
+            if g.get("rounds"):
+                extra = f" (rounds {min(g['rounds'])}–{max(g['rounds'])})"
             met = "n/a" if g["met"] is None else ("met" if g["met"] else "**not met**")
             lines.append(f"| {g['goal']} | {value} {g['unit']}{extra} | {g['bound']:,} {g['unit']} | {met} |")
     if data.get("commit_phase"):
