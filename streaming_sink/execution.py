@@ -3,8 +3,8 @@
 Network targets write from the tasks, one transaction per (table, task attempt), so the load is
 as parallel as the batch. Embedded targets (chdb: one process per path) write from the driver. By
 default (`driver_fetch="stream"`) Spark computes every partition at once, on every core, and sends
-each partition's Arrow batches to the driver as its task finishes (Spark's own Arrow collect, each
-batch tagged with its partition): the driver writes one partition while Spark computes the others,
+each partition's Arrow batches to the driver as its task finishes (Spark's own Arrow collect): the
+driver writes one partition while Spark computes the others,
 the data crosses from the JVM to Python once, and the driver's Python side holds one Arrow batch
 plus the writer's `flush_bytes`. The driver's JVM keeps the results the Python side has not read
 yet: up to the whole micro-batch when the writes are slower than Spark (Spark's
@@ -16,9 +16,12 @@ the speed. Rows never become Python objects either way.
 In the driver, one writer takes every partition of the batch (writer partition `WHOLE_BATCH`): one
 transaction per table and batch, not one per table and Spark partition, so an embedded ClickHouse
 batch of two tables makes two staging tables and two commits whatever the number of partitions.
-Its checksum digests each Spark partition's batches in order and combines the partitions' digests
-sorted, so neither the order in which partitions finish nor their numbers change it, and a replay
-needs no matching: the re-run's one writer must produce the prepared checksum, or the sink stops.
+Its checksum digests each Arrow batch and combines the digests sorted (`ContentChecksum`), so neither
+the order in which partitions finish nor their numbers change it, and a replay needs no matching: the
+re-run's one writer must produce the prepared checksum, or the sink stops. The batches come untagged:
+a column naming each row's partition would cost Spark a copy of every row (33 ms of 191 a read of
+50,000 of the bench's events, `python -m bench.driver_read`). A batch prepared by a version that digested
+each partition instead is replayed with the tag, as it was written (`_digested_per_partition`).
 
 A task's writer partition is identified by its content, not by Spark's partition number: a re-run
 batch can number its input partitions differently (the Kafka source orders topic-partitions by how
@@ -46,7 +49,7 @@ from .routing import Router
 from .spread import shapes_rows, wave_rows
 from .state import StateStore
 from .targets.base import Target
-from .writer import ContentChecksum, PartitionResult, PartitionWriter, WriteContext
+from .writer import ContentChecksum, PartitionResult, PartitionWriter, WriteContext, digested_per_batch
 
 if TYPE_CHECKING:
     from pyspark import TaskContext
@@ -78,12 +81,14 @@ class SparkWriterRunner:
             df = wave_rows(df, router, context.plan, context.wave, spread=not target.runs_writers_in_driver)
         if target.runs_writers_in_driver:
             stream = self.driver_fetch == "stream" and _can_stream(df)
-            fetch = _arrow_stream if stream else _ipc_partitions
-            if not _prepared_per_partition(context):
-                return _write_in_driver(fetch(df), target, router, context, store)
-            # the replay matches partitions by checksums digested from the very batches the writers see
-            identity = _replay_identity(df, context, _stream_digests if stream else _task_digests)
-            return _write_per_partition(fetch(df), target, router, context, store, identity)
+            if _prepared_per_partition(context):
+                # the replay matches partitions by checksums digested from the very batches the writers see
+                identity = _replay_identity(df, context, _stream_digests if stream else _task_digests)
+                return _write_per_partition(_arrow_stream(df) if stream else _ipc_partitions(df), target, router,
+                                            context, store, identity)
+            tagged = _digested_per_partition(context)
+            batches = _arrow_stream(df, tagged) if stream else _ipc_partitions(df)
+            return _write_in_driver(batches, target, router, context, store, tagged)
         identity = _replay_identity(df, context, _task_digests)
         return _write_in_tasks(df, target, router, context, store, identity)
 
@@ -151,7 +156,7 @@ def _stream_digests(df: DataFrame) -> dict[int, str]:
     """Each partition's checksum over the batches the driver's writers see when they are streamed."""
     checksums: dict[int, ContentChecksum] = {}
     for partition, batch in _arrow_stream(df):
-        checksums.setdefault(partition, ContentChecksum()).update(batch)
+        checksums.setdefault(_tag(partition), ContentChecksum()).update(batch)
     return {partition: checksum.hexdigest() for partition, checksum in checksums.items()}
 
 
@@ -239,26 +244,42 @@ def _can_stream(df: DataFrame) -> bool:
     return hasattr(getattr(df, "_jdf", None), "collectAsArrowToPython") and PARTITION_COLUMN not in df.columns
 
 
-def _arrow_stream(df: DataFrame) -> Iterator[tuple[int, pa.RecordBatch]]:
-    """Every non-empty Arrow batch of the DataFrame with its Spark partition, as Spark's Arrow collect sends them.
+#: (Spark partition, Arrow batch) pairs as the driver reads a batch; the partition None when read untagged
+Fetched = Iterable[tuple[int | None, pa.RecordBatch]]
+
+
+def _tag(partition: int | None) -> int:
+    """The partition of a batch read tagged: the writers per partition and their replay digests need it."""
+    if partition is None:
+        raise InvariantBreach("a batch read without its Spark partition reached a writer per partition")
+    return partition
+
+
+def _arrow_stream(df: DataFrame, tagged: bool = True) -> Iterator[tuple[int | None, pa.RecordBatch]]:
+    """Every non-empty Arrow batch of the DataFrame with its Spark partition (None, untagged), as Spark's Arrow
+    collect sends them.
 
     One job computes every partition at once; each finished partition's batches arrive together and in order,
-    partitions in the order they finish (the batch order Spark sends last is not needed: each batch carries its
-    partition in `PARTITION_COLUMN`). Batches are read one at a time, as the caller asks for them.
+    partitions in the order they finish (the batch order Spark sends last is not needed). `tagged`: each batch
+    carries its partition in `PARTITION_COLUMN`, which costs Spark a projection (a copy) of every row; the driver's
+    one writer does without (`ContentChecksum`). Batches are read one at a time, as the caller asks for them.
     """
     from pyspark.sql import functions as F
     from pyspark.sql.pandas.serializers import ArrowCollectSerializer
     from pyspark.util import _load_from_socket
 
-    tagged = df.withColumn(PARTITION_COLUMN, F.spark_partition_id())
-    port, secret, server = tagged._jdf.collectAsArrowToPython()
+    collected = df.withColumn(PARTITION_COLUMN, F.spark_partition_id()) if tagged else df
+    port, secret, server = collected._jdf.collectAsArrowToPython()
     with _load_from_socket((port, secret), ArrowCollectSerializer()) as stream:
         for item in stream:
             if not isinstance(item, pa.RecordBatch):
                 continue  # the batch order, last: not needed
-            if item.num_rows:
-                partition = item.column(item.num_columns - 1)[0].as_py()
-                yield partition, item.drop_columns([PARTITION_COLUMN])
+            if not item.num_rows:
+                continue
+            if tagged:
+                yield item.column(item.num_columns - 1)[0].as_py(), item.drop_columns([PARTITION_COLUMN])
+            else:
+                yield None, item
     # The stream ended as it should (a failed job ends it with an error, raised above): join the serving thread,
     # which raises what it may have met after the last batch.
     from pyspark.errors.exceptions.captured import unwrap_spark_exception
@@ -295,15 +316,23 @@ def _prepared_per_partition(context: WriteContext) -> bool:
     return replay is not None and any(partition != WHOLE_BATCH for partition in replay.prepared_partitions)
 
 
+def _digested_per_partition(context: WriteContext) -> bool:
+    """A replay of a batch whose one driver writer took each Spark partition as a source of its checksum (a version
+    before it read its batches untagged), replayed that way; any other batch's checksum takes each Arrow batch."""
+    replay = context.replay
+    return replay is not None and any(not digested_per_batch(c) for c in replay.prepared_checksums.values())
+
+
 def _write_in_driver(
-    batches: Iterable[tuple[int, pa.RecordBatch]], target: Target, router: Router, context: WriteContext,
-    store: StateStore,
+    batches: Fetched, target: Target, router: Router, context: WriteContext,
+    store: StateStore, by_partition: bool = False,
 ) -> list[PartitionResult]:
-    """One writer over every (partition, batch) pair of the batch, in any order: one transaction per table."""
+    """One writer over every (partition, batch) pair of the batch, in any order: one transaction per table. Its
+    checksum takes each Arrow batch as a source, or each partition (`by_partition`, `_digested_per_partition`)."""
     writer = PartitionWriter(context, target, router, store, WHOLE_BATCH)
     try:
         for partition, batch in batches:
-            writer.add(batch, source=partition)
+            writer.add(batch, source=partition if by_partition else None)
         result = writer.finish()
     except BaseException:
         writer.abort()
@@ -313,7 +342,7 @@ def _write_in_driver(
     return [result] if result.rows else []
 
 
-def _hang_up(batches: Iterable[tuple[int, pa.RecordBatch]]) -> None:
+def _hang_up(batches: Fetched) -> None:
     """A stream left early hangs up on Spark instead of waiting to be collected."""
     close = getattr(batches, "close", None)
     if close is not None:
@@ -321,7 +350,7 @@ def _hang_up(batches: Iterable[tuple[int, pa.RecordBatch]]) -> None:
 
 
 def _write_per_partition(
-    batches: Iterable[tuple[int, pa.RecordBatch]], target: Target, router: Router, context: WriteContext,
+    batches: Fetched, target: Target, router: Router, context: WriteContext,
     store: StateStore, identity: PartitionIdentity | None,
 ) -> list[PartitionResult]:
     """One writer per Spark partition over (partition, batch) pairs in which each partition's batches come together."""
@@ -330,7 +359,8 @@ def _write_per_partition(
     current: int | None = None
     written: set[int] = set()
     try:
-        for partition, batch in batches:
+        for tagged, batch in batches:
+            partition = _tag(tagged)
             if partition != current:
                 if partition in written:  # a second writer would begin the same labels again (I4): refuse
                     raise InvariantBreach(f"the batches of Spark partition {partition} did not arrive together")

@@ -73,28 +73,45 @@ class PartitionResult:
         return cls(**data)
 
 
+#: Marks a checksum whose sources were the Arrow batches themselves (`ContentChecksum.update` without a source).
+PER_BATCH = "per-batch:"
+
+
+def digested_per_batch(checksum: str) -> bool:
+    """Whether a recorded checksum took each Arrow batch as its own source (unmarked: a source per Spark partition,
+    as the driver's writer digested before it read its batches untagged)."""
+    return checksum.partition(":")[2].startswith(PER_BATCH)
+
+
 class ContentChecksum:
-    """Digest of a writer's Arrow batches: order-sensitive within each source (Spark) partition, not across them.
+    """Digest of a writer's Arrow batches: order-sensitive within each source, not across sources.
 
     Spark re-runs a batch with the same offsets, so a replayed Kafka partition delivers the same
-    rows in the same order; a different digest means the source did not replay the same data.
-    The driver's one writer takes every partition of a batch, in the order they finish and under
-    numbers a re-run may change: so each source's digest is kept apart and several are combined
-    sorted. One source's checksum is its own digest (a task's writer has one source).
+    rows in the same order, cut into the same Arrow batches; a different digest means the source
+    did not replay the same data. A task's writer has one source, its Spark partition: its
+    checksum is that source's digest. The driver's one writer takes every partition of a batch,
+    in the order they finish and under numbers a re-run may change, and does not know which
+    partition a batch came from (tagging every row with it costs Spark a copy of every row), so
+    each Arrow batch is a source of its own (`update(batch)` with no source; marked `PER_BATCH`).
+    Several sources' digests are combined sorted.
     """
 
     def __init__(self) -> None:
         self._digests: dict[int, hashlib._Hash] = {}
+        self._per_batch = False
         self.rows = 0
 
     @property
     def sources(self) -> int:
-        """Source partitions that delivered rows."""
+        """Sources that delivered rows."""
         return len(self._digests)
 
-    def update(self, batch: pa.RecordBatch, source: int = 0) -> None:
+    def update(self, batch: pa.RecordBatch, source: int | None = 0) -> None:
+        """`source` None: the batch is a source of its own."""
         if batch.num_rows == 0:
             return  # no content; and the driver-side path never sees empty batches
+        if source is None:
+            self._per_batch, source = True, -1 - len(self._digests)  # partitions, where given, are never negative
         digest = self._digests.get(source)
         if digest is None:
             digest = self._digests[source] = hashlib.sha256()
@@ -107,7 +124,7 @@ class ContentChecksum:
             combined = digests[0]
         else:
             combined = hashlib.sha256("".join(digests).encode()).hexdigest()
-        return f"{self.rows}:{combined[:32]}"
+        return f"{self.rows}:{PER_BATCH if self._per_batch else ''}{combined[:32]}"
 
 
 class PartitionWriter:
@@ -134,8 +151,9 @@ class PartitionWriter:
         self._written: dict[str, list[tuple[int, int]]] = {}  # per table: (flush number, rows) of each write
         self._unconfirmed: list[TxnRef] = []  # intents recorded whose begin has not been confirmed yet
 
-    def add(self, batch: pa.RecordBatch, source: int = 0) -> None:
-        """`source`: the Spark partition the batch came from, when one writer takes several (the driver's)."""
+    def add(self, batch: pa.RecordBatch, source: int | None = 0) -> None:
+        """`source`: the Spark partition the batch came from, or None for the driver's writer, which takes several
+        partitions untagged (`ContentChecksum`)."""
         self._checksum.update(batch, source)
         for table, rows in self._router.split(batch):
             if rows.num_rows == 0 or not self._context.writes(table):

@@ -31,7 +31,7 @@ from streaming_sink.routing import Router
 from streaming_sink.state import BatchRecord, FileStateStore, MemoryStateStore
 from streaming_sink.targets.clickhouse import ClickHouseTarget
 from streaming_sink.targets.memory import MemoryTarget
-from streaming_sink.writer import ContentChecksum, PartitionWriter, WriteContext
+from streaming_sink.writer import ContentChecksum, PartitionWriter, WriteContext, digested_per_batch
 from tests.support.pipeline import create_tables, open_target, table_rows
 
 DB = "analytics"
@@ -65,14 +65,10 @@ def digests_of(pairs) -> dict[int, str]:
 
 
 def whole_batch_digest(pairs) -> str:
-    """The checksum of one writer over every partition, fed the partitions in reverse order."""
-    by_partition: dict[int, list[pa.RecordBatch]] = {}
-    for partition, batch in pairs:
-        by_partition.setdefault(partition, []).append(batch)
+    """The checksum of one writer over every Arrow batch of every partition, fed in reverse order."""
     checksum = ContentChecksum()
-    for partition in sorted(by_partition, reverse=True):
-        for batch in by_partition[partition]:
-            checksum.update(batch, source=partition)
+    for _, batch in reversed(list(pairs)):
+        checksum.update(batch, source=None)
     return checksum.hexdigest()
 
 
@@ -87,6 +83,11 @@ def test_both_driver_paths_hand_the_writers_what_a_task_sees(spark) -> None:
         if not seen or seen[-1] != partition:
             seen.append(partition)
     assert sorted(seen) == sorted(set(seen)) == sorted(tasks)  # each partition's batches arrive together
+    # untagged, the stream hands over the same Arrow batches, only without their partitions
+    untagged = list(_arrow_stream(df, tagged=False))
+    assert {p for p, _ in untagged} == {None}
+    assert whole_batch_digest(untagged) == whole_batch_digest(_ipc_partitions(df)) == whole_batch_digest(_arrow_stream(df))
+    assert len(untagged) > len(tasks)  # several batches a partition (maxRecordsPerBatch 700): each its own source
 
 
 def test_a_partition_whose_batches_come_apart_is_refused_before_a_second_writer_begins(tmp_path) -> None:
@@ -172,7 +173,8 @@ def test_a_lost_part_is_replayed_by_the_one_driver_writer_from_renumbered_partit
 
 def test_a_batch_prepared_one_writer_per_partition_is_replayed_per_partition(spark, tmp_path, monkeypatch) -> None:
     """As an older version prepared it: the replay matches the renumbered partitions by content."""
-    monkeypatch.setattr(execution, "_write_in_driver", lambda batches, target, router, context, store:
+    monkeypatch.setattr(execution, "_digested_per_partition", lambda context: True)  # its stream was tagged
+    monkeypatch.setattr(execution, "_write_in_driver", lambda batches, target, router, context, store, _:
                         _write_per_partition(batches, target, router, context, store, None))
     create_tables(tmp_path / "ch", DB, ["orders", "payments"])
     store = FileStateStore(tmp_path / "state")
@@ -180,6 +182,31 @@ def test_a_batch_prepared_one_writer_per_partition_is_replayed_per_partition(spa
         record = prepare_then_lose_a_staging_table(spark, monkeypatch, target, store)
         assert set(record.checksums) == {0, 1, 2} and len(record.committables) == 6
         replay_renumbered_and_verify(spark, target, store)
+
+
+@pytest.mark.parametrize("driver_fetch", ["stream", "partitions"])
+def test_a_batch_whose_checksum_took_each_partition_is_replayed_by_partition(spark, tmp_path, monkeypatch,
+                                                                             driver_fetch: str) -> None:
+    """As a version before the untagged stream prepared it (one driver writer, a digest per Spark partition, the
+    checksum unmarked): its replay reads the batch tagged again and takes the renumbered partitions as sources."""
+    create_tables(tmp_path / "ch", DB, ["orders", "payments"])
+    store = FileStateStore(tmp_path / "state")
+    batch_rows = spark.conf.get("spark.sql.execution.arrow.maxRecordsPerBatch")
+    # three Arrow batches a partition: a digest per partition and one per batch differ in more than their mark
+    spark.conf.set("spark.sql.execution.arrow.maxRecordsPerBatch", "16")
+    try:
+        with open_target(tmp_path / "ch", DB) as target:
+            with monkeypatch.context() as older:
+                older.setattr(execution, "_digested_per_partition", lambda context: True)
+                record = prepare_then_lose_a_staging_table(spark, monkeypatch, target, store)
+            assert set(record.checksums) == {WHOLE_BATCH} and not digested_per_batch(record.checksums[WHOLE_BATCH])
+            report = ExactlyOnceSink(target, store, "job", table_column="__table", runner=SparkWriterRunner(driver_fetch)
+                                     ).process(kafka_frame(spark, [2, 1, 0]), 0, "q")
+            assert report.action == "recovered-prepared" and report.replayed == 1
+            for table in ("orders", "payments"):
+                assert table_rows(target, table) == sorted(r[:3] + r[4:] for part in SOURCE for r in part if r[3] == table)
+    finally:
+        spark.conf.set("spark.sql.execution.arrow.maxRecordsPerBatch", batch_rows)
 
 
 def test_flushes_of_a_writer_over_several_partitions_are_not_offered_for_a_partial_replay() -> None:
