@@ -16,6 +16,7 @@ import json
 import re
 from collections import Counter
 from collections.abc import Callable, Mapping
+from functools import partial
 from typing import TYPE_CHECKING, Any, cast
 
 import pyarrow as pa
@@ -172,7 +173,8 @@ def build_frame(raw: DataFrame, spec: JobSpec, tables: dict[str, str],
         parsed = F.when(mine, F.from_json(value, parse_schema, {"mode": "PERMISSIVE", "columnNameOfCorruptRecord": "__corrupt"}))
         typed = {f.name: parsed[f.name] if _parsed_type(f.dataType) == f.dataType else parsed[f.name].cast(f.dataType)
                  for f in schema.fields if f.name in parse_schema.names}  # the schema's types, once the checks have seen
-        reason = reason.when(mine & parsed["__corrupt"].isNotNull(), F.lit(f"not valid JSON for the schema of {table}"))
+        reason = reason.when(mine & parsed["__corrupt"].isNotNull(), _unparsed(
+            table, [f for f in schema.fields if f.name in parse_schema.names], parsed, value, partial(target_type, table)))
         key_columns = keys.get(table) or () if spec.changes else ()
         if spec.changes and (not key_columns or any(name not in parse_schema.names for name in key_columns)):
             raise ConfigurationError(f"tables.{table}.key: {list(key_columns)} must name fields of its schema "
@@ -298,6 +300,31 @@ def columns_to_add(error: str) -> tuple[str, list[str]] | None:
     any other failure. The frame wrote them as JSON, so every field name reads back as it came."""
     found = _ADDED.search(error)
     return (found.group("table"), [str(name) for name in json.loads(found.group("fields"))]) if found else None
+
+
+def _unparsed(table: str, fields: list[Any], parsed: Any, message: Any, spelling: Callable[[str], str | None]) -> Any:
+    """Why a message routed to `table` did not parse for its schema: the first field whose JSON value is there but did
+    not parse (Spark's parser keeps the fields it could read), with the value and the types; else the message as a
+    whole. Evaluated only for a message that did not parse: it reads the message again, once per field."""
+    from pyspark.sql import functions as F
+
+    whole = f"not valid JSON for the schema of {table}"
+    reason = F.when(F.lit(False), F.lit(None).cast("string"))
+    for field in fields:
+        if "'" in field.name:
+            continue  # a JSON path cannot name it: the message as a whole is named
+        text = F.get_json_object(message, f"$['{field.name}']")
+        shown = F.when(F.length(text) > _SHOWN, F.concat(F.substring(text, 1, _SHOWN), F.lit("…"))).otherwise(text)
+        column = spelling(field.name)
+        reason = reason.when(parsed[field.name].isNull() & text.isNotNull(), F.concat(
+            F.lit(f"{whole}: field {field.name!r} holds "), shown,
+            F.lit(f", which does not parse as {field.dataType.simpleString().upper()}"
+                  + (f" (column type {column})" if column else ""))))
+    return reason.otherwise(F.lit(whole))
+
+
+#: The most characters of a value a dead letter's reason shows.
+_SHOWN = 60
 
 
 def _json_text(message: Any, field: Any) -> Any:

@@ -25,7 +25,8 @@ T0 = dt.datetime(2026, 1, 2, 3, 4, 5)
 MESSAGES = [
     ({"table": "orders", "id": 1, "name": "a", "amount": 1.5}, None),
     ({"table": "payments", "id": 2, "method": "card"}, None),
-    ({"table": "orders", "id": "not-a-number", "name": "b"}, "not valid JSON for the schema of orders"),
+    ({"table": "orders", "id": "not-a-number", "name": "b"},
+     "not valid JSON for the schema of orders: field 'id' holds not-a-number, which does not parse as BIGINT"),
     ("{this is not json", "message has no 'table' field"),
     ({"table": "refunds", "id": 3}, "unknown table refunds"),
     ({"id": 4, "name": "no table"}, "message has no 'table' field"),

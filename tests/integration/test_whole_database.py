@@ -103,7 +103,8 @@ def test_a_whole_database_by_pattern_through_a_kill(tmp_path, kafka_broker):
     born = dt.date(1990, 1, 1)
     plan = {
         "orders": (lambda i: ({"id": i, "name": f"n{i}", "amount": i / 8}, (i, f"n{i}", i / 8)), "orders",
-                   ('{"id": "seven"}', "not valid JSON for the schema of orders")),
+                   ('{"id": "seven"}', "not valid JSON for the schema of orders: field 'id' holds seven, which does not "
+                                      "parse as BIGINT (column type Int64)")),
         "customers": (lambda i: ({"id": i, "email": f"c{i}@x", "born": "1990-01-01"}, (i, f"c{i}@x", born)), "customers",
                       ('{"id": 5, "born": null}', "required field 'email' of customers is missing or null")),
         "payments": (lambda i: ({"id": i, "amount": i / 4}, (i, int(i * 25))), "payments", None),

@@ -60,10 +60,13 @@ def _job(tmp_path: Path, broker: Any, product: str, emulator: Any, prefix: str, 
 def _bad(offset: int) -> tuple[dict[str, Any], str]:
     """A message one of whose values its column cannot hold, and the reason its dead letter must give."""
     where = "column {!r} of measures ({})"
+    unparsed = "not valid JSON for the schema of measures: field "  # a value Spark's parser cannot read as its type
     kinds = [
-        ({"counter": BIGINT_MAX + 1}, "not valid JSON for the schema of measures"),
+        ({"counter": BIGINT_MAX + 1}, f"{unparsed}'counter' holds {BIGINT_MAX + 1}, which does not parse as BIGINT "
+                                      "(column type BIGINT)"),
         ({"amount": 1.234}, where.format("amount", "DECIMAL(10,2)") + ": more than 2 decimal places, would be rounded"),
-        ({"amount": 123456789.5}, "not valid JSON for the schema of measures"),
+        ({"amount": 123456789.5}, f"{unparsed}'amount' holds 1.234567895E8, which does not parse as DECIMAL(10,2) "
+                                  "(column type DECIMAL(10,2))"),
         ({"at": "10000-01-01 00:00:00"}, where.format("at", "DATETIME") + ": time outside 0000-01-01 .. 9999-12-31 (UTC)"),
         ({"at": "2026-01-02 03:04:05.5"}, None),  # StarRocks keeps the fraction; Doris' DATETIME is DATETIME(0)
     ]

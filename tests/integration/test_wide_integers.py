@@ -24,6 +24,7 @@ pytestmark = pytest.mark.slow
 
 DEAD = "dead_letters"
 U64, I64 = 2**64 - 1, 2**63 - 1
+UNPARSED = "not valid JSON for the schema of t: field "  # a value Spark's JSON parser cannot read as the field's type
 
 
 def _load(tmp_path: Path, spark: Any, url: str, columns: dict[str, str], messages: list[dict[str, Any]]):
@@ -49,11 +50,13 @@ def test_clickhouse_unsigned_and_128_bit_integers_at_their_edges(tmp_path, spark
     bad = {3: ({"u64": U64 + 1}, "column 'u64' of t (Nullable(UInt64)): integer out of range [0, 18446744073709551615]"),
            4: ({"u64": -1}, "column 'u64' of t (Nullable(UInt64)): integer out of range [0, 18446744073709551615]"),
            5: ({"u64": 1.5}, "column 'u64' of t (Nullable(UInt64)): not an integer"),
-           6: ({"u64": 10**20}, "not valid JSON for the schema of t"),  # beyond DECIMAL(20,0): Spark's parser refuses it
+           6: ({"u64": 10**20}, f"{UNPARSED}'u64' holds {10**20}, which does not parse as DECIMAL(20,0) (column type "
+                                "Nullable(UInt64))"),  # beyond DECIMAL(20,0): Spark's parser refuses it
            7: ({"u32": 2**32}, "column 'u32' of t (Nullable(UInt32)): integer out of range [0, 4294967295]"),
            8: ({"u32": -1}, "column 'u32' of t (Nullable(UInt32)): integer out of range [0, 4294967295]"),
-           9: ({"i128": 10**38}, "not valid JSON for the schema of t"),  # 39 digits: more than Spark's DECIMAL(38) holds
-           10: ({"u32": 0.5}, "not valid JSON for the schema of t"),
+           9: ({"i128": 10**38}, f"{UNPARSED}'i128' holds {10**38}, which does not parse as DECIMAL(38,0) (column type "
+                                  "Nullable(Int128))"),  # 39 digits: more than Spark's DECIMAL(38) holds
+           10: ({"u32": 0.5}, f"{UNPARSED}'u32' holds 0.5, which does not parse as BIGINT (column type Nullable(UInt32))"),
            11: ({"i128": 2.5}, "column 'i128' of t (Nullable(Int128)): not an integer")}
     rows, dead = _load(tmp_path, spark_session, "clickhouse://127.0.0.1:8123", columns,
                        good + [{"id": ident, **change} for ident, (change, _) in bad.items()])
@@ -73,8 +76,11 @@ def test_starrocks_bigint_largeint_and_decimal_at_their_edges(tmp_path, spark_se
     where = "column 'd' of t (DECIMAL(10,2))"
     bad = {2: ({"d": 1.234}, f"{where}: more than 2 decimal places, would be rounded"),
            3: ({"d": 12345678.915}, f"{where}: more than 2 decimal places, would be rounded"),
-           4: ({"d": 123456789.5}, "not valid JSON for the schema of t"),  # 9 integer digits: more than the column's 8
-           5: ({"big": 2**127 - 1}, "not valid JSON for the schema of t"),  # LARGEINT past 38 digits: beyond Spark
+           # 9 integer digits, more than the column's 8 (the value as Spark's JSON reader writes it back)
+           4: ({"d": 123456789.5}, f"{UNPARSED}'d' holds 1.234567895E8, which does not parse as DECIMAL(10,2) (column type "
+                                   "DECIMAL(10,2))"),
+           5: ({"big": 2**127 - 1}, f"{UNPARSED}'big' holds {2**127 - 1}, which does not parse as DECIMAL(38,0) (column "
+                                    "type LARGEINT)"),  # LARGEINT past 38 digits: beyond Spark
            6: ({"big": 1.5}, "column 'big' of t (LARGEINT): not an integer"),  # DECIMAL(38,0) would round it to 2
            7: ({"big": "-2.5"}, "column 'big' of t (LARGEINT): not an integer"),
            8: ({"wide": "0.00000000001"}, "column 'wide' of t (DECIMAL(38,10)): more than 10 decimal places, would be "

@@ -104,7 +104,8 @@ DEAD_LETTERS = "dead_letters"
 _BAD_KINDS = [
     ("{not json", "message has no 'table' field"),
     ({"table": "refunds", "id": 1}, "unknown table refunds"),
-    ({"table": "orders", "id": "seven", "name": "x"}, "not valid JSON for the schema of orders"),
+    ({"table": "orders", "id": "seven", "name": "x"},
+     "not valid JSON for the schema of orders: field 'id' holds seven, which does not parse as BIGINT (column type {id})"),
     ({"table": "payments", "method": "cash"}, "required field 'id' of payments is missing or null"),
 ]
 
@@ -140,6 +141,11 @@ class ConfigJob:
         ))
 
     @property
+    def id_type(self) -> str:
+        """How the target spells the type of orders.id (a dead letter's reason names it)."""
+        return "Int64" if self.target is None or "clickhouse" in str(self.target.get("url")) else "BIGINT"
+
+    @property
     def data_dir(self) -> Path:
         return self.root / "data"
 
@@ -157,6 +163,7 @@ class ConfigJob:
                 ident = partition * 1_000_000 + offset
                 if offset % self.bad_every == self.bad_every - 1:
                     message, reason = _BAD_KINDS[(offset // self.bad_every) % len(_BAD_KINDS)]
+                    reason = reason.replace("{id}", self.id_type)
                     raw = message if isinstance(message, str) else json.dumps(message)
                     self.expected[DEAD_LETTERS].append((raw, self.topic, partition, offset, reason))
                 elif ident % 3:
