@@ -10,6 +10,7 @@ from typing import Any
 
 from ..base import ConfigurationError, ExpiryKind, ExpiryLimit
 from .change_tables import ReplacingColumns, replacing_columns
+from .column_types import DEFAULTED
 from .connection import Connection, quote
 from .engines import FACTS_QUERY, MOVE, REPLICATED_PREFIXES, TableFacts, engine_refusal
 
@@ -19,6 +20,7 @@ SUGGESTED_WINDOW = 10000  # what refusals propose: far above a batch's blocks (a
 
 
 @dataclass(frozen=True)
+
 class Entry:
     """A table or view of system.tables, with what an INSERT into it fires."""
 
@@ -207,15 +209,16 @@ class Catalog:
         writes_to = _view_destination(row) if row["engine"] == "MaterializedView" else None
         return Entry(database, name, row["engine"], row.get("engine_full") or "", _feeds(row), writes_to)
 
-    def columns(self, table: str) -> dict[str, str]:
+    def columns(self, table: str, defaults: bool = False) -> dict[str, str]:
         """The table's stored columns an INSERT sets (not MATERIALIZED, ALIAS or EPHEMERAL: computed, or never
-        stored), with their types, in table order (none: no such table): the columns rows carry into it."""
+        stored), with their types, in table order (none: no such table): the columns rows carry into it.
+        `defaults`: a column with a DEFAULT expression is spelled `<type> DEFAULT` (`DEFAULTED`)."""
         rows = self._connection.repeating(f"column read of {table}", lambda: self._connection.client().query(
-            "SELECT name, type FROM system.columns WHERE database = {db:String} AND table = {t:String} "
+            "SELECT name, type, default_kind FROM system.columns WHERE database = {db:String} AND table = {t:String} "
             "AND default_kind IN ('', 'DEFAULT') ORDER BY position",
             parameters={"db": self._connection.database, "t": table},
         ).result_rows)
-        return {name: kind for name, kind in rows}
+        return {name: kind + (DEFAULTED if defaults and default_kind == "DEFAULT" else "") for name, kind, default_kind in rows}
 
 
 _IDENT = r"(?:`(?:[^`\\]|\\.)*`|[A-Za-z_][A-Za-z0-9_]*)"

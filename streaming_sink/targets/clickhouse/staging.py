@@ -13,6 +13,7 @@ from ..base import ConfigurationError, NewRef, PreparedPart, RecordIntent, Table
 from ..encoding import EncodingError
 from .catalog import Catalog
 from .change_tables import change_refusal, table_rows, upsert_rows
+from .column_types import DEFAULTED
 from .connection import Connection, quote
 
 _NULLABLE_PREFIXES = ("Nullable(", "LowCardinality(Nullable(")
@@ -97,13 +98,15 @@ class StagingTransaction(TableTransaction):
 
     def _refuse_nulls_where_defaults_would_land(self, chunk: pa.Table) -> None:
         """ClickHouse stores a NULL sent to a column that is not Nullable (Array, Map and Tuple columns never
-        are) as the type's default: 0, '', [], {}. Refused instead, naming the column (docs/types.md). The columns are
+        are) as the type's default: 0, '', [], {}. Refused instead, naming the column (docs/types.md); a column with a
+        DEFAULT expression takes the expression, as an INSERT without the column would give it. The columns are
         read only for a chunk that holds a NULL: without one there is nothing to refuse."""
         if not any(column.null_count for column in chunk.columns):
             return
-        if self._not_nullable is None:
-            columns = self._catalog.columns(self._table)
-            self._not_nullable = {name for name, kind in columns.items() if not kind.startswith(_NULLABLE_PREFIXES)}
+        if self._not_nullable is None:  # a DEFAULT column takes its expression for a NULL (DEFAULTED)
+            columns = self._catalog.columns(self._table, defaults=True)
+            self._not_nullable = {name for name, kind in columns.items()
+                                  if not kind.startswith(_NULLABLE_PREFIXES) and not kind.endswith(DEFAULTED)}
         for name in chunk.column_names:
             if name in self._not_nullable and chunk.column(name).null_count:
                 raise EncodingError(

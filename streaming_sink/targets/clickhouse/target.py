@@ -254,7 +254,8 @@ class ClickHouseTarget(Target):
         return sorting_key_columns(facts.sorting_key)
 
     def table_columns(self, table: str) -> dict[str, str] | None:
-        return self.catalog.columns(table)
+        """A column with a DEFAULT expression is spelled `<type> DEFAULT`: the job may leave it empty (catalog.py)."""
+        return self.catalog.columns(table, defaults=True)
 
     def create_table(self, table: str, schema: pa.Schema, key: Sequence[str] = ()) -> None:
         """Create a table for an Arrow schema if it is missing (change_tables.py: MergeTree for appended rows, a
