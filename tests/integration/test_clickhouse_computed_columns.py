@@ -5,6 +5,7 @@ rows cannot (or need not) set. Taken as fields, a NOT NULL one made every messag
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pyarrow as pa
 import pytest
@@ -16,15 +17,21 @@ from streaming_sink.target_tables import job_tables
 from tests.integration.test_protocol_findings import InMemoryRunner
 from tests.support.pipeline import open_target
 
+
+def whole_database_job(tmp_path: Path) -> Any:
+    """A job that takes its tables' fields from the embedded ClickHouse's tables (routing.topic_table)."""
+    return resolve_config({
+        "job_id": "wd", "kafka": {"bootstrap_servers": "127.0.0.1:9092", "topic_pattern": r"^pg\..+$"},
+        "routing": {"topic_table": r"^pg\.public\.(.+)$"},
+        "target": {"url": f"chdb://{tmp_path / 'ch'}", "database": "default"}}, tmp_path)
+
+
 DDL = ("id Int64, name String, loaded_at DateTime MATERIALIZED toDateTime('2026-01-02 03:04:05', 'UTC'), "
        "upper_name String ALIAS upper(name), raw String EPHEMERAL, kafka_partition Int32, kafka_offset Int64")
 
 
 def test_a_derived_tables_fields_leave_out_its_computed_columns_and_its_rows_load(tmp_path: Path) -> None:
-    spec = resolve_config({
-        "job_id": "wd", "kafka": {"bootstrap_servers": "127.0.0.1:9092", "topic_pattern": r"^pg\..+$"},
-        "routing": {"topic_table": r"^pg\.public\.(.+)$"},
-        "target": {"url": f"chdb://{tmp_path / 'ch'}", "database": "default"}}, tmp_path)
+    spec = whole_database_job(tmp_path)
     with open_target(tmp_path / "ch", "default") as target:
         target.client().command(f"CREATE TABLE default.orders ({DDL}) ENGINE = MergeTree ORDER BY id")
         resolved = job_tables(spec, target, target.routable_tables(), ["pg.public.orders"])
@@ -49,10 +56,7 @@ def test_a_derived_tables_default_columns_are_optional_and_a_row_without_them_ta
     """A column with a DEFAULT expression (`ingested_at DateTime DEFAULT now()` is common) was a required field of a
     whole-database table, so every message without it was a dead letter, and a NULL sent for it was refused as one that
     would land as the type's default. ClickHouse fills a DEFAULT column's expression in for a NULL, row by row."""
-    spec = resolve_config({
-        "job_id": "wd", "kafka": {"bootstrap_servers": "127.0.0.1:9092", "topic_pattern": r"^pg\..+$"},
-        "routing": {"topic_table": r"^pg\.public\.(.+)$"},
-        "target": {"url": f"chdb://{tmp_path / 'ch'}", "database": "default"}}, tmp_path)
+    spec = whole_database_job(tmp_path)
     with open_target(tmp_path / "ch", "default") as target:
         target.client().command(f"CREATE TABLE default.items ({DEFAULTS_DDL}) ENGINE = MergeTree ORDER BY id")
         resolved = job_tables(spec, target, target.routable_tables(), ["pg.public.items"])
