@@ -20,7 +20,6 @@ SUGGESTED_WINDOW = 10000  # what refusals propose: far above a batch's blocks (a
 
 
 @dataclass(frozen=True)
-
 class Entry:
     """A table or view of system.tables, with what an INSERT into it fires."""
 
