@@ -32,7 +32,7 @@ from streaming_sink.targets.base import Target
 from streaming_sink.targets.clickhouse import ClickHouseTarget
 from streaming_sink.writer import PartitionResult, WriteContext
 
-Batch = list[tuple[int, pa.RecordBatch]]  # (Spark partition, Arrow batch) as the driver's stream hands them over
+Batch = list[tuple[int | None, pa.RecordBatch]]  # (Spark partition, Arrow batch) as the driver's stream hands them over
 
 
 class StreamRunner:
@@ -70,7 +70,7 @@ def batches(rows: int, count: int, partitions: int) -> Iterator[Batch]:
         table = event_table(rows, seed=number)
         table = table.set_column(0, "id", pc.add(table.column("id"), number * rows))
         per = -(-rows // partitions)
-        yield [(p, b) for p in range(partitions) for b in table.slice(p * per, per).to_batches(max_chunksize=10_000)]
+        yield [(None, b) for p in range(partitions) for b in table.slice(p * per, per).to_batches(max_chunksize=10_000)]
 
 
 def chdb_target(path: str) -> ClickHouseTarget:

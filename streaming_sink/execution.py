@@ -87,8 +87,8 @@ class SparkWriterRunner:
                 return _write_per_partition(_arrow_stream(df) if stream else _ipc_partitions(df), target, router,
                                             context, store, identity)
             tagged = _digested_per_partition(context)
-            batches = _arrow_stream(df, tagged) if stream else _ipc_partitions(df)
-            return _write_in_driver(batches, target, router, context, store, tagged)
+            batches = _arrow_stream(df, tagged) if stream else _ipc_partitions(df, tagged)
+            return _write_in_driver(batches, target, router, context, store)
         identity = _replay_identity(df, context, _task_digests)
         return _write_in_tasks(df, target, router, context, store, identity)
 
@@ -288,9 +288,10 @@ def _arrow_stream(df: DataFrame, tagged: bool = True) -> Iterator[tuple[int | No
         server.getResult()
 
 
-def _ipc_partitions(df: DataFrame) -> Iterator[tuple[int, pa.RecordBatch]]:
-    """The same as `_arrow_stream`, one Spark job per partition: tasks send their batches as Arrow IPC blobs, and
-    Spark computes the next partition while the driver writes this one (`prefetchPartitions`: two partitions held)."""
+def _ipc_partitions(df: DataFrame, tagged: bool = True) -> Iterator[tuple[int | None, pa.RecordBatch]]:
+    """The same as `_arrow_stream` (`tagged` False: each batch's partition given as None), one Spark job per
+    partition: tasks send their batches as Arrow IPC blobs, and Spark computes the next partition while the driver
+    writes this one (`prefetchPartitions`: two partitions held)."""
 
     def to_ipc(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         partition = _task_context().partitionId()
@@ -306,7 +307,7 @@ def _ipc_partitions(df: DataFrame) -> Iterator[tuple[int, pa.RecordBatch]]:
     for row in df.mapInArrow(to_ipc, "partition int, ipc binary").toLocalIterator(prefetchPartitions=True):
         with pa.ipc.open_stream(row["ipc"]) as reader:
             for batch in reader:
-                yield row["partition"], batch
+                yield row["partition"] if tagged else None, batch
 
 
 def _prepared_per_partition(context: WriteContext) -> bool:
@@ -324,15 +325,14 @@ def _digested_per_partition(context: WriteContext) -> bool:
 
 
 def _write_in_driver(
-    batches: Fetched, target: Target, router: Router, context: WriteContext,
-    store: StateStore, by_partition: bool = False,
+    batches: Fetched, target: Target, router: Router, context: WriteContext, store: StateStore,
 ) -> list[PartitionResult]:
     """One writer over every (partition, batch) pair of the batch, in any order: one transaction per table. Its
-    checksum takes each Arrow batch as a source, or each partition (`by_partition`, `_digested_per_partition`)."""
+    checksum takes each partition as a source, or each Arrow batch where they came untagged (`_digested_per_partition`)."""
     writer = PartitionWriter(context, target, router, store, WHOLE_BATCH)
     try:
         for partition, batch in batches:
-            writer.add(batch, source=partition if by_partition else None)
+            writer.add(batch, source=partition)
         result = writer.finish()
     except BaseException:
         writer.abort()

@@ -174,7 +174,7 @@ def test_a_lost_part_is_replayed_by_the_one_driver_writer_from_renumbered_partit
 def test_a_batch_prepared_one_writer_per_partition_is_replayed_per_partition(spark, tmp_path, monkeypatch) -> None:
     """As an older version prepared it: the replay matches the renumbered partitions by content."""
     monkeypatch.setattr(execution, "_digested_per_partition", lambda context: True)  # its stream was tagged
-    monkeypatch.setattr(execution, "_write_in_driver", lambda batches, target, router, context, store, _:
+    monkeypatch.setattr(execution, "_write_in_driver", lambda batches, target, router, context, store:
                         _write_per_partition(batches, target, router, context, store, None))
     create_tables(tmp_path / "ch", DB, ["orders", "payments"])
     store = FileStateStore(tmp_path / "state")
