@@ -425,9 +425,8 @@ def round_ratios(tp: dict[str, dict[str, Any]], a: str, b: str) -> list[float]:
     """Mode a's rows/s over mode b's, one ratio per round both ran in."""
     if a not in tp or b not in tp:
         return []
-    of_b = {r["round"]: r["rows_per_s"] for r in tp[b].get("rounds", [{"round": 0, "rows_per_s": tp[b]["rows_per_s"]}])}
-    return sorted(r["rows_per_s"] / of_b[r["round"]]
-                  for r in tp[a].get("rounds", [{"round": 0, "rows_per_s": tp[a]["rows_per_s"]}]) if r["round"] in of_b)
+    of_b = {r["round"]: r["rows_per_s"] for r in tp[b]["rounds"]}
+    return sorted(r["rows_per_s"] / of_b[r["round"]] for r in tp[a]["rounds"] if r["round"] in of_b)
 
 
 def goals(data: dict[str, Any]) -> list[dict[str, Any]]:

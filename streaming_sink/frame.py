@@ -311,9 +311,9 @@ def _unparsed(table: str, fields: list[Any], parsed: Any, message: Any, spelling
     whole = f"not valid JSON for the schema of {table}"
     reason = F.when(F.lit(False), F.lit(None).cast("string"))
     for field in fields:
-        if "'" in field.name:
-            continue  # a JSON path cannot name it: the message as a whole is named
-        text = F.get_json_object(message, f"$['{field.name}']")
+        text = _field_text(message, field.name)
+        if text is None:
+            continue  # the message as a whole is named
         shown = F.when(F.length(text) > _SHOWN, F.concat(F.substring(text, 1, _SHOWN), F.lit("…"))).otherwise(text)
         column = spelling(field.name)
         reason = reason.when(parsed[field.name].isNull() & text.isNotNull(), F.concat(
@@ -330,13 +330,20 @@ _SHOWN = 60
 def _json_text(message: Any, field: Any) -> Any:
     """The field's JSON text where its parsed value cannot tell what was lost (a DECIMAL(38,s), which Spark's parser
     rounds to its scale with no place to spare), else None: read only then, as it scans the message again."""
-    from pyspark.sql import functions as F
     from pyspark.sql.types import DecimalType
 
     kind = field.dataType
-    if not isinstance(kind, DecimalType) or _parsed_type(kind) != kind or "'" in field.name:
+    if not isinstance(kind, DecimalType) or _parsed_type(kind) != kind:
         return None
-    return F.get_json_object(message, f"$['{field.name}']")
+    return _field_text(message, field.name)
+
+
+def _field_text(message: Any, name: str) -> Any:
+    """The JSON text of the message's field `name` (a string unquoted; NULL when absent or null), or None when a JSON
+    path cannot name the field (a name with a quote)."""
+    from pyspark.sql import functions as F
+
+    return None if "'" in name else F.get_json_object(message, f"$['{name}']")
 
 
 def _parsed_type(kind: DataType) -> DataType:
