@@ -13,10 +13,11 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import operator
 import re
 from collections import Counter
 from collections.abc import Callable, Mapping
-from functools import partial
+from functools import partial, reduce
 from typing import TYPE_CHECKING, Any, cast
 
 import pyarrow as pa
@@ -173,13 +174,21 @@ def build_frame(raw: DataFrame, spec: JobSpec, tables: dict[str, str],
         parsed = F.when(mine, F.from_json(value, parse_schema, {"mode": "PERMISSIVE", "columnNameOfCorruptRecord": "__corrupt"}))
         typed = {f.name: parsed[f.name] if _parsed_type(f.dataType) == f.dataType else parsed[f.name].cast(f.dataType)
                  for f in schema.fields if f.name in parse_schema.names}  # the schema's types, once the checks have seen
-        reason = reason.when(mine & parsed["__corrupt"].isNotNull(), _unparsed(
-            table, [f for f in schema.fields if f.name in parse_schema.names], parsed, value, partial(target_type, table)))
         key_columns = keys.get(table) or () if spec.changes else ()
+        deleted = F.col(_OP) == F.lit(DELETE) if spec.changes else F.lit(False)
+        # a delete sets nothing but its key (changes.py): its other fields are not the table's values, so they are
+        # not held to the table's columns (a full `before` image may hold what a column no longer takes)
+        keyed = reduce(operator.or_, [parsed[name].isNull() for name in key_columns], ~deleted)
+        reason = reason.when(mine & keyed & parsed["__corrupt"].isNotNull(), _unparsed(
+            table, [f for f in schema.fields if f.name in parse_schema.names], parsed, value, partial(target_type, table)))
+        if spec.changes:
+            for f in parse_schema.fields:
+                unavailable = _unavailable_value(parsed[f.name], f.dataType)
+                if unavailable is not None:
+                    reason = reason.when(mine & ~deleted & unavailable, F.lit(_UNAVAILABLE_REASON.format(column=f.name, table=table)))
         if spec.changes and (not key_columns or any(name not in parse_schema.names for name in key_columns)):
             raise ConfigurationError(f"tables.{table}.key: {list(key_columns)} must name fields of its schema "
                                      f"({', '.join(f.name for f in schema.fields)})")
-        deleted = F.col(_OP) == F.lit(DELETE) if spec.changes else F.lit(False)
         for f in schema.fields:
             if not f.nullable or f.name in key_columns:
                 # a delete needs only its key: Debezium's `before` holds nothing else by default (replica identity)
@@ -188,8 +197,9 @@ def build_frame(raw: DataFrame, spec: JobSpec, tables: dict[str, str],
         if table not in projections:  # else the select's output is what the table's columns must hold (stage 2)
             for f in parse_schema.fields:
                 if f.name != "__corrupt":
+                    checked = mine if f.name in key_columns else mine & ~deleted
                     for problem, text in column_problems(table, f, parsed[f.name], _json_text(value, f)):
-                        reason = reason.when(mine & problem, F.lit(text))
+                        reason = reason.when(checked & problem, F.lit(text))
         known = [f.name for f in schema.fields] + ([spec.table_field] if spec.table_field else [])
         unknown = F.when(mine, F.array_except(F.coalesce(fields_of, F.array().cast("array<string>")), F.array(*map(F.lit, known))))
         has_unknown = mine & (F.size(unknown) > 0)
@@ -358,20 +368,44 @@ def _parsed_type(kind: DataType) -> DataType:
     return kind
 
 
-def _deleted_value(value: Any, kind: Any, deleted: Any, required: bool) -> Any:
-    """A field of a change row: as parsed, except that a delete's missing value of a NOT NULL column becomes its type's
-    zero (the row is deleted by its key; a NULL there would make StarRocks and Doris filter the delete in strict mode)."""
-    from pyspark.sql import functions as F
-    from pyspark.sql.types import BinaryType, BooleanType, DateType, NumericType, StringType, TimestampNTZType, TimestampType
+#: What Debezium's PostgreSQL connector sends for a TOASTed column an update left unchanged, unless the table has
+#: REPLICA IDENTITY FULL (its `unavailable.value.placeholder`, this by default; a bytea carries the same bytes, an array
+#: the placeholder as its one element).
+UNAVAILABLE_PLACEHOLDER = "__debezium_unavailable_value"
+_UNAVAILABLE_REASON = (
+    f"column {{column!r}} of {{table}} holds Debezium's placeholder for an unchanged TOASTed value ({UNAVAILABLE_PLACEHOLDER}),"
+    " not the value: not loaded, the stored row keeps its values; set REPLICA IDENTITY FULL on the PostgreSQL table so"
+    " that updates carry every column")
 
-    zero = {StringType: F.lit(""), BinaryType: F.lit(b""), BooleanType: F.lit(False),
-            DateType: F.lit(dt.date(1970, 1, 1)), TimestampType: F.lit(dt.datetime(1970, 1, 1, tzinfo=dt.timezone.utc)),
-            TimestampNTZType: F.lit(dt.datetime(1970, 1, 1))}.get(type(kind))
-    if zero is None and isinstance(kind, NumericType):
+
+def _unavailable_value(value: Any, kind: Any) -> Any:
+    """True where a parsed field is Debezium's unavailable-value placeholder (None: a type that cannot carry it)."""
+    from pyspark.sql import functions as F
+    from pyspark.sql import types as T
+
+    if isinstance(kind, T.StringType):
+        return value == F.lit(UNAVAILABLE_PLACEHOLDER)
+    if isinstance(kind, T.BinaryType):
+        return value == F.lit(UNAVAILABLE_PLACEHOLDER.encode())
+    if isinstance(kind, T.ArrayType) and isinstance(kind.elementType, (T.StringType, T.BinaryType)):
+        return F.coalesce(F.array_contains(value, F.lit(UNAVAILABLE_PLACEHOLDER).cast(kind.elementType)), F.lit(False))
+    return None
+
+
+def _deleted_value(value: Any, kind: Any, deleted: Any, required: bool) -> Any:
+    """A non-key field of a change row: as parsed, except in a delete, which sets nothing but its key: there it is NULL,
+    or its type's zero for a column that cannot hold NULL (StarRocks and Doris in strict mode filter a row with a NULL
+    in such a column, which would drop the delete). PostgreSQL's default replica identity sends the key alone."""
+    from pyspark.sql import functions as F
+    from pyspark.sql import types as T
+
+    zero = {T.StringType: F.lit(""), T.BinaryType: F.lit(b""), T.BooleanType: F.lit(False),
+            T.DateType: F.lit(dt.date(1970, 1, 1)), T.TimestampType: F.lit(dt.datetime(1970, 1, 1, tzinfo=dt.timezone.utc)),
+            T.TimestampNTZType: F.lit(dt.datetime(1970, 1, 1)), T.ArrayType: F.array(), T.MapType: F.create_map()}.get(type(kind))
+    if zero is None and isinstance(kind, T.NumericType):
         zero = F.lit(0)
-    if not required or zero is None:  # a nested type has no zero: left NULL, as the delete came
-        return value
-    return F.when(deleted & value.isNull(), zero.cast(kind)).otherwise(value)
+    blank = zero if required and zero is not None else F.lit(None)  # a struct has no zero: NULL, as a delete sends it
+    return F.when(deleted, blank.cast(kind)).otherwise(value)
 
 
 def _no_route(spec: JobSpec) -> Any:

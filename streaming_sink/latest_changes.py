@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 
 from .changes import OP_COLUMN, POSITION_COLUMN, VERSION_COLUMN
 from .errors import ConfigurationError
+from .spread import hashable_content
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
@@ -33,7 +34,7 @@ def latest_changes(df: DataFrame, route: str | None, key: Sequence[str]) -> Data
     missing = [name for name in (*key, OP_COLUMN, VERSION_COLUMN) if name not in df.columns]
     if missing:
         raise ConfigurationError(f"change rows need the column(s) {missing}; the batch has {df.columns}")
-    content = [F.col(f"`{name}`") for name in df.columns]
+    content = hashable_content(df)
     change = F.col(OP_COLUMN).isNotNull()
     groups = ([F.col(route)] if route else []) + [F.col(f"`{name}`") for name in key]
     # the content hash of a non-change row keeps its group to itself and its identical twins, which all stay

@@ -78,7 +78,7 @@ def _spread(df: DataFrame, router: Router, plan: BatchPlan, tables: tuple[str, .
     from pyspark.sql import functions as F
 
     columns = df.columns
-    content = [_hashable(F.col(f"`{name}`"), df.schema[name].dataType) for name in columns]
+    content = hashable_content(df)
     bases: dict[str, int] = {}
     offset = 0
     for table in tables:
@@ -117,12 +117,12 @@ def _lookup(table: Column, values: dict[str, int]) -> Column:
     return F.element_at(F.create_map(*pairs), table)
 
 
-def _hashable(column: Column, kind: DataType) -> Column:
-    """The column as Spark's hashes take it: a map (anywhere inside it) as its JSON text, since Spark refuses to hash
-    maps (equal maps may list their entries in different orders; the same batch lists them the same)."""
+def hashable_content(df: DataFrame) -> list[Column]:
+    """A row's columns as Spark's hashes take them: a map (anywhere inside a column) as its JSON text, since Spark
+    refuses to hash maps (equal maps may list their entries in different orders; the same batch lists them the same)."""
     from pyspark.sql import functions as F
 
-    return F.to_json(column) if _has_map(kind) else column
+    return [F.to_json(F.col(f"`{name}`")) if _has_map(df.schema[name].dataType) else F.col(f"`{name}`") for name in df.columns]
 
 
 def _has_map(kind: DataType) -> bool:

@@ -41,13 +41,14 @@ def spec(tmp_path: Any, schema: str = SCHEMA, **changes: Any) -> JobSpec:
 
 
 def load(spark: Any, tmp_path: Any, job: JobSpec, messages: list[str | None], batch: int = 0,
-         target: MemoryTarget | None = None) -> MemoryTarget:
-    """The messages as one batch of the topic (offsets from 100), through the frame and the sink, as the job runs."""
+         target: MemoryTarget | None = None, column_types: dict[str, str] | None = None) -> MemoryTarget:
+    """The messages as one batch of the topic (offsets from 100), through the frame and the sink, as the job runs
+    (`column_types`: the target table's, as the job reads them at start, for the value checks)."""
     target = target or MemoryTarget()
     records = [(None if text is None else bytearray(text.encode()), "pg.public.customers", 0, 100 + at,
                 dt.datetime(2026, 1, 2)) for at, text in enumerate(messages)]
     frame = build_frame(spark.createDataFrame(records, KAFKA).repartition(3), job, job.tables or {},
-                        keys={"customers": ("id",)})
+                        column_types={"customers": column_types} if column_types else None, keys={"customers": ("id",)})
     sink = ExactlyOnceSink(target=target, state=FileStateStore(tmp_path / "state"), job_id=job.job_id,
                            table_column="__table", table_slots=table_slots(job, job.tables or {}), dead_letter_table="dead_letters",
                            change_key=(CHANGE_KEY_COLUMN,))
@@ -72,7 +73,7 @@ def test_each_key_gets_its_latest_change_with_its_op_and_version(spark, tmp_path
         event("c", None, {"id": 3, "name": "back"}, lsn=70, schema=schema),  # deleted and re-inserted in one batch
     ]
     target = load(spark, tmp_path, spec(tmp_path), messages)
-    assert rows(target) == [(1, "renamed", UPSERT, 30), (2, "new", DELETE, 40), (3, "back", UPSERT, 70)]
+    assert rows(target) == [(1, "renamed", UPSERT, 30), (2, None, DELETE, 40), (3, "back", UPSERT, 70)]
     assert target.rows("dead_letters") == []
 
 
@@ -101,6 +102,57 @@ def test_a_delete_needs_only_its_key(spark, tmp_path):
     assert sorted((r["offset"], r["reason"]) for r in target.rows("dead_letters")) == [
         (101, "required field 'id' of customers is missing or null"),
         (102, "required field 'name' of customers is missing or null")]
+
+
+def test_a_delete_is_never_held_to_the_target_columns_it_does_not_set(spark, tmp_path):
+    """The target's NOT NULL columns (read from the table at start) do not see a delete's NULLs: with PostgreSQL's
+    default replica identity a delete carries its key alone, and a create and its delete in one batch end deleted.
+    A full `before` image (REPLICA IDENTITY FULL) whose old values the column could not hold deletes the row too:
+    a delete sets nothing but its key. Its key is still checked."""
+    job = spec(tmp_path, schema="id INT NOT NULL, name STRING, active BOOLEAN NOT NULL, tiny INT")
+    types = {"id": "Int32", "name": "String", "active": "Bool", "tiny": "Int8"}
+    messages = [event("c", None, {"id": 1, "name": "a", "active": True, "tiny": 1}, lsn=10),
+                event("d", {"id": 1, "name": None, "active": None, "tiny": None}, None, lsn=11),  # key-only before
+                event("d", {"id": 2, "name": "b", "active": False, "tiny": 300}, None, lsn=12),  # a full before
+                event("d", {"id": None, "name": "c", "active": True, "tiny": 1}, None, lsn=13),
+                event("c", None, {"id": 4, "name": None, "active": None, "tiny": 1}, lsn=14)]
+    target = load(spark, tmp_path, job, messages, column_types=types)
+    assert rows(target) == [(1, "", False, 0, DELETE, 11), (2, "", False, 0, DELETE, 12)]
+    assert sorted((r["offset"], r["reason"]) for r in target.rows("dead_letters")) == [
+        (103, "required field 'id' of customers is missing or null"),
+        (104, "required field 'active' of customers is missing or null")]
+
+
+def test_a_table_with_a_map_column_keeps_one_change_per_key(spark, tmp_path):
+    """Spark refuses to hash maps: the step that keeps one change per key hashes a row's content as text instead
+    (reliability review N4: every batch of such a job failed)."""
+    job = spec(tmp_path, schema="id INT NOT NULL, tags MAP<STRING, STRING>")
+    messages = [event("c", None, {"id": 1, "tags": {"a": "1"}}, lsn=10),
+                event("u", None, {"id": 1, "tags": {"a": "2", "b": "3"}}, lsn=11),
+                event("c", None, {"id": 2, "tags": None}, lsn=12)]
+    assert rows(load(spark, tmp_path, job, messages)) == [(1, [("a", "2"), ("b", "3")], UPSERT, 11), (2, None, UPSERT, 12)]
+
+
+def test_debeziums_placeholder_for_an_unchanged_toasted_value_is_never_loaded(spark, tmp_path):
+    """Without REPLICA IDENTITY FULL, Debezium's PostgreSQL connector sends an update whose large (TOASTed) column did
+    not change with a placeholder instead of the value: loading it would overwrite the stored text. The update goes to
+    the dead letters naming the column and the fix; the stored row stays as it was."""
+    job = spec(tmp_path, schema="id INT NOT NULL, body STRING, blob BINARY, tags ARRAY<STRING>")
+    placeholder = "__debezium_unavailable_value"
+    encoded = "X19kZWJleml1bV91bmF2YWlsYWJsZV92YWx1ZQ=="  # the placeholder's bytes in base64, as a bytea carries it
+    messages = [event("u", None, {"id": 1, "body": placeholder, "blob": None, "tags": None}, lsn=10),
+                event("u", None, {"id": 2, "body": "x", "blob": encoded, "tags": None}, lsn=11),
+                event("u", None, {"id": 3, "body": "x", "blob": None, "tags": [placeholder]}, lsn=12),
+                event("u", None, {"id": 4, "body": "fine", "blob": None, "tags": ["a"]}, lsn=13),
+                event("d", {"id": 5, "body": placeholder, "blob": None, "tags": None}, None, lsn=14)]
+    target = load(spark, tmp_path, job, messages)
+    assert rows(target) == [(4, "fine", None, ["a"], UPSERT, 13), (5, None, None, None, DELETE, 14)]
+    reasons = {row["offset"]: row["reason"] for row in target.rows("dead_letters")}
+    assert sorted(reasons) == [100, 101, 102]
+    for at, column in ((100, "body"), (101, "blob"), (102, "tags")):
+        assert reasons[at].startswith(f"column {column!r} of customers holds Debezium's placeholder for an unchanged "
+                                      "TOASTed value"), reasons[at]
+        assert "REPLICA IDENTITY FULL" in reasons[at]
 
 
 def test_malformed_events_are_dead_letters_with_the_reason(spark, tmp_path):
