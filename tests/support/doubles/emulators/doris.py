@@ -8,7 +8,8 @@ answers them, as in D-LA / D-2PC. The wire facts are in docs/protocol.md, the "D
 sections; their names and source keys are cited next to each behaviour.
 
 Tables are DUPLICATE unless created ``keys_type="UNIQUE_KEYS", key=(...)`` (and ``sequence_type=`` or
-``sequence_col=`` for a sequence column): key_models.py.
+``sequence_col=`` for a sequence column, ``delete_sign=False`` for a table without the hidden delete sign):
+key_models.py.
 
 Run standalone: ``python -m tests.support.doubles.emulators.doris --data-dir DIR``.
 """
@@ -365,6 +366,11 @@ class DorisEmulator(BaseEmulator):
             txn = self.store.new_txn(db=db, table=table, label=label, state=PREPARE,
                                      timeout_s=timeout, deadline=self.clock.now() + timeout,
                                      keep_s=p.streaming_label_keep_max_second, two_phase=two_pc)
+        try:  # the FE plans the load from its headers before the BE asks for the body (docs/protocol.md, D7)
+            schema.mapping(fmt)
+        except LoadError as exc:
+            self._cancel_load(txn, str(exc))
+            return self._load_json(label, two_pc, "Fail", p.be_message("ANALYSIS_ERROR", p.fe_message(str(exc))), txn)
         # A probe with an empty body is a valid load (Doris: the Flink connector): 0 rows, Success.
         try:
             body = req.body()
