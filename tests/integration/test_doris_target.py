@@ -783,3 +783,49 @@ def test_a_hostile_routed_table_name_stays_one_path_segment(emu: DorisEmulator, 
         txn.write(rows(0, 1))
         txn.prepare()
     assert sent and all(p.startswith(f"/api/{DB}/") and p.count("/") == 4 and "?" not in p and "#" not in p for p in sent), sent
+
+
+def _texts(error: BaseException) -> list[str]:
+    """An error's text and that of every error it was raised from or during."""
+    texts: list[str] = []
+    current: BaseException | None = error
+    while current is not None and len(texts) < 20:
+        texts.append(f"{type(current).__name__}: {current}")
+        current = current.__cause__ or current.__context__
+    return texts
+
+
+def test_the_password_in_the_fe_redirect_appears_in_no_error_and_no_log(tmp_path: Any, caplog: Any) -> None:
+    """Conformance 2026-11-27 D9: a Doris FE's 307 carries `user:password@` in its Location's userinfo. When the BE
+    hop fails (a dropped connection on a load, a 5xx on a commit) the errors and the logged repeats name the BE's URL:
+    never with the password in it; the credentials travel in `Authorization` only."""
+    caplog.set_level(logging.DEBUG)
+    texts: list[str] = []
+    with DorisEmulator(tmp_path / "doris", user="root", password="secret") as emu:
+        emu.create_table(DB, "orders", COLUMNS)
+        redirect = send("PUT", f"{emu.fe_url}/api/{DB}/orders/_stream_load", auth=("root", "secret"), data=b"",
+                        headers={"Expect": "100-continue"}, follow=False).response
+        assert redirect.status_code == 307
+        assert f"//root:secret@127.0.0.1:{emu.be_port}/" in redirect.headers["Location"]
+        target = DorisTarget(emu.fe_url, DB, "root", "secret", backoff_s=0.01, retries=1)
+
+        emu.faults.drop_connection_before.arm(times=10, op="stream_load", role="be")
+        load = Writer(emu).begin(target)
+        with pytest.raises(TargetError) as dropped:
+            load.write(rows(0, 3))
+        texts += _texts(dropped.value)
+        load.abort()
+        emu.faults.drop_connection_before.disarm()
+
+        committable = prepared(emu, target, prefix="C")
+        emu.faults.http_5xx.arm(times=10, op="commit", role="be")
+        with pytest.raises(TargetError) as refused:
+            target.commit(committable)
+        texts += _texts(refused.value)
+        emu.faults.http_5xx.disarm()
+        assert target.commit(committable) is CommitOutcome.COMMITTED  # Authorization alone carries the credentials
+        assert sorted(emu.visible_rows(DB, "orders")) == as_tuples(rows(0, 3))
+    texts += [record.getMessage() + (logging.Formatter().formatException(record.exc_info) if record.exc_info else "")
+              for record in caplog.records]
+    assert any(f"127.0.0.1:{emu.be_port}" in text for text in texts), texts  # the BE hop is what the texts name
+    assert [text for text in texts if "secret" in text] == []

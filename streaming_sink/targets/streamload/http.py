@@ -31,7 +31,7 @@ import warnings
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
-from urllib.parse import quote, urlencode, urljoin, urlsplit
+from urllib.parse import quote, urlencode, urljoin, urlsplit, urlunsplit
 
 import requests
 from requests.structures import CaseInsensitiveDict
@@ -140,6 +140,16 @@ def excerpt(text: str, limit: int = _EXCERPT) -> str:
     return text if len(text) <= limit else text[:limit] + "…"
 
 
+def without_userinfo(url: str) -> str:
+    """`url` without the `user:password@` a Doris FE puts into its redirect's Location (docs/protocol.md, Common:
+    redirects): every URL this client keeps, sends or prints goes through here, so the password travels only in
+    `Authorization` and never reaches an error text or a log."""
+    parts = urlsplit(url)
+    if "@" not in parts.netloc:
+        return url
+    return urlunsplit(parts._replace(netloc=parts.netloc.rpartition("@")[2]))
+
+
 def api_path(*segments: str) -> str:
     """`/api/<segment>/...` with each segment percent-encoded whole: a routed table name such as
     `../other_db/t` or `t?label=x` stays one path segment instead of reaching another endpoint."""
@@ -211,7 +221,7 @@ class HttpClient(PerThread):
 
     def url(self, path_or_url: str) -> str:
         if path_or_url.startswith(("http://", "https://")):
-            return path_or_url
+            return without_userinfo(path_or_url)
         return self.base_urls[self._current] + "/" + path_or_url.lstrip("/")
 
     def request(
@@ -321,7 +331,7 @@ class HttpClient(PerThread):
                 )
             if not location:
                 raise HttpProtocolError(f"{method} {url} answered HTTP {reply.status} without a Location header")
-            target = urljoin(url, location)
+            target = without_userinfo(urljoin(url, location))  # a Doris FE puts `user:password@` there
             if urlsplit(url).scheme == "https" and urlsplit(target).scheme != "https" and not self.allow_plain_redirect:
                 raise HttpProtocolError(
                     f"{method} {url} redirected to {target}: refusing to send credentials from https to plain http; "

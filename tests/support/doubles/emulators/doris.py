@@ -264,12 +264,13 @@ class DorisEmulator(BaseEmulator):
     # -- FE ----------------------------------------------------------------------------------
 
     def _fe_stream_load(self, req: Request) -> Response:
-        """D-LA: password first, then ``Expect: 100-continue`` (Doris: pre-commit load), then 307 to a BE."""
+        """D-LA: password first, then ``Expect: 100-continue`` (Doris: pre-commit load), then 307 to a BE whose
+        Location carries the credentials (conformance 2026-11-27 D9)."""
         if not self.credentials_ok(req):
             return self._unauthorized()
         if not req.expect_continue:
             return self._rest_failed("There is no 100-continue header")
-        return redirect(req, self.be_port)
+        return redirect(req, self.be_port, credentials=req.basic_auth())
 
     def _fe_2pc(self, req: Request) -> Response:
         """D-LA executeStreamLoad2PC: validate, then 307 (headers must be re-sent)."""
@@ -279,7 +280,7 @@ class DorisEmulator(BaseEmulator):
             return self._rest_failed("No transaction id selected.")
         if not req.header("txn_operation"):
             return self._rest_failed("No transaction operation('commit' or 'abort') selected.")
-        return redirect(req, self.be_port)
+        return redirect(req, self.be_port, credentials=req.basic_auth())
 
     def _fe_get_load_state(self, req: Request) -> Response:
         """Doris: label states (get_load_state). The envelope is UNCONFIRMED (ResponseEntityBuilder.ok)."""
