@@ -549,7 +549,8 @@ class _OpenLoad:
     Until the server asks for the body the request may be sent again (a lost connection, a 5xx, a write-lock
     timeout), the label making a repeat harmless: a label held by an unfinished transaction (a repeated request's
     own) is freed. Once the body was asked for it cannot be sent again (`BodyPipe`): any failure then fails the
-    writer, and Spark retries the task under a new label.
+    writer, and Spark retries the task under a new label. (A proxy in front of the FE that asks for the body before
+    the FE's redirect is not such a repeat: the HTTP client sends the copy it kept on to the BE, `AskedBody`.)
     """
 
     def __init__(self, api: LoadApi, ref: TxnRef, headers: dict[str, str], schema: pa.Schema) -> None:

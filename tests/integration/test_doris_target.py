@@ -27,6 +27,7 @@ from streaming_sink.state import BatchRecord, FileStateStore
 from streaming_sink.targets import PASSWORD_ENV, USER_ENV, ConfigurationError, target_from_url
 from streaming_sink.targets.base import CommitOutcome, TargetError
 from streaming_sink.targets.doris import DorisTarget
+from streaming_sink.targets.streamload import http as http_module
 from streaming_sink.writer import PartitionWriter, WriteContext
 from tests.support.doubles.emulators.client import send
 from tests.support.doubles.emulators.doris import DorisEmulator
@@ -829,3 +830,29 @@ def test_the_password_in_the_fe_redirect_appears_in_no_error_and_no_log(tmp_path
               for record in caplog.records]
     assert any(f"127.0.0.1:{emu.be_port}" in text for text in texts), texts  # the BE hop is what the texts name
     assert [text for text in texts if "secret" in text] == []
+
+
+@pytest.mark.parametrize("memory_bytes", [http_module.SPOOL_MEMORY_BYTES, 100])
+def test_a_load_through_a_proxy_that_takes_the_body_before_the_fe_redirects_lands_exactly(
+        tmp_path: Any, memory_bytes: int, monkeypatch: pytest.MonkeyPatch, caplog: Any) -> None:
+    """Issue 38 item 5: a front (nginx, a cloud load balancer) answers `100 Continue` itself and buffers the whole
+    body before the FE's 307 reaches the client. The streamed body went to the front, so the BE hop needs it again:
+    the client kept what it sent (in memory, or on disk past `memory_bytes`) and sends that to the BE, once."""
+    monkeypatch.setattr(http_module, "SPOOL_MEMORY_BYTES", memory_bytes)
+    caplog.set_level(logging.WARNING)
+    with DorisEmulator(tmp_path / "doris").serve_behind_proxy() as emu:
+        emu.create_table(DB, "orders", COLUMNS)
+        target = DorisTarget(emu.proxy_url, DB, "root", "", backoff_s=0.01)
+        txn = Writer(emu).begin(target)
+        for start in range(0, 40, 8):
+            txn.write(rows(start, 8))  # five flushes into one streamed body
+        committable = txn.prepare()[0].committable("sum")
+        assert target.commit(committable) is CommitOutcome.COMMITTED
+        assert sorted(emu.visible_rows(DB, "orders")) == as_tuples(rows(0, 40))
+        assert emu.body_bytes["proxy"] == emu.body_bytes["be"] > 0 and emu.body_bytes["fe"] == 0
+        assert [t["state"] for t in emu.transactions()] == ["VISIBLE"]
+        second = Writer(emu, "M").begin(target)
+        second.write(rows(40, 2))
+        assert target.commit(second.prepare()[0].committable("sum")) is CommitOutcome.COMMITTED
+        assert sorted(emu.visible_rows(DB, "orders")) == as_tuples(rows(0, 42))
+    assert sum("a proxy in front of the FE" in r.getMessage() for r in caplog.records) == 1  # said once per client

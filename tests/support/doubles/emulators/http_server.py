@@ -4,7 +4,8 @@ Written on ``http.server`` so the emulators need only the stdlib. It does what t
 BE can observe: a body read lazily so a 307 never waits for it, ``100 Continue`` from the BE only and only
 when the body is wanted (the FE never sends one), chunked bodies, dropped connections, an optional TLS FE,
 and the redirect whose Location keeps path and query byte for byte, is always ``http://`` and, from a Doris FE,
-carries the request's credentials in its userinfo (docs/protocol.md, "Common: redirects"). What a request means is for ``BaseEmulator`` to say.
+carries the request's credentials in its userinfo (docs/protocol.md, "Common: redirects"). What a request means
+is for ``BaseEmulator`` to say.
 """
 from __future__ import annotations
 
