@@ -839,7 +839,15 @@ def test_a_load_through_a_proxy_that_takes_the_body_before_the_fe_redirects_land
     body before the FE's 307 reaches the client. The streamed body went to the front, so the BE hop needs it again:
     the client kept what it sent (in memory, or on disk past `memory_bytes`) and sends that to the BE, once."""
     monkeypatch.setattr(http_module, "SPOOL_MEMORY_BYTES", memory_bytes)
+    spools: list[Any] = []
+    spooled_file = http_module.tempfile.SpooledTemporaryFile
+    monkeypatch.setattr(http_module.tempfile, "SpooledTemporaryFile", lambda **kw: spools.append(kw) or spooled_file(**kw))
     caplog.set_level(logging.WARNING)
+    with DorisEmulator(tmp_path / "direct") as direct:  # behind no proxy nothing is kept
+        direct.create_table(DB, "orders", COLUMNS)
+        target = DorisTarget(direct.fe_url, DB, "root", "", backoff_s=0.01)
+        assert target.commit(prepared(direct, target)) is CommitOutcome.COMMITTED
+        assert sorted(direct.visible_rows(DB, "orders")) == as_tuples(rows(0, 3)) and spools == []
     with DorisEmulator(tmp_path / "doris").serve_behind_proxy() as emu:
         emu.create_table(DB, "orders", COLUMNS)
         target = DorisTarget(emu.proxy_url, DB, "root", "", backoff_s=0.01)
@@ -855,4 +863,5 @@ def test_a_load_through_a_proxy_that_takes_the_body_before_the_fe_redirects_land
         second.write(rows(40, 2))
         assert target.commit(second.prepare()[0].committable("sum")) is CommitOutcome.COMMITTED
         assert sorted(emu.visible_rows(DB, "orders")) == as_tuples(rows(0, 42))
+    assert len(spools) == 2  # one copy per load
     assert sum("a proxy in front of the FE" in r.getMessage() for r in caplog.records) == 1  # said once per client

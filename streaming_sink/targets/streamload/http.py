@@ -93,8 +93,12 @@ class _Spool(AskedBody):
             copy.write(chunk)
             yield chunk
 
-    def again(self) -> AskedBody:
-        """The body once more: what was sent, then whatever the first address did not take."""
+    def next_hop(self) -> AskedBody:
+        """The body for the address the first one redirected to: when the first took it, what it was sent and then
+        whatever it did not take; else the body itself, nothing kept."""
+        if self._copy is None:
+            return AskedBody(self.source)
+
         def replay() -> Iterator[bytes]:
             copy = self._copy
             assert copy is not None
@@ -396,9 +400,10 @@ class HttpClient(PerThread):
                 reply = self._send_body(method, url, sent_headers, body, hop_params, timeout)
             if reply.status not in REDIRECT_STATUSES:
                 return HttpResponse(reply.status, reply.body, reply.headers, url, tuple(hops))
-            if first_hop and spool is not None and spool.taken:
-                self._proxy_noticed(method, url)
-                body = spool.again()
+            if first_hop and spool is not None:
+                if spool.taken:
+                    self._proxy_noticed(method, url)
+                body = spool.next_hop()
             location = reply.headers.get("Location")
             if reply.status not in FOLLOWED_REDIRECTS:
                 raise HttpProtocolError(
