@@ -36,7 +36,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from ..changes import OP_COLUMN, VERSION_COLUMN, is_change_schema
+from ..changes import DELETE, OP_COLUMN, VERSION_COLUMN, is_change_schema
 from ..committable import Committable, TxnRef
 from ..errors import CommittedNotChosenError, ConfigurationError, TargetError, TransactionLimitError
 from ..retry import RetryPolicy, wait
@@ -76,10 +76,13 @@ _RESERVED_HEADERS = frozenset(
      "enclose", "escape", "read_json_by_line", "strip_outer_array", "max_filter_ratio", "strict_mode",
      "timeout", "expect", "authorization", "txn_id", "txn_operation"}
 )
-# Doris' hidden delete-sign column, which a load may name in `columns` (docs/protocol.md, Doris: unique key tables,
-# delete sign and sequence column), and the headers by which a load would order or delete rows itself.
-DELETE_SIGN = "__DORIS_DELETE_SIGN__"
+# The headers by which a load orders or deletes rows itself (docs/protocol.md, Doris: unique key tables, delete sign and
+# sequence column): a change load sets them, so a target's `headers` must not.
 SEQUENCE_HEADER = "function_column.sequence_col"
+# A change load's deletes: `merge_type: MERGE` sets each row's hidden delete sign to the `delete` condition, which
+# reads the `__op` source column; a table without the delete sign refuses such a load (matched by _NO_DELETE_SIGN).
+CHANGE_MERGE = {"merge_type": "MERGE", "delete": f"`{OP_COLUMN}` = {DELETE}"}
+_NO_DELETE_SIGN = re.compile(r"need to upgrade table to support batch delete", re.IGNORECASE)
 _CHANGE_HEADERS = frozenset({SEQUENCE_HEADER, "merge_type", "delete", "hidden_columns"})
 _MAX_LABEL_RESOLUTIONS = 3
 _ERROR_LOG_LINES = 5
@@ -140,18 +143,18 @@ class DorisOptions(SharedOptions):
         return {**values, "sequence_tables": tuple(str(t) for t in sequenced)}
 
     def change_load(self, table: str, chunk: pa.Table) -> tuple[pa.Table, dict[str, str]]:
-        """Change rows as Doris loads them, and the headers that say so: `__op` becomes the delete sign (0 keeps the
-        row, 1 deletes its key); `__version` feeds the table's sequence column where the table has one (listed in
-        `sequence_tables`), else stays behind (docs/change-streams.md, Doris)."""
+        """Change rows as Doris loads them, and the headers that say so: `__op` stays a source column that the
+        `delete` condition of a MERGE load reads (1 deletes the row's key, 0 upserts it), so a table without the
+        hidden delete sign refuses the load instead of taking its deletes as rows, as naming the sign in `columns`
+        would; `__version` feeds the table's sequence column where the table has one (listed in `sequence_tables`),
+        else stays behind (docs/protocol.md, Doris: unique key tables, delete sign and sequence column)."""
         if not is_change_schema(chunk.schema):
             return chunk, {}
-        names = [DELETE_SIGN if name == OP_COLUMN else name for name in chunk.schema.names]
-        chunk = chunk.rename_columns(names)
-        if VERSION_COLUMN not in names:
-            return chunk, {}
+        if VERSION_COLUMN not in chunk.schema.names:
+            return chunk, dict(CHANGE_MERGE)
         if table in self.sequence_tables:
-            return chunk, {SEQUENCE_HEADER: VERSION_COLUMN}
-        return chunk.drop_columns([VERSION_COLUMN]), {}
+            return chunk, {**CHANGE_MERGE, SEQUENCE_HEADER: VERSION_COLUMN}
+        return chunk.drop_columns([VERSION_COLUMN]), dict(CHANGE_MERGE)
 
     def _validate(self) -> None:
         if self.format not in ("csv", "json", "arrow"):
@@ -301,6 +304,10 @@ class LoadApi:
             )
         if answer.error_url:
             text += f"; rejected rows: {answer.error_url}" + self._error_log_excerpt(answer.error_url)
+        if _NO_DELETE_SIGN.search(answer.message):
+            text += (f". The table has no hidden delete sign, so it cannot take the deletes of a change stream: run "
+                     f"ALTER TABLE {ref.database}.{ref.table} ENABLE FEATURE \"BATCH_DELETE\" (or create it while the "
+                     "FE's enable_batch_delete_by_default is true), then restart the job")
         return text
 
     def _error_log_excerpt(self, url: str) -> str:
@@ -542,7 +549,8 @@ class _OpenLoad:
     Until the server asks for the body the request may be sent again (a lost connection, a 5xx, a write-lock
     timeout), the label making a repeat harmless: a label held by an unfinished transaction (a repeated request's
     own) is freed. Once the body was asked for it cannot be sent again (`BodyPipe`): any failure then fails the
-    writer, and Spark retries the task under a new label.
+    writer, and Spark retries the task under a new label. (A proxy in front of the FE that asks for the body before
+    the FE's redirect is not such a repeat: the HTTP client sends the copy it kept on to the BE, `AskedBody`.)
     """
 
     def __init__(self, api: LoadApi, ref: TxnRef, headers: dict[str, str], schema: pa.Schema) -> None:

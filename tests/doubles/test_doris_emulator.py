@@ -83,7 +83,7 @@ def fe_msg(text: str) -> str:
 def test_fe_redirects_stream_load_and_2pc_to_the_be(dr: DorisEmulator) -> None:
     hop = load(dr, "L", follow=False).response
     assert hop.status_code == 307 and hop.content == b""
-    assert hop.headers["Location"] == (f"http://127.0.0.1:{dr.be_port}"
+    assert hop.headers["Location"] == (f"http://root:@127.0.0.1:{dr.be_port}"  # credentials in userinfo (D9)
                                        f"/api/{DB}/{TABLE}/_stream_load?")
     ex = load(dr, "L")
     assert ex.redirected and ex.json["TwoPhaseCommit"] == "true"  # header survived the 307

@@ -35,6 +35,7 @@ def dr(tmp_path: Any) -> Iterator[DorisEmulator]:
         emu.create_table(DB, "uniq", COLUMNS, keys_type="UNIQUE_KEYS", key=("id",))
         emu.create_table(DB, "seq", COLUMNS, keys_type="UNIQUE_KEYS", key=("id",), sequence_type="BIGINT")
         emu.create_table(DB, "dup", COLUMNS)
+        emu.create_table(DB, "signless", COLUMNS, keys_type="UNIQUE_KEYS", key=("id",), delete_sign=False)
         yield emu
 
 
@@ -168,8 +169,38 @@ def test_doris_refuses_loads_that_do_not_fit_the_table(dr: DorisEmulator) -> Non
     assert "There is no sequence column in the table" in failure("uniq", "id,name,v", **{
         "function_column.sequence_col": "v"})
     assert "only supported in unique tables" in failure("dup", "id,name,x", merge_type="DELETE")
-    assert "Unknown column '__DORIS_DELETE_SIGN__'" in failure("dup", "id,name,__DORIS_DELETE_SIGN__")
-    assert rows(dr, "dup") == rows(dr, "uniq") == rows(dr, "seq") == []
+    merge = {"merge_type": "MERGE", "delete": "`op` = 1"}
+    assert "only supported in unique tables" in failure("dup", "id,name,op", **merge)
+    assert "need to upgrade table to support batch delete" in failure("signless", "id,name,op", **merge)
+    assert "need to upgrade table to support batch delete" in failure("signless", "id,name", merge_type="DELETE")
+    assert "Excepted DELETE ON clause" in failure("uniq", "id,name,op", merge_type="MERGE")
+    assert rows(dr, "dup") == rows(dr, "uniq") == rows(dr, "seq") == rows(dr, "signless") == []
+
+
+def test_doris_merge_deletes_the_rows_its_condition_holds_for_in_every_format(dr: DorisEmulator) -> None:
+    """`merge_type: MERGE` sets each row's delete sign to the `delete` condition, which may read a source column no
+    table column takes (D-DEL); with a sequence column a delete still needs a sequence at least the stored one."""
+    merge = {"merge_type": "MERGE", "delete": "`op` = 1"}
+    loaded(dr, "uniq", b"1,a,0\n2,b,0\n3,c,0\n", "id,name,op", **merge)
+    loaded(dr, "uniq", b"2,\\N,1\n3,c2,0\n", "id,name,op", **merge)
+    loaded(dr, "uniq", b'{"id": 3, "op": 1}\n{"id": 4, "name": "d", "op": 0}\n', "id,name,op", format="json",
+           read_json_by_line="true", **merge)
+    assert rows(dr, "uniq") == [(1, "a"), (4, "d")]
+    loaded(dr, "seq", b"1,a,0,5\n", "id,name,op,v", **merge, **{"function_column.sequence_col": "v"})
+    loaded(dr, "seq", b"1,\\N,1,4\n", "id,name,op,v", **merge, **{"function_column.sequence_col": "v"})
+    assert rows(dr, "seq") == [(1, "a")]
+    loaded(dr, "seq", b"1,\\N,1,5\n", "id,name,op,v", **merge, **{"function_column.sequence_col": "v"})
+    assert rows(dr, "seq") == []
+
+
+def test_doris_plans_a_column_the_table_lacks_as_a_dropped_source_column(dr: DorisEmulator) -> None:
+    """A `columns` name that is no table column reads nothing into the table (conformance 2026-11-27 D1,
+    *inference*): the delete sign named for a table without one loads the deletes as rows, the silent path that
+    `merge_type` MERGE closes."""
+    loaded(dr, "signless", b"1,a,0\n2,\\N,1\n", "id,name,__DORIS_DELETE_SIGN__")
+    assert rows(dr, "signless") == [(1, "a"), (2, None)]
+    loaded(dr, "dup", b"1,a,1\n", "id,name,__DORIS_DELETE_SIGN__")
+    assert rows(dr, "dup") == [(1, "a")]
 
 
 def test_doris_schema_tells_the_keys_type_and_keys_by_their_missing_aggregation(dr: DorisEmulator, tmp_path: Any) -> None:

@@ -23,7 +23,7 @@ from streaming_sink import committer as committer_module
 from streaming_sink import sink as sink_module
 from streaming_sink.changes import DELETE, UPSERT
 from streaming_sink.crash import POINTS
-from streaming_sink.errors import ConfigurationError
+from streaming_sink.errors import ConfigurationError, TargetError
 from streaming_sink.records import BatchState
 from streaming_sink.sink import ExactlyOnceSink
 from streaming_sink.state import FileStateStore
@@ -246,3 +246,24 @@ def test_doris_refuses_headers_that_would_set_deletes_or_order_of_a_change_table
         target = doris.target(headers={"merge_type": "MERGE"})
         with pytest.raises(ConfigurationError, match=r"remove headers \['merge_type'\]"):
             target.check_schema(TABLE, CHANGE_SCHEMA)
+
+
+def test_doris_table_without_the_delete_sign_refuses_the_changes_and_says_how_to_add_it(tmp_path: Path) -> None:
+    """Conformance 2026-11-27 divergence 5: a UNIQUE KEY table created without the hidden delete sign. The target
+    used to name the sign in `columns`, which Doris plans as a source column no table column reads: its deletes
+    loaded as rows. A MERGE load with a `delete` condition is refused by the planner instead, before any row lands,
+    and the job's error names the statement that adds the sign."""
+    doris = Product("doris", tmp_path)
+    with doris.emulator:
+        doris.create_table(delete_sign=False)
+        target = doris.target()
+        target.check_schema(TABLE, CHANGE_SCHEMA)
+        loader = ExactlyOnceSink(target, FileStateStore(tmp_path / "state"), "signless", table=TABLE,
+                                 runner=InMemoryRunner(), flush_bytes=1, heartbeat_seconds=None)
+        with pytest.raises(TargetError, match=r"need to upgrade table to support batch delete.*"
+                                              r"ALTER TABLE db\.items ENABLE FEATURE \"BATCH_DELETE\""):
+            for batch, rows in enumerate(changes()[:2]):
+                loader.process([[pa.RecordBatch.from_pylist([dict(zip(CHANGE_SCHEMA.names, r)) for r in rows],
+                                                            CHANGE_SCHEMA)]], batch, "query-signless")
+        assert doris.rows() == []
+        assert all(txn["state"] == "ABORTED" for txn in doris.emulator.transactions(DB))

@@ -27,6 +27,7 @@ from streaming_sink.state import BatchRecord, FileStateStore
 from streaming_sink.targets import PASSWORD_ENV, USER_ENV, ConfigurationError, target_from_url
 from streaming_sink.targets.base import CommitOutcome, TargetError
 from streaming_sink.targets.doris import DorisTarget
+from streaming_sink.targets.streamload import http as http_module
 from streaming_sink.writer import PartitionWriter, WriteContext
 from tests.support.doubles.emulators.client import send
 from tests.support.doubles.emulators.doris import DorisEmulator
@@ -783,3 +784,84 @@ def test_a_hostile_routed_table_name_stays_one_path_segment(emu: DorisEmulator, 
         txn.write(rows(0, 1))
         txn.prepare()
     assert sent and all(p.startswith(f"/api/{DB}/") and p.count("/") == 4 and "?" not in p and "#" not in p for p in sent), sent
+
+
+def _texts(error: BaseException) -> list[str]:
+    """An error's text and that of every error it was raised from or during."""
+    texts: list[str] = []
+    current: BaseException | None = error
+    while current is not None and len(texts) < 20:
+        texts.append(f"{type(current).__name__}: {current}")
+        current = current.__cause__ or current.__context__
+    return texts
+
+
+def test_the_password_in_the_fe_redirect_appears_in_no_error_and_no_log(tmp_path: Any, caplog: Any) -> None:
+    """Conformance 2026-11-27 D9: a Doris FE's 307 carries `user:password@` in its Location's userinfo. When the BE
+    hop fails (a dropped connection on a load, a 5xx on a commit) the errors and the logged repeats name the BE's URL:
+    never with the password in it; the credentials travel in `Authorization` only."""
+    caplog.set_level(logging.DEBUG)
+    texts: list[str] = []
+    with DorisEmulator(tmp_path / "doris", user="root", password="secret") as emu:
+        emu.create_table(DB, "orders", COLUMNS)
+        redirect = send("PUT", f"{emu.fe_url}/api/{DB}/orders/_stream_load", auth=("root", "secret"), data=b"",
+                        headers={"Expect": "100-continue"}, follow=False).response
+        assert redirect.status_code == 307
+        assert f"//root:secret@127.0.0.1:{emu.be_port}/" in redirect.headers["Location"]
+        target = DorisTarget(emu.fe_url, DB, "root", "secret", backoff_s=0.01, retries=1)
+
+        emu.faults.drop_connection_before.arm(times=10, op="stream_load", role="be")
+        load = Writer(emu).begin(target)
+        with pytest.raises(TargetError) as dropped:
+            load.write(rows(0, 3))
+        texts += _texts(dropped.value)
+        load.abort()
+        emu.faults.drop_connection_before.disarm()
+
+        committable = prepared(emu, target, prefix="C")
+        emu.faults.http_5xx.arm(times=10, op="commit", role="be")
+        with pytest.raises(TargetError) as refused:
+            target.commit(committable)
+        texts += _texts(refused.value)
+        emu.faults.http_5xx.disarm()
+        assert target.commit(committable) is CommitOutcome.COMMITTED  # Authorization alone carries the credentials
+        assert sorted(emu.visible_rows(DB, "orders")) == as_tuples(rows(0, 3))
+    texts += [record.getMessage() + (logging.Formatter().formatException(record.exc_info) if record.exc_info else "")
+              for record in caplog.records]
+    assert any(f"127.0.0.1:{emu.be_port}" in text for text in texts), texts  # the BE hop is what the texts name
+    assert [text for text in texts if "secret" in text] == []
+
+
+@pytest.mark.parametrize("memory_bytes", [http_module.SPOOL_MEMORY_BYTES, 100])
+def test_a_load_through_a_proxy_that_takes_the_body_before_the_fe_redirects_lands_exactly(
+        tmp_path: Any, memory_bytes: int, monkeypatch: pytest.MonkeyPatch, caplog: Any) -> None:
+    """Issue 38 item 5: a front (nginx, a cloud load balancer) answers `100 Continue` itself and buffers the whole
+    body before the FE's 307 reaches the client. The streamed body went to the front, so the BE hop needs it again:
+    the client kept what it sent (in memory, or on disk past `memory_bytes`) and sends that to the BE, once."""
+    monkeypatch.setattr(http_module, "SPOOL_MEMORY_BYTES", memory_bytes)
+    spools: list[Any] = []
+    spooled_file = http_module.tempfile.SpooledTemporaryFile
+    monkeypatch.setattr(http_module.tempfile, "SpooledTemporaryFile", lambda **kw: spools.append(kw) or spooled_file(**kw))
+    caplog.set_level(logging.WARNING)
+    with DorisEmulator(tmp_path / "direct") as direct:  # behind no proxy nothing is kept
+        direct.create_table(DB, "orders", COLUMNS)
+        target = DorisTarget(direct.fe_url, DB, "root", "", backoff_s=0.01)
+        assert target.commit(prepared(direct, target)) is CommitOutcome.COMMITTED
+        assert sorted(direct.visible_rows(DB, "orders")) == as_tuples(rows(0, 3)) and spools == []
+    with DorisEmulator(tmp_path / "doris").serve_behind_proxy() as emu:
+        emu.create_table(DB, "orders", COLUMNS)
+        target = DorisTarget(emu.proxy_url, DB, "root", "", backoff_s=0.01)
+        txn = Writer(emu).begin(target)
+        for start in range(0, 40, 8):
+            txn.write(rows(start, 8))  # five flushes into one streamed body
+        committable = txn.prepare()[0].committable("sum")
+        assert target.commit(committable) is CommitOutcome.COMMITTED
+        assert sorted(emu.visible_rows(DB, "orders")) == as_tuples(rows(0, 40))
+        assert emu.body_bytes["proxy"] == emu.body_bytes["be"] > 0 and emu.body_bytes["fe"] == 0
+        assert [t["state"] for t in emu.transactions()] == ["VISIBLE"]
+        second = Writer(emu, "M").begin(target)
+        second.write(rows(40, 2))
+        assert target.commit(second.prepare()[0].committable("sum")) is CommitOutcome.COMMITTED
+        assert sorted(emu.visible_rows(DB, "orders")) == as_tuples(rows(0, 42))
+    assert len(spools) == 2  # one copy per load
+    assert sum("a proxy in front of the FE" in r.getMessage() for r in caplog.records) == 1  # said once per client

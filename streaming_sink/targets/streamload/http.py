@@ -26,12 +26,13 @@ import logging
 import os
 import socket
 import ssl
+import tempfile
 import time
 import warnings
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple
-from urllib.parse import quote, urlencode, urljoin, urlsplit
+from typing import IO, Any, NamedTuple
+from urllib.parse import quote, urlencode, urljoin, urlsplit, urlunsplit
 
 import requests
 from requests.structures import CaseInsensitiveDict
@@ -48,13 +49,69 @@ Body = bytes | Callable[[], Iterable[bytes]] | None
 class AskedBody:
     """A body sent only once the server asks for it (`100 Continue`), never on the `continue_timeout` guess: whoever
     makes it learns from being called that the server asked (a Doris BE asks once it began the load's transaction).
-    A server that neither asks nor answers within the read timeout still gets it (RFC 9110, 10.1.1)."""
+    A server that neither asks nor answers within the read timeout still gets it (RFC 9110, 10.1.1).
+
+    It is made once per request: when the first address asks for it and then redirects (a proxy in front of the
+    FE, `_follow`), what it gave is sent again from a `_Spool`, not made anew."""
 
     def __init__(self, source: Callable[[], Iterable[bytes]]) -> None:
         self.source = source
 
     def __call__(self) -> Iterable[bytes]:
         return self.source()
+
+
+#: How much of a body a `_Spool` keeps in memory before it moves to a temporary file.
+SPOOL_MEMORY_BYTES = 8 * 1024 * 1024
+
+
+class _Spool(AskedBody):
+    """An `AskedBody` sent to the first address, kept as it goes so that it can be sent again once.
+
+    Why: a proxy in front of the FE (nginx, a cloud load balancer) answers `100 Continue` itself and takes the whole
+    body before the FE's 307 comes back; the BE then needs the body the proxy was given. The FE itself never asks
+    for a body, so behind no proxy nothing is kept. Memory stays bounded: past `SPOOL_MEMORY_BYTES` the copy is on
+    disk (docs/protocol.md, Common: proxies in front of the FE)."""
+
+    def __init__(self, body: AskedBody) -> None:
+        super().__init__(body.source)
+        self._copy: tempfile.SpooledTemporaryFile[bytes] | None = None
+        self._rest: Iterator[bytes] = iter(())
+
+    @property
+    def taken(self) -> bool:
+        """Whether the address asked for the body (and got some of it)."""
+        return self._copy is not None
+
+    def __call__(self) -> Iterator[bytes]:
+        self._copy = tempfile.SpooledTemporaryFile(max_size=SPOOL_MEMORY_BYTES)  # noqa: SIM115 - `close` ends it
+        self._rest = iter(self.source())
+        return self._kept(self._copy)
+
+    def _kept(self, copy: IO[bytes]) -> Iterator[bytes]:
+        for chunk in self._rest:
+            copy.write(chunk)
+            yield chunk
+
+    def next_hop(self) -> AskedBody:
+        """The body for the address the first one redirected to: when the first took it, what it was sent and then
+        whatever it did not take; else the body itself, nothing kept."""
+        if self._copy is None:
+            return AskedBody(self.source)
+
+        def replay() -> Iterator[bytes]:
+            copy = self._copy
+            assert copy is not None
+            copy.seek(0)
+            while chunk := copy.read(1024 * 1024):
+                yield chunk
+            yield from self._rest
+        return AskedBody(replay)
+
+    def close(self) -> None:
+        if self._copy is not None:
+            self._copy.close()
+
 
 REDIRECT_STATUSES = frozenset({301, 302, 303, 307, 308})
 #: The only redirects followed: they keep the method and body, as the StarRocks and Doris FEs use them.
@@ -140,6 +197,16 @@ def excerpt(text: str, limit: int = _EXCERPT) -> str:
     return text if len(text) <= limit else text[:limit] + "…"
 
 
+def without_userinfo(url: str) -> str:
+    """`url` without the `user:password@` a Doris FE puts into its redirect's Location (docs/protocol.md, Common:
+    redirects): every URL this client keeps, sends or prints goes through here, so the password travels only in
+    `Authorization` and never reaches an error text or a log."""
+    parts = urlsplit(url)
+    if "@" not in parts.netloc:
+        return url
+    return urlunsplit(parts._replace(netloc=parts.netloc.rpartition("@")[2]))
+
+
 def api_path(*segments: str) -> str:
     """`/api/<segment>/...` with each segment percent-encoded whole: a routed table name such as
     `../other_db/t` or `t?label=x` stays one path segment instead of reaching another endpoint."""
@@ -197,6 +264,7 @@ class HttpClient(PerThread):
         self.verify = verify  # https: True (the CAs `requests` trusts), a CA bundle's path, or False (no check)
         self.allow_plain_redirect = allow_plain_redirect
         self.continue_timeout = continue_timeout
+        self._proxy_seen = False  # a redirect came after the body was asked for (`_proxy_noticed`)
         super().__init__()  # this thread's session and SSL context, left behind by pickling
 
     @property
@@ -211,7 +279,7 @@ class HttpClient(PerThread):
 
     def url(self, path_or_url: str) -> str:
         if path_or_url.startswith(("http://", "https://")):
-            return path_or_url
+            return without_userinfo(path_or_url)
         return self.base_urls[self._current] + "/" + path_or_url.lstrip("/")
 
     def request(
@@ -303,6 +371,25 @@ class HttpClient(PerThread):
         sent_headers = dict(headers or {})
         if self.user is not None:
             sent_headers["Authorization"] = basic_auth_header(self.user, self.password or "")
+        spool = _Spool(body) if isinstance(body, AskedBody) else None
+        try:
+            return self._hops(method, url, sent_headers, spool or body, params, timeout, spool)
+        finally:
+            if spool is not None:
+                spool.close()
+
+    def _hops(
+        self,
+        method: str,
+        url: str,
+        sent_headers: dict[str, str],
+        body: Body,
+        params: Mapping[str, str] | None,
+        timeout: float | None,
+        spool: _Spool | None,
+    ) -> HttpResponse:
+        """`_follow`'s hops. `spool`: the one-shot body as the first hop sends it, kept in case that hop redirects
+        after it took the body (a proxy in front of the FE); then the next hop sends the copy."""
         hops: list[str] = []
         first_hop = True
         while True:
@@ -313,6 +400,10 @@ class HttpClient(PerThread):
                 reply = self._send_body(method, url, sent_headers, body, hop_params, timeout)
             if reply.status not in REDIRECT_STATUSES:
                 return HttpResponse(reply.status, reply.body, reply.headers, url, tuple(hops))
+            if first_hop and spool is not None:
+                if spool.taken:
+                    self._proxy_noticed(method, url)
+                body = spool.next_hop()
             location = reply.headers.get("Location")
             if reply.status not in FOLLOWED_REDIRECTS:
                 raise HttpProtocolError(
@@ -321,7 +412,7 @@ class HttpClient(PerThread):
                 )
             if not location:
                 raise HttpProtocolError(f"{method} {url} answered HTTP {reply.status} without a Location header")
-            target = urljoin(url, location)
+            target = without_userinfo(urljoin(url, location))  # a Doris FE puts `user:password@` there
             if urlsplit(url).scheme == "https" and urlsplit(target).scheme != "https" and not self.allow_plain_redirect:
                 raise HttpProtocolError(
                     f"{method} {url} redirected to {target}: refusing to send credentials from https to plain http; "
@@ -332,6 +423,17 @@ class HttpClient(PerThread):
             if len(hops) > self.max_redirects:
                 raise HttpProtocolError(f"{method}: more than {self.max_redirects} redirects: {hops + [target]}")
             url, first_hop = target, False
+
+    def _proxy_noticed(self, method: str, url: str) -> None:
+        """Say once per client why each load's body crosses the network twice."""
+        if self._proxy_seen:
+            return
+        self._proxy_seen = True
+        log.warning(
+            "%s %s asked for the body (100 Continue) and then redirected: a proxy in front of the FE takes each load's "
+            "body before the FE answers, so the sink keeps a copy (in memory up to %d MiB, then on disk) and sends it "
+            "again to the BE. To send it once, let the proxy pass Expect: 100-continue to the FE unanswered, or point "
+            "the target at an FE directly", method, url, SPOOL_MEMORY_BYTES // (1024 * 1024))
 
     def _send(
         self,

@@ -51,6 +51,9 @@ class BaseEmulator:
         self.clock.on_change(lambda _now: self._persist_clock())
         self._fe: Listener | None = None
         self._be: Listener | None = None
+        self._proxy: Listener | None = None
+        self._proxied = False  # serve_behind_proxy: a front that takes bodies before the FE sees the request
+        self.proxy_port = 0
         self._threads: list[threading.Thread] = []
         self.fe_port = 0
         self.be_port = 0
@@ -71,6 +74,10 @@ class BaseEmulator:
         self.fe_port = self._fe.server_address[1]
         self.be_port = self._be.server_address[1]
         self._threads = [self._serve_in_thread(self._fe), self._serve_in_thread(self._be)]
+        if self._proxied:
+            self._proxy = Listener(self.proxy_port, self, "proxy")
+            self.proxy_port = self._proxy.server_address[1]
+            self._threads.append(self._serve_in_thread(self._proxy))
         return self
 
     def _serve_in_thread(self, server: Listener) -> threading.Thread:
@@ -94,10 +101,10 @@ class BaseEmulator:
 
     def stop(self) -> None:
         self.faults.release()  # let delayed answers go
-        self._shutdown([self._fe, self._be])
+        self._shutdown([self._fe, self._be, self._proxy])
         for thread in self._threads:
             thread.join(timeout=5)
-        self._fe = self._be = None
+        self._fe = self._be = self._proxy = None
 
     def restart(self) -> None:
         """Whole-cluster restart: same ports and data dir; memory (BE contexts, caches) is lost."""
@@ -128,6 +135,17 @@ class BaseEmulator:
         context.load_cert_chain(certfile, keyfile)
         self._fe_tls = context
         return self
+
+    def serve_behind_proxy(self) -> BaseEmulator:
+        """Also serve a front (``proxy_url``, call before ``start``) as nginx or a cloud load balancer in front of
+        the FE: it answers ``100 Continue`` itself, reads the whole body, then passes the request to the FE and
+        relays its answer, the FE's 307 included (docs/protocol.md, Common: proxies in front of the FE)."""
+        self._proxied = True
+        return self
+
+    @property
+    def proxy_url(self) -> str:
+        return f"http://127.0.0.1:{self.proxy_port}"
 
     def __enter__(self) -> BaseEmulator:
         return self.start()
@@ -310,7 +328,9 @@ class BaseEmulator:
     def _serve(self, role: str, handler: RequestHandler) -> None:
         req = Request(handler, role)
         try:
-            resp = self._handle(role, req)
+            if role == "proxy":  # the front asks for the body and buffers it whole, then the FE answers
+                req.body()
+            resp = self._handle("fe" if role == "proxy" else role, req)
         except Exception:  # an emulator bug must answer, never hang the client
             resp = Response.text("emulator error:\n" + traceback.format_exc(), status=500)
         self._send(handler, req, resp)

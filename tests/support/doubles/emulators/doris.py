@@ -8,7 +8,8 @@ answers them, as in D-LA / D-2PC. The wire facts are in docs/protocol.md, the "D
 sections; their names and source keys are cited next to each behaviour.
 
 Tables are DUPLICATE unless created ``keys_type="UNIQUE_KEYS", key=(...)`` (and ``sequence_type=`` or
-``sequence_col=`` for a sequence column): key_models.py.
+``sequence_col=`` for a sequence column, ``delete_sign=False`` for a table without the hidden delete sign):
+key_models.py.
 
 Run standalone: ``python -m tests.support.doubles.emulators.doris --data-dir DIR``.
 """
@@ -263,12 +264,13 @@ class DorisEmulator(BaseEmulator):
     # -- FE ----------------------------------------------------------------------------------
 
     def _fe_stream_load(self, req: Request) -> Response:
-        """D-LA: password first, then ``Expect: 100-continue`` (Doris: pre-commit load), then 307 to a BE."""
+        """D-LA: password first, then ``Expect: 100-continue`` (Doris: pre-commit load), then 307 to a BE whose
+        Location carries the credentials (conformance 2026-11-27 D9)."""
         if not self.credentials_ok(req):
             return self._unauthorized()
         if not req.expect_continue:
             return self._rest_failed("There is no 100-continue header")
-        return redirect(req, self.be_port)
+        return redirect(req, self.be_port, credentials=req.basic_auth())
 
     def _fe_2pc(self, req: Request) -> Response:
         """D-LA executeStreamLoad2PC: validate, then 307 (headers must be re-sent)."""
@@ -278,7 +280,7 @@ class DorisEmulator(BaseEmulator):
             return self._rest_failed("No transaction id selected.")
         if not req.header("txn_operation"):
             return self._rest_failed("No transaction operation('commit' or 'abort') selected.")
-        return redirect(req, self.be_port)
+        return redirect(req, self.be_port, credentials=req.basic_auth())
 
     def _fe_get_load_state(self, req: Request) -> Response:
         """Doris: label states (get_load_state). The envelope is UNCONFIRMED (ResponseEntityBuilder.ok)."""
@@ -365,6 +367,11 @@ class DorisEmulator(BaseEmulator):
             txn = self.store.new_txn(db=db, table=table, label=label, state=PREPARE,
                                      timeout_s=timeout, deadline=self.clock.now() + timeout,
                                      keep_s=p.streaming_label_keep_max_second, two_phase=two_pc)
+        try:  # the FE plans the load from its headers before the BE asks for the body (docs/protocol.md, D7)
+            schema.mapping(fmt)
+        except LoadError as exc:
+            self._cancel_load(txn, str(exc))
+            return self._load_json(label, two_pc, "Fail", p.be_message("ANALYSIS_ERROR", p.fe_message(str(exc))), txn)
         # A probe with an empty body is a valid load (Doris: the Flink connector): 0 rows, Success.
         try:
             body = req.body()

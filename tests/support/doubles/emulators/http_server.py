@@ -3,8 +3,9 @@
 Written on ``http.server`` so the emulators need only the stdlib. It does what the clients of a real FE and
 BE can observe: a body read lazily so a 307 never waits for it, ``100 Continue`` from the BE only and only
 when the body is wanted (the FE never sends one), chunked bodies, dropped connections, an optional TLS FE,
-and the redirect whose Location keeps path and query byte for byte and is always ``http://``
-(docs/protocol.md, "Common: redirects"). What a request means is for ``BaseEmulator`` to say.
+and the redirect whose Location keeps path and query byte for byte, is always ``http://`` and, from a Doris FE,
+carries the request's credentials in its userinfo (docs/protocol.md, "Common: redirects"). What a request means
+is for ``BaseEmulator`` to say.
 """
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ import threading
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import TYPE_CHECKING, Any
-from urllib.parse import parse_qs, unquote, urlsplit
+from urllib.parse import parse_qs, quote, unquote, urlsplit
 
 if TYPE_CHECKING:
     from tests.support.doubles.emulators.base_emulator import BaseEmulator
@@ -205,13 +206,17 @@ class Listener(ThreadingHTTPServer):
                 pass
 
 
-def redirect(req: Request, be_port: int, close: bool = False) -> Response:
+def redirect(req: Request, be_port: int, close: bool = False, credentials: tuple[str, str] | None = None) -> Response:
     """307 to the BE: ``http://127.0.0.1:<be_port><path>?<query>``, empty body (SR-RBA; Common: redirects).
 
     Like the servers (which build the URI with an empty query then append the original query),
-    the Location always carries the ``?`` and keeps path and query byte for byte; it never
-    carries credentials, so clients must re-send ``Authorization`` themselves. Its scheme is
+    the Location always carries the ``?`` and keeps path and query byte for byte. Its scheme is
     ``http`` even from a TLS FE, as the StarRocks FE builds it (``new URI("http", …)``, SR-RBA).
+    ``credentials``: the Doris FE puts the request's ``user:password`` into the Location's userinfo
+    (conformance 2026-11-27 D9, ``RestBaseController.getRedirectUrL``); the StarRocks FE never does.
     """
-    location = f"http://127.0.0.1:{be_port}{req.path}?{req.query_string}"
+    userinfo = ""
+    if credentials is not None:
+        userinfo = ":".join(quote(part, safe="!$&'()*+,;=") for part in credentials) + "@"
+    location = f"http://{userinfo}127.0.0.1:{be_port}{req.path}?{req.query_string}"
     return Response(status=307, headers={"Location": location}, close=close)

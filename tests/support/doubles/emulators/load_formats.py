@@ -58,6 +58,7 @@ class LoadFormat:
     strict_mode: bool = False
     merge_type: str = "APPEND"  # Doris: APPEND, DELETE or MERGE (D-DEL)
     sequence_col: str | None = None  # Doris: header function_column.sequence_col (D-SEQ)
+    delete_on: tuple[str, str] | None = None  # Doris MERGE: the `delete` condition as (source column, literal)
 
     @classmethod
     def from_headers(cls, headers: Any, formats: tuple[str, ...] = ("csv", "json")) -> LoadFormat:
@@ -108,11 +109,31 @@ class LoadFormat:
         merge_type = (get("merge_type") or "APPEND").strip().upper()
         if merge_type not in ("APPEND", "DELETE", "MERGE"):
             raise LoadError(f"unknown merge type {merge_type}")
-        if merge_type == "MERGE" or get("delete"):
-            raise LoadError("emulator: merge_type MERGE and the `delete` condition are not supported")
         out.merge_type = merge_type
+        out.delete_on = _delete_condition(get("delete"), merge_type)
         out.sequence_col = (get("function_column.sequence_col") or "").strip() or None
         return out
+
+
+_CONDITION = re.compile(r"\s*`?(\w+)`?\s*=\s*(-?\d+|'[^']*')\s*")
+
+
+def _delete_condition(text: str | None, merge_type: str) -> tuple[str, str] | None:
+    """Doris' `delete` header: with `merge_type: MERGE`, a row is a delete where the condition holds (the planner
+    sets the delete sign to it: `ImportColumnDesc.newDeleteSignImportColumnDesc`, apache/doris
+    fe/.../datasource/LoadScanProvider.java `initColumns`). The emulator reads `<column> = <literal>` only; the
+    refusals of a missing or misplaced condition follow StreamLoadTask/DataDescription (wording UNCONFIRMED)."""
+    text = (text or "").strip()
+    if merge_type == "MERGE" and not text:
+        raise LoadError("Excepted DELETE ON clause when merge type is MERGE.")
+    if not text:
+        return None
+    if merge_type != "MERGE":
+        raise LoadError("not support DELETE ON clause when merge type is not MERGE.")
+    match = _CONDITION.fullmatch(text)
+    if match is None:
+        raise LoadError(f"emulator: only `column = literal` delete conditions are supported, got {text!r}")
+    return match.group(1), match.group(2).strip("'")
 
 
 @dataclass
@@ -306,13 +327,12 @@ class TableSchema:
         self._check_key_headers(fmt)
         if fmt.columns is None:
             return list(range(len(self.columns)))
-        ignored = self.model.ignored_load_columns()
         out: list[int | None] = []
         for name in fmt.columns:
             idx = self.index(name)
             if idx is None and fmt.sequence_col is not None and name.lower() == fmt.sequence_col.lower():
                 idx = self.index(SEQUENCE_COL)  # Doris: the header maps this source column to the sequence
-            if idx is None and name in ignored:
+            if idx is None and self.model.drops_load_column(name):
                 out.append(None)
                 continue
             if idx is None:
@@ -325,6 +345,11 @@ class TableSchema:
         model = self.model
         if fmt.merge_type != "APPEND" and model.keys_type != UNIQUE_KEYS:
             raise LoadError("load by MERGE or DELETE is only supported in unique tables.")
+        if fmt.merge_type != "APPEND" and not model.delete_sign:
+            raise LoadError("load by MERGE or DELETE need to upgrade table to support batch delete.")
+        sources = [c.lower() for c in fmt.columns] if fmt.columns is not None else [n.lower() for n, _ in self.columns]
+        if fmt.delete_on is not None and fmt.delete_on[0].lower() not in sources:
+            raise LoadError(f"Unknown column '{fmt.delete_on[0]}' in the delete condition (emulator wording)")
         mapped = model.sequence_col is not None
         if model.has_sequence and not mapped and fmt.sequence_col is None:
             raise LoadError("Table has sequence column, need to specify the sequence column")
@@ -335,11 +360,16 @@ class TableSchema:
             raise LoadError(f"The source sequence column [{fmt.sequence_col}] is not in the load's columns "
                             "(emulator wording)")
 
-    def loaded(self, row: list[Any], fmt: LoadFormat) -> list[Any]:
-        """A converted row as stored: `merge_type: DELETE` marks every row deleted (D-DEL)."""
+    def loaded(self, row: list[Any], fmt: LoadFormat, source: dict[str, Any]) -> list[Any]:
+        """A converted row as stored: `merge_type: DELETE` marks every row deleted (D-DEL), MERGE the rows whose
+        `source` fields (by lower-case name) meet the `delete` condition; a NULL never meets it."""
         sign = self.index(DELETE_SIGN)
         if fmt.merge_type == "DELETE" and sign is not None:
             row[sign] = 1
+        if fmt.delete_on is not None and sign is not None:
+            name, literal = fmt.delete_on
+            value = source.get(name.lower())
+            row[sign] = int(value is not None and str(value).strip() == literal)
         return row
 
 
@@ -371,8 +401,12 @@ def _named_fields(schema: TableSchema, fmt: LoadFormat, mapping: list[int | None
     return [(name.lower(), i) for name, i in zip(fmt.columns, mapping) if i is not None]
 
 
+def _lowered(obj: dict[str, Any]) -> dict[str, Any]:
+    return {str(k).lower(): v for k, v in obj.items()}
+
+
 def _map_by_name(obj: dict[str, Any], fields: list[tuple[str, int]]) -> dict[int, Any]:
-    lowered = {str(k).lower(): v for k, v in obj.items()}
+    lowered = _lowered(obj)
     return {i: lowered.get(name) for name, i in fields}
 
 
@@ -386,13 +420,15 @@ def parse_payload(body: bytes, fmt: LoadFormat, schema: TableSchema,
         for obj in _arrow_rows(body):
             result.total += 1
             try:
-                result.rows.append(schema.loaded(schema.convert_row(_map_by_name(obj, fields), fmt.strict_mode), fmt))
+                result.rows.append(schema.loaded(schema.convert_row(_map_by_name(obj, fields), fmt.strict_mode), fmt,
+                                                 _lowered(obj)))
             except ConversionError as exc:
                 result.filtered += 1
                 result.errors.append(f"{exc}. Row: {obj!r}"[:400])
         return result
     text = body.decode("utf-8", errors="replace")
     if fmt.format == "csv":
+        names = [c.lower() for c in fmt.columns] if fmt.columns is not None else [n.lower() for n, _ in schema.columns]
         records = split_csv(text, fmt)
         if skip_header and fmt.skip_header:
             records = records[fmt.skip_header:]
@@ -406,7 +442,8 @@ def parse_payload(body: bytes, fmt: LoadFormat, schema: TableSchema,
                 continue
             try:
                 values = {i: v for i, v in zip(mapping, record) if i is not None}
-                result.rows.append(schema.loaded(schema.convert_row(values, fmt.strict_mode), fmt))
+                result.rows.append(schema.loaded(schema.convert_row(values, fmt.strict_mode), fmt,
+                                                 dict(zip(names, record))))
             except ConversionError as exc:
                 result.filtered += 1
                 result.errors.append(f"{exc}. Row: {record!r}")
@@ -437,7 +474,8 @@ def parse_payload(body: bytes, fmt: LoadFormat, schema: TableSchema,
             result.errors.append(f"JSON value is not an object: {obj!r}")
             continue
         try:
-            result.rows.append(schema.loaded(schema.convert_row(_map_by_name(obj, fields), fmt.strict_mode), fmt))
+            result.rows.append(schema.loaded(schema.convert_row(_map_by_name(obj, fields), fmt.strict_mode), fmt,
+                                             _lowered(obj)))
         except ConversionError as exc:
             result.filtered += 1
             result.errors.append(f"{exc}. Row: {json.dumps(obj)[:200]}")
