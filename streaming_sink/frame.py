@@ -213,9 +213,8 @@ def build_frame(raw: DataFrame, spec: JobSpec, tables: dict[str, str],
         elif spec.on_unknown_field == "add-column":  # the job adds the columns and runs the batch again (job.py)
             fatal = fatal.when(has_unknown, F.concat(F.lit(f"{_ADD_COLUMNS}{table}: "), F.to_json(unknown),
                                                      F.lit(' (sink.on_unknown_field = "add-column")')))
-        fields = [(_deleted_value(typed[f.name], f.dataType, deleted, not f.nullable or not rules.limits(
-                      target_type(table, f.name)).nullable) if spec.changes and f.name not in key_columns else typed[f.name]
-                   ).alias(f.name) for f in schema.fields if f.name in parse_schema.names]
+        fields = [(_deleted_value(typed[f.name], f.dataType, deleted) if spec.changes and f.name not in key_columns
+                   else typed[f.name]).alias(f.name) for f in schema.fields if f.name in parse_schema.names]
         fields += [F.col(source).cast("string").alias(name) if source == "key" else F.col(source).alias(name)
                    for source, name, _ in spec.metadata()]
         if spec.changes:
@@ -392,10 +391,11 @@ def _unavailable_value(value: Any, kind: Any) -> Any:
     return None
 
 
-def _deleted_value(value: Any, kind: Any, deleted: Any, required: bool) -> Any:
-    """A non-key field of a change row: as parsed, except in a delete, which sets nothing but its key: there it is NULL,
-    or its type's zero for a column that cannot hold NULL (StarRocks and Doris in strict mode filter a row with a NULL
-    in such a column, which would drop the delete). PostgreSQL's default replica identity sends the key alone."""
+def _deleted_value(value: Any, kind: Any, deleted: Any) -> Any:
+    """A non-key field of a change row: as parsed, except in a delete, which sets nothing but its key: there it is its
+    type's zero, whether the column could hold NULL or not (StarRocks and Doris in strict mode filter a row with a NULL
+    in a NOT NULL column, which would drop the delete, and their schema answers do not always say which columns are).
+    PostgreSQL's default replica identity sends the key alone; a struct has no zero and stays NULL."""
     from pyspark.sql import functions as F
     from pyspark.sql import types as T
 
@@ -404,8 +404,7 @@ def _deleted_value(value: Any, kind: Any, deleted: Any, required: bool) -> Any:
             T.TimestampNTZType: F.lit(dt.datetime(1970, 1, 1)), T.ArrayType: F.array(), T.MapType: F.create_map()}.get(type(kind))
     if zero is None and isinstance(kind, T.NumericType):
         zero = F.lit(0)
-    blank = zero if required and zero is not None else F.lit(None)  # a struct has no zero: NULL, as a delete sends it
-    return F.when(deleted, blank.cast(kind)).otherwise(value)
+    return F.when(deleted, (F.lit(None) if zero is None else zero).cast(kind)).otherwise(value)
 
 
 def _no_route(spec: JobSpec) -> Any:
