@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from .batch_log import BatchLog
 from .batch_plan import BatchPlan
+from .changes import OP_COLUMN
 from .checkpoint import planned_offsets, same_source, source_ranges
 from .checkpoint_marker import CheckpointMarker
 from .committable import Committable
@@ -246,10 +247,7 @@ class ExactlyOnceSink:
 
     def process(self, df: Any, batch_id: int, query_id: str) -> BatchReport:
         self.start()
-        if self.change_key:
-            from .latest_changes import latest_changes
-
-            df = latest_changes(df, self.table_column, self.change_key)
+        df = self._one_change_per_key(df)
         try:
             report = self._process(df, batch_id, query_id)
         except StopForOperator as stop:
@@ -264,6 +262,24 @@ class ExactlyOnceSink:
         for listener in self.listeners:
             listener(report)
         return report
+
+    def _one_change_per_key(self, df: Any) -> Any:
+        """A Spark batch of change rows, one change per (table, key) (`latest_changes.py`): two changes of a key in two
+        transactions would land in whatever order they commit, and in one StarRocks load its deletes apply after its
+        upserts (docs/protocol.md). The key is the caller's to name, never taken from the server: a sink of several
+        tables has no one key, and a server that cannot tell it would make the same job reduce on one release and
+        not on another. Data other runners lay out themselves (Arrow partitions) is the caller's."""
+        if self.change_key:
+            from .latest_changes import latest_changes
+
+            return latest_changes(df, self.table_column, self.change_key)
+        if hasattr(df, "sparkSession") and OP_COLUMN in df.columns:
+            key = self.target.table_key(self.table) if self.table is not None else None
+            fix = f"change_key={list(key)!r} (table {self.table}'s key)" if key else "change_key=[<the key columns>]"
+            raise ConfigurationError(
+                f"job {self.job_id}: the batch holds change rows (column {OP_COLUMN!r}) but the sink was given no "
+                f"change_key, so two changes of one key could land in any order; give ExactlyOnceSink({fix})")
+        return df
 
     def _process(self, df: Any, batch_id: int, query_id: str) -> BatchReport:
         committer = self._committer

@@ -85,3 +85,24 @@ def test_the_sink_hands_its_writers_one_change_per_key(spark, tmp_path):
     landed = sorted(((r["id"], r["name"], r["__op"], r["__version"], table)
                      for table in ("a", "b", "log") for r in target.rows(table)), key=repr)
     assert landed == expected(rows)
+
+
+def test_change_rows_without_change_key_are_refused_before_any_transaction_begins(spark, tmp_path):
+    """Without `change_key` two changes of a key could sit in two writers' transactions, committed in an order nobody
+    chose, or in one StarRocks load whose deletes apply after its upserts: the sink refuses the batch, naming the
+    table's key where the target tells it, and begins nothing."""
+    from streaming_sink.errors import ConfigurationError
+    from streaming_sink.targets.starrocks import StarRocksTarget
+    from tests.support.doubles.emulators.starrocks import StarRocksEmulator
+
+    with StarRocksEmulator(tmp_path / "sr", user="u", password="p") as server:
+        server.create_table("db", "a", [("id", "INT NOT NULL"), ("name", "VARCHAR(20)")], keys_type="PRIMARY_KEYS",
+                            key=("id",))
+        target = StarRocksTarget(server.fe_url, "db", "u", "p")
+        sink = ExactlyOnceSink(target=target, state=FileStateStore(tmp_path / "state"), job_id="job", table="a",
+                               heartbeat_seconds=None)
+        rows = [(1, "old", UPSERT, 10, "a"), (1, None, DELETE, 11, "a")]
+        with pytest.raises(ConfigurationError, match=r"change_key=\['id'\]"):
+            sink.process(frame(spark, rows).drop("__table"), 0, "q")
+        assert server.transactions() == []
+        assert server.visible_rows("db", "a") == []

@@ -30,6 +30,7 @@ from tests.support.doubles.emulators.column_types import schema_properties
 from tests.support.doubles.emulators.conversion import STARROCKS_RULES
 from tests.support.doubles.emulators.faults import Call
 from tests.support.doubles.emulators.http_server import Request, Response, redirect
+from tests.support.doubles.emulators.key_models import PRIMARY_KEYS, primary_key_apply_order
 from tests.support.doubles.emulators.load_formats import LoadError, LoadFormat, ParseResult, parse_payload
 from tests.support.doubles.emulators.profiles import profile_fields, version_tuple
 from tests.support.doubles.emulators.store import ABORTED, COMMITTED, VISIBLE, Txn, load_counts
@@ -89,6 +90,10 @@ class StarRocksProfile:
     max_stream_load_timeout_second: int = 259200     # StarRocks: timeouts (which max: UNCONFIRMED)
     prepared_transaction_default_timeout_second: int = 86400  # SR-T-prepared_timeout
     max_running_txn_num_per_db: int = 1000           # SR-CFG 3.x
+    # Rows of one load per memtable flush (each a segment of the load's rowset); None: the whole load is one memtable.
+    # The server flushes by memory (write_buffer_size, 100 MB by default); where a load spans several, its deletes
+    # apply after its upserts (key_models.primary_key_apply_order).
+    memtable_rows: int | None = None
     terminal_state_cache: bool = False               # SR-TWCH new; release UNCONFIRMED: off
     exception_class: str | None = None            # derived from version when None
     in_processing_message: str | None = None      # derived from version when None
@@ -186,6 +191,15 @@ class StarRocksEmulator(BaseEmulator):
                                          f"{ctx.idle_timeout_s} seconds.")
                 finally:
                     ctx.lock.release()
+
+    def _attach(self, txn: Txn, parsed: ParseResult, load_bytes: int) -> None:
+        """A PRIMARY KEY table keeps a load's rows in the order its apply step takes effect (key_models.py)."""
+        super()._attach(txn, parsed, load_bytes)
+        schema = self.store.schema(txn.db, txn.table)
+        if schema is not None and schema.model.keys_type == PRIMARY_KEYS:
+            txn.rows = primary_key_apply_order([name for name, _ in schema.stored], schema.model.key, txn.rows,
+                                               self.profile.memtable_rows)
+            self.store.save(txn, with_rows=True)
 
     def stream_context_busy(self, label: str) -> bool:
         """Test hook: is a BE request holding this label's context lock right now?"""
