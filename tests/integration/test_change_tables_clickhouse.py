@@ -2,10 +2,10 @@
 
 Through `ExactlyOnceSink` on the local Spark, embedded (chdb: writers in the driver) and over HTTP (the test front:
 writers in Spark tasks). A driver kill is a `Crash` raised at a named protocol point (streaming_sink/crash.py's
-points, reached in this process); the restart is a new sink on the same journal that takes the batch again, as
-Spark re-runs it. Each batch holds one change per key (the sink's own dedupe, which `change_key` asks for, keeps them all). The tables' merges
-are stopped, so besides `SELECT … FINAL` (the source's current rows, deleted excluded) the raw rows are compared
-too: every change loaded exactly once, which FINAL alone could not show (it folds a duplicate away).
+points, reached in this process); the restart is a new sink on the same journal that takes the batch again, as Spark
+re-runs it. Each batch holds one change per key (the sink's own dedupe, which `change_key` asks for, keeps them all).
+The tables' merges are stopped, so besides `SELECT … FINAL` (the source's current rows, deleted excluded) the raw rows
+are compared too: every change loaded exactly once, which FINAL alone could not show (it folds a duplicate away).
 """
 from __future__ import annotations
 

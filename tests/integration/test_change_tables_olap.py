@@ -3,11 +3,11 @@ exactly once through a driver kill at each named crash point and a restart.
 
 The real `ExactlyOnceSink` with its writers in Spark tasks (a local session, three partitions), over a file journal,
 into each emulator: every batch is a DataFrame of change rows that already holds one change per key (the sink's own
-dedupe, which `change_key` asks for, keeps them all; it is not what is proved here). The driver dies at a crash point of one batch (the crash points raise instead of
-SIGKILL, as in test_exactly_once_doris.py), the emulator restarts with it, and a new sink with a new target runs that
-batch again and the rest: the table must then equal the current rows of the source, row by row. Beside it: a Doris
-sequence column keeps an older change from overwriting a newer one, and the targets refuse change tables of the
-wrong model before any data moves.
+dedupe, which `change_key` asks for, keeps them all; it is not what is proved here). The driver dies at a crash point
+of one batch (the crash points raise instead of SIGKILL, as in test_exactly_once_doris.py), the emulator restarts with
+it, and a new sink with a new target runs that batch again and the rest: the table must then equal the current rows of
+the source, row by row. Beside it: a Doris sequence column keeps an older change from overwriting a newer one, and the
+targets refuse change tables of the wrong model before any data moves.
 """
 from __future__ import annotations
 

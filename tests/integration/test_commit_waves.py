@@ -114,7 +114,8 @@ def starrocks(tmp_path: Path) -> Iterator[StarRocksEmulator]:
 
 @pytest.fixture
 def doris(tmp_path: Path) -> Iterator[DorisEmulator]:
-    with DorisEmulator(tmp_path / "doris") as emu:  # 2.1.8: max_running_txn_num_per_db 100
+    # a Doris FE that does not tell its release to the loading user (not ADMIN), set to the least default, 100
+    with DorisEmulator(tmp_path / "doris", max_running_txn_num_per_db=100, user_is_admin=False) as emu:
         yield with_tables(emu)  # type: ignore[misc]
 
 
