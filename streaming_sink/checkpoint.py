@@ -126,6 +126,25 @@ def same_source(recorded: str | None, planned: str | None) -> bool:
     return source_ranges(recorded) == source_ranges(planned)
 
 
+def partitions_added(recorded: str | None, planned: str | None) -> dict[str, tuple[int, int]]:
+    """The Kafka topics with more partitions in `planned` than in `recorded` (offset-log texts: an earlier batch's and
+    this one's), as topic -> (partitions before, now). A Kafka source's line maps each topic to its partitions' end
+    offsets; other sources' lines are left out."""
+    before, now = _kafka_partitions(recorded), _kafka_partitions(planned)
+    return {topic: (len(before[topic]), len(partitions)) for topic, partitions in sorted(now.items())
+            if topic in before and len(partitions) > len(before[topic])}
+
+
+def _kafka_partitions(offset_log_text: str | None) -> dict[str, set[str]]:
+    """topic -> its partitions, from the Kafka sources of an offset-log text ({} when unknown)."""
+    found: dict[str, set[str]] = {}
+    for source in source_ranges(offset_log_text) if offset_log_text else []:
+        for topic, ends in source.items() if isinstance(source, dict) else []:
+            if isinstance(ends, dict) and ends and all(str(p).isdigit() for p in ends):
+                found.setdefault(topic, set()).update(ends)
+    return found
+
+
 def latest_batch(folder: CheckpointFolder, log: str) -> int | None:
     """The newest batch id of an offset or commit log (`offsets`, `commits`); None when it has none."""
     ids = [int(name) for name in folder.names(log) if name.isdigit()]

@@ -278,6 +278,13 @@ class SourceReplannedError(StopForOperator):
     runbook = "Batch re-planned with another range"
 
 
+class KafkaPartitionsAddedError(StopForOperator):
+    """A topic of change events whose versions are Kafka offsets gained partitions: a key may now sit in a partition
+    with lower offsets, where its newer changes would carry lower versions than its older ones and lose to them."""
+
+    runbook = "Kafka partitions added under offset versions"
+
+
 class ReplayImpossibleError(StopForOperator):
     """Prepared data is gone and the source will not re-run the batch: stop before losing it silently."""
 

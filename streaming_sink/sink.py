@@ -21,14 +21,15 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from .batch_log import BatchLog
 from .batch_plan import BatchPlan
-from .changes import OP_COLUMN
-from .checkpoint import planned_offsets, same_source, source_ranges
+from .changes import OP_COLUMN, POSITION_COLUMN, VERSION_COLUMN
+from .checkpoint import partitions_added, planned_offsets, same_source, source_ranges
 from .checkpoint_marker import CheckpointMarker
 from .committable import Committable
 from .committer import Committer
 from .crash import crash_point
 from .errors import (
     BatchDoesNotAddUpError,
+    KafkaPartitionsAddedError,
     ReplayLostAgainError,
     ReplayMismatchError,
     SourceReplannedError,
@@ -247,6 +248,7 @@ class ExactlyOnceSink:
 
     def process(self, df: Any, batch_id: int, query_id: str) -> BatchReport:
         self.start()
+        self._check_offset_versions(df, batch_id, query_id)
         df = self._one_change_per_key(df)
         try:
             report = self._process(df, batch_id, query_id)
@@ -262,6 +264,31 @@ class ExactlyOnceSink:
         for listener in self.listeners:
             listener(report)
         return report
+
+    def _check_offset_versions(self, df: Any, batch_id: int, query_id: str) -> None:
+        """Versions that are Kafka offsets (`__version` equal to the row's `__position`, the offset: Debezium without
+        `source.lsn`) order a key's changes only while the key stays in one partition. A topic that gained partitions
+        since the journal's previous batch may have moved keys to partitions with lower offsets, where their newer
+        changes would lose to older ones, in the batch's own reduction and in every version-ordered table: stop
+        before writing such a batch. Rows without `__position` cannot tell, and are taken for offsets. Checked once
+        per batch, before its record exists; a topic re-created under the same partition count is not seen here
+        (docs/runbook.md)."""
+        if not self.change_key or self._marker is None or batch_id == 0:
+            return
+        previous = self.state.get_batch(self.job_id, query_id, batch_id - 1)
+        grown = partitions_added(previous.source if previous else None, planned_offsets(self._marker.folder, batch_id))
+        if not grown or self.state.get_batch(self.job_id, query_id, batch_id) is not None:
+            return
+        if hasattr(df, "sparkSession") and POSITION_COLUMN in df.columns:
+            from pyspark.sql import functions as F
+
+            offsets = df.filter(F.col(OP_COLUMN).isNotNull() & (F.col(VERSION_COLUMN) == F.col(POSITION_COLUMN)))
+            if not offsets.limit(1).count():
+                return
+        topics = ", ".join(f"topic {topic}: {before} partitions, now {now}" for topic, (before, now) in grown.items())
+        raise KafkaPartitionsAddedError(
+            f"job {self.job_id} batch {batch_id}: {topics}; its change events' versions are Kafka offsets, which a key "
+            "that moved to another partition no longer follows. " + KafkaPartitionsAddedError.RUNBOOK)
 
     def _one_change_per_key(self, df: Any) -> Any:
         """A Spark batch of change rows, one change per (table, key) (`latest_changes.py`): two changes of a key in two

@@ -70,3 +70,19 @@ def test_a_folder_that_is_not_a_checkpoint_is_refused(setup, tmp_path, capsys) -
     _, state, _ = setup
     assert run(state, tmp_path / "elsewhere", "--apply") == 2
     assert "configuration error: " in (err := capsys.readouterr().err) and "not a streaming checkpoint" in err
+
+
+def test_partitions_added_names_the_kafka_topics_whose_partition_count_grew() -> None:
+    """Only Kafka sources' lines count (topic -> partition -> offset); a rate or file source, an unknown text or a
+    topic first seen now is no growth."""
+    from streaming_sink.checkpoint import partitions_added
+
+    def log(*sources: str) -> str:
+        return "v1\n{\"batchWatermarkMs\":0,\"batchTimestampMs\":1}\n" + "\n".join(sources) + "\n"
+
+    before = log('{"a":{"0":5,"1":7},"b":{"0":3}}', '{"logOffset":4}')
+    after = log('{"a":{"0":9,"1":9,"2":0},"b":{"0":3},"c":{"0":1,"1":1}}', '{"logOffset":5}')
+    assert partitions_added(before, after) == {"a": (2, 3)}
+    assert partitions_added(after, before) == {}
+    assert partitions_added(None, after) == partitions_added(before, None) == {}
+    assert partitions_added(log("-"), log('{"a":{"0":1}}')) == {}
