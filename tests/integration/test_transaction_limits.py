@@ -158,7 +158,7 @@ def test_a_doris_batch_whose_writers_flush_often_still_holds_the_transactions_it
         doris: DorisEmulator, monkeypatch: pytest.MonkeyPatch) -> None:
     """Issue 26: the plan counts one transaction per (table, writer); a Doris writer that flushes a table several
     times (here: about every 3 rows, 12 rows per table per writer) must still hold one, or a wave the plan sized at 48
-    transactions (10 tables x 16 writers, Doris 2.1's 100 running at most) holds four times that and the server
+    transactions (10 tables x 16 writers, the Doris FE's 100 running at most) holds four times that and the server
     refuses its begins. Every table still equals the source row by row."""
     pauses: list[object] = []
     monkeypatch.setattr("streaming_sink.retry.sleep", pauses.append)
