@@ -22,14 +22,14 @@ from typing import TYPE_CHECKING, Any, Protocol
 from .batch_log import BatchLog
 from .batch_plan import BatchPlan
 from .changes import OP_COLUMN, POSITION_COLUMN, VERSION_COLUMN
-from .checkpoint import partitions_added, planned_offsets, same_source, source_ranges
+from .checkpoint import kafka_layout_changes, planned_offsets, same_source, source_ranges
 from .checkpoint_marker import CheckpointMarker
 from .committable import Committable
 from .committer import Committer
 from .crash import crash_point
 from .errors import (
     BatchDoesNotAddUpError,
-    KafkaPartitionsAddedError,
+    KafkaOffsetsMovedError,
     ReplayLostAgainError,
     ReplayMismatchError,
     SourceReplannedError,
@@ -267,17 +267,17 @@ class ExactlyOnceSink:
 
     def _check_offset_versions(self, df: Any, batch_id: int, query_id: str) -> None:
         """Versions that are Kafka offsets (`__version` equal to the row's `__position`, the offset: Debezium without
-        `source.lsn`) order a key's changes only while the key stays in one partition. A topic that gained partitions
-        since the journal's previous batch may have moved keys to partitions with lower offsets, where their newer
-        changes would lose to older ones, in the batch's own reduction and in every version-ordered table: stop
-        before writing such a batch. Rows without `__position` cannot tell, and are taken for offsets. Checked once
-        per batch, before its record exists; a topic re-created under the same partition count is not seen here
-        (docs/runbook.md)."""
+        `source.lsn`) order a key's changes only while the key stays in one partition of one topic. A topic that gained
+        or lost partitions since the journal's previous batch may have moved keys to partitions with lower offsets,
+        and a re-created one starts its offsets again: newer changes would then lose to older ones, in the batch's own
+        reduction and in every version-ordered table. Stop before writing such a batch. Rows without `__position`
+        cannot tell, and are taken for offsets. Checked once per batch of one checkpoint, before its record exists
+        (docs/runbook.md, 'Kafka partitions or offsets changed under offset versions')."""
         if not self.change_key or self._marker is None or batch_id == 0:
             return
         previous = self.state.get_batch(self.job_id, query_id, batch_id - 1)
-        grown = partitions_added(previous.source if previous else None, planned_offsets(self._marker.folder, batch_id))
-        if not grown or self.state.get_batch(self.job_id, query_id, batch_id) is not None:
+        changed = kafka_layout_changes(previous.source if previous else None, planned_offsets(self._marker.folder, batch_id))
+        if not changed or self.state.get_batch(self.job_id, query_id, batch_id) is not None:
             return
         if hasattr(df, "sparkSession") and POSITION_COLUMN in df.columns:
             from pyspark.sql import functions as F
@@ -285,10 +285,9 @@ class ExactlyOnceSink:
             offsets = df.filter(F.col(OP_COLUMN).isNotNull() & (F.col(VERSION_COLUMN) == F.col(POSITION_COLUMN)))
             if not offsets.limit(1).count():
                 return
-        topics = ", ".join(f"topic {topic}: {before} partitions, now {now}" for topic, (before, now) in grown.items())
-        raise KafkaPartitionsAddedError(
-            f"job {self.job_id} batch {batch_id}: {topics}; its change events' versions are Kafka offsets, which a key "
-            "that moved to another partition no longer follows. " + KafkaPartitionsAddedError.RUNBOOK)
+        raise KafkaOffsetsMovedError(
+            f"job {self.job_id} batch {batch_id}: {'; '.join(changed)} since batch {batch_id - 1}; its change events' "
+            "versions are Kafka offsets, which no longer order a key's changes. " + KafkaOffsetsMovedError.RUNBOOK)
 
     def _one_change_per_key(self, df: Any) -> Any:
         """A Spark batch of change rows, one change per (table, key) (`latest_changes.py`): two changes of a key in two

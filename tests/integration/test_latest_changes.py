@@ -108,40 +108,44 @@ def test_change_rows_without_change_key_are_refused_before_any_transaction_begin
         assert server.visible_rows("db", "a") == []
 
 
-def test_a_topic_that_gains_partitions_stops_a_job_whose_versions_are_kafka_offsets(spark, tmp_path):
-    """Versions taken from Kafka offsets (Debezium without `source.lsn`) compare only within a partition: once a topic
-    gains partitions, a key may move to one whose offsets are lower, and its newer changes would lose to its older
-    ones. The sink sees the topic's partition count grow between the journal's last batch and Spark's plan of this
-    one, and stops before writing it; a job whose versions are not offsets (PostgreSQL's LSNs) goes on."""
+def test_a_topic_that_gains_partitions_or_starts_its_offsets_again_stops_a_job_whose_versions_are_offsets(
+        spark, tmp_path):
+    """Versions taken from Kafka offsets (Debezium without `source.lsn`) compare only within a partition of one topic:
+    once a topic gains partitions, a key may move to one whose offsets are lower, and a re-created topic starts its
+    offsets again; newer changes would lose to older ones. The sink compares Spark's plan of this batch with the
+    journal's previous batch and stops before writing it; a job whose versions are not offsets (PostgreSQL's LSNs)
+    goes on."""
     import json
 
-    from streaming_sink.errors import KafkaPartitionsAddedError
+    from streaming_sink.errors import KafkaOffsetsMovedError
 
     schema = "id INT, name STRING, __op INT, __version BIGINT, __position BIGINT"
 
-    def run(name: str, lsn: int) -> tuple[MemoryTarget, list[Any]]:
+    def run(name: str, lsn: int, plans: list[dict[str, int]]) -> tuple[MemoryTarget, list[Any]]:
         checkpoint = tmp_path / name / "checkpoint"
         (checkpoint / "offsets").mkdir(parents=True)
         target = MemoryTarget()
         sink = ExactlyOnceSink(target=target, state=FileStateStore(tmp_path / name / "state"), job_id="job", table="t",
                                change_key=["id"], checkpoint_location=str(checkpoint), heartbeat_seconds=None)
         outcomes: list[Any] = []
-        for batch, partitions in enumerate((2, 2, 3)):
-            ends = {str(p): 10 * (batch + 1) for p in range(partitions)}
+        for batch, ends in enumerate(plans):
             (checkpoint / "offsets" / str(batch)).write_text(
                 f'v1\n{{"batchWatermarkMs":0,"batchTimestampMs":{batch}}}\n{json.dumps({"orders": ends})}\n')
             offset = 10 * batch
             rows = [(1, f"b{batch}", UPSERT, lsn + offset if lsn else offset, offset)]
             try:
                 outcomes.append(sink.process(spark.createDataFrame(rows, schema), batch, "q").action)
-            except KafkaPartitionsAddedError as stop:
+            except KafkaOffsetsMovedError as stop:
                 outcomes.append(stop)
         return target, outcomes
 
-    target, outcomes = run("offsets", lsn=0)
-    assert outcomes[:2] == ["written", "written"]
-    assert isinstance(outcomes[2], KafkaPartitionsAddedError)
-    assert "topic orders: 2 partitions, now 3" in str(outcomes[2]) and "Kafka partitions added" in str(outcomes[2])
+    added = [{"0": 10, "1": 10}, {"0": 20, "1": 20}, {"0": 30, "1": 30, "2": 0}]
+    target, outcomes = run("added", 0, added)
+    assert outcomes[:2] == ["written", "written"] and isinstance(outcomes[2], KafkaOffsetsMovedError)
+    assert "topic orders: 2 partitions, now 3 since batch 1" in str(outcomes[2])
+    assert "'Kafka partitions or offsets changed under offset versions'" in str(outcomes[2])
     assert [r["name"] for r in target.rows("t")] == ["b0", "b1"]  # batch 2 was not written
-    target, outcomes = run("lsn", lsn=10_000_000)
+    target, outcomes = run("recreated", 0, [{"0": 10, "1": 10}, {"0": 20, "1": 20}, {"0": 3, "1": 30}])
+    assert isinstance(outcomes[2], KafkaOffsetsMovedError) and "partition 0: offset 20, now 3" in str(outcomes[2])
+    target, outcomes = run("lsn", 10_000_000, added)
     assert outcomes == ["written", "written", "written"]
