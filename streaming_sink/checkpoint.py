@@ -126,6 +126,32 @@ def same_source(recorded: str | None, planned: str | None) -> bool:
     return source_ranges(recorded) == source_ranges(planned)
 
 
+def kafka_layout_changes(recorded: str | None, planned: str | None) -> list[str]:
+    """What changed in the Kafka sources between `recorded` and `planned` (offset-log texts: an earlier batch's and
+    this one's) that breaks the order of offsets: a topic with more or fewer partitions, or a partition whose end
+    offset went back (the topic re-created). A Kafka source's line maps each topic to its partitions' end offsets;
+    other sources' lines are left out, as are topics only one of them has."""
+    before, now = _kafka_ends(recorded), _kafka_ends(planned)
+    changes = []
+    for topic in sorted(set(before) & set(now)):
+        was, is_ = before[topic], now[topic]
+        if len(was) != len(is_):
+            changes.append(f"topic {topic}: {len(was)} partitions, now {len(is_)}")
+        changes += [f"topic {topic} partition {p}: offset {was[p]}, now {is_[p]}"
+                    for p in sorted(set(was) & set(is_), key=int) if is_[p] < was[p]]
+    return changes
+
+
+def _kafka_ends(offset_log_text: str | None) -> dict[str, dict[str, int]]:
+    """topic -> partition -> end offset, from the Kafka sources of an offset-log text ({} when unknown)."""
+    found: dict[str, dict[str, int]] = {}
+    for source in source_ranges(offset_log_text) if offset_log_text else []:
+        for topic, ends in source.items() if isinstance(source, dict) else []:
+            if isinstance(ends, dict) and ends and all(str(p).isdigit() and isinstance(e, int) for p, e in ends.items()):
+                found.setdefault(topic, {}).update(ends)
+    return found
+
+
 def latest_batch(folder: CheckpointFolder, log: str) -> int | None:
     """The newest batch id of an offset or commit log (`offsets`, `commits`); None when it has none."""
     ids = [int(name) for name in folder.names(log) if name.isdigit()]

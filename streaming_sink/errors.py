@@ -37,6 +37,7 @@ defined outside this one, e.g. a product's own error beside its target):
     │   ├── StateStoreAuthError                         exit 2
     │   └── StateStoreUnreachableError                  exit 3
     ├── StopForOperator (RuntimeError)                  exit 4
+    │   ├── KafkaOffsetsMovedError                      exit 4  runbook 'Kafka partitions or offsets changed under offset versions'
     │   ├── ReplayAmbiguousError                        exit 4  runbook 'Replay ambiguous: a committed label was forgotten'
     │   ├── ReplayImpossibleError                       exit 4  runbook 'Prepared data lost outside its batch'
     │   ├── ReplayMismatchError                         exit 4  runbook 'Replay mismatch'
@@ -276,6 +277,13 @@ class SourceReplannedError(StopForOperator):
     back): skipping it would lose the new rows, writing it could duplicate the old ones."""
 
     runbook = "Batch re-planned with another range"
+
+
+class KafkaOffsetsMovedError(StopForOperator):
+    """A topic of change events whose versions are Kafka offsets gained or lost partitions, or its offsets went back
+    (re-created): a key's newer changes may now carry lower versions than its older ones, and would lose to them."""
+
+    runbook = "Kafka partitions or offsets changed under offset versions"
 
 
 class ReplayImpossibleError(StopForOperator):

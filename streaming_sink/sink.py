@@ -21,13 +21,15 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from .batch_log import BatchLog
 from .batch_plan import BatchPlan
-from .checkpoint import planned_offsets, same_source, source_ranges
+from .changes import OP_COLUMN, POSITION_COLUMN, VERSION_COLUMN
+from .checkpoint import kafka_layout_changes, planned_offsets, same_source, source_ranges
 from .checkpoint_marker import CheckpointMarker
 from .committable import Committable
 from .committer import Committer
 from .crash import crash_point
 from .errors import (
     BatchDoesNotAddUpError,
+    KafkaOffsetsMovedError,
     ReplayLostAgainError,
     ReplayMismatchError,
     SourceReplannedError,
@@ -246,10 +248,8 @@ class ExactlyOnceSink:
 
     def process(self, df: Any, batch_id: int, query_id: str) -> BatchReport:
         self.start()
-        if self.change_key:
-            from .latest_changes import latest_changes
-
-            df = latest_changes(df, self.table_column, self.change_key)
+        self._check_offset_versions(df, batch_id, query_id)
+        df = self._one_change_per_key(df)
         try:
             report = self._process(df, batch_id, query_id)
         except StopForOperator as stop:
@@ -264,6 +264,48 @@ class ExactlyOnceSink:
         for listener in self.listeners:
             listener(report)
         return report
+
+    def _check_offset_versions(self, df: Any, batch_id: int, query_id: str) -> None:
+        """Versions that are Kafka offsets (`__version` equal to the row's `__position`, the offset: Debezium without
+        `source.lsn`) order a key's changes only while the key stays in one partition of one topic. A topic that gained
+        or lost partitions since the journal's previous batch may have moved keys to partitions with lower offsets,
+        and a re-created one starts its offsets again: newer changes would then lose to older ones, in the batch's own
+        reduction and in every version-ordered table. Stop before writing such a batch. Rows without `__position`
+        cannot tell, and are taken for offsets. Checked once per batch of one checkpoint, before its record exists
+        (docs/runbook.md, 'Kafka partitions or offsets changed under offset versions')."""
+        if not self.change_key or self._marker is None or batch_id == 0:
+            return
+        previous = self.state.get_batch(self.job_id, query_id, batch_id - 1)
+        changed = kafka_layout_changes(previous.source if previous else None, planned_offsets(self._marker.folder, batch_id))
+        if not changed or self.state.get_batch(self.job_id, query_id, batch_id) is not None:
+            return
+        if hasattr(df, "sparkSession") and POSITION_COLUMN in df.columns:
+            from pyspark.sql import functions as F
+
+            offsets = df.filter(F.col(OP_COLUMN).isNotNull() & (F.col(VERSION_COLUMN) == F.col(POSITION_COLUMN)))
+            if not offsets.limit(1).count():
+                return
+        raise KafkaOffsetsMovedError(
+            f"job {self.job_id} batch {batch_id}: {'; '.join(changed)} since batch {batch_id - 1}; its change events' "
+            "versions are Kafka offsets, which no longer order a key's changes. " + KafkaOffsetsMovedError.RUNBOOK)
+
+    def _one_change_per_key(self, df: Any) -> Any:
+        """A Spark batch of change rows, one change per (table, key) (`latest_changes.py`): two changes of a key in two
+        transactions would land in whatever order they commit, and in one StarRocks load its deletes apply after its
+        upserts (docs/protocol.md). The key is the caller's to name, never taken from the server: a sink of several
+        tables has no one key, and a server that cannot tell it would make the same job reduce on one release and
+        not on another. Data other runners lay out themselves (Arrow partitions) is the caller's."""
+        if self.change_key:
+            from .latest_changes import latest_changes
+
+            return latest_changes(df, self.table_column, self.change_key)
+        if hasattr(df, "sparkSession") and OP_COLUMN in df.columns:
+            key = self.target.table_key(self.table) if self.table is not None else None
+            fix = f"change_key={list(key)!r} (table {self.table}'s key)" if key else "change_key=[<the key columns>]"
+            raise ConfigurationError(
+                f"job {self.job_id}: the batch holds change rows (column {OP_COLUMN!r}) but the sink was given no "
+                f"change_key, so two changes of one key could land in any order; give ExactlyOnceSink({fix})")
+        return df
 
     def _process(self, df: Any, batch_id: int, query_id: str) -> BatchReport:
         committer = self._committer

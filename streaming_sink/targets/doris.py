@@ -27,6 +27,7 @@ Wire facts (paths, headers, messages): docs/protocol.md, the "Doris: ..." sectio
 """
 from __future__ import annotations
 
+import json
 import logging
 import re
 import threading
@@ -50,7 +51,7 @@ from .streamload.doris_arrow import ArrowFormat, table_arrow_type
 from .streamload.fe import NO_ANSWER, Answer, Dialect
 from .streamload.http import AskedBody, HttpClient, HttpConnectionError, HttpError, HttpStatusError, api_path, excerpt
 from .streamload.table_schema import TableModel, fetch_table_schema
-from .streamload.target import LabelRetention, SharedOptions, StreamLoadTarget
+from .streamload.target import LabelRetention, Release, SharedOptions, StreamLoadTarget
 
 log = logging.getLogger(__name__)
 
@@ -331,11 +332,26 @@ class DorisTarget(StreamLoadTarget):
     label_retention = LabelRetention("streaming_label_keep_max_second", 43200.0, "label_num_threshold", 2000,
                                      "newer finished txns in the database")
 
-    # Config.max_running_txn_num_per_db: 100 in 2.x, 1000 in 3.x, 10000 from 4.0 (apache/doris#51367). The target
-    # does not learn the server's release, so it assumes the least; the option names the server's own value.
-    running_limit = (100, "Doris 2.x release (3.x: 1000, 4.x: 10000)")
+    # Config.max_running_txn_num_per_db: 100 before apache/doris#20478 (in 2.0), 1000 from 2.0, 10000 from
+    # apache/doris#51367 (4.0 assumed, UNCONFIRMED). docs/protocol.md, Doris: timeouts and label retention.
+    running_defaults = (((0,), 100), ((2, 0), 1000), ((4, 0), 10000))
     options_class = DorisOptions
     change_model = ("UNIQUE_KEYS", "CREATE TABLE ... UNIQUE KEY (...), merge-on-write the default from 2.1")
+
+    def _read_release(self) -> Release:
+        """`GET /api/fe_version_info` (FeVersionInfoAction): the httpv2 envelope whose `data.feVersionInfo` gives the
+        release as numbers. It needs the ADMIN privilege, which a load-only user lacks: then the release is unknown."""
+        try:
+            body = self.http.request("GET", api_path("fe_version_info"), idempotent=True, allow_status=(404,)).json()
+        except HttpError as error:
+            return Release(None, f"Doris did not tell its release to user {self.user!r} (/api/fe_version_info needs "
+                                 f"ADMIN: {excerpt(str(error), 120)})")
+        try:
+            info = body["data"]["feVersionInfo"] if body["code"] == 0 else {}
+            numbers = tuple(int(info[f"dorisBuildVersion{part}"]) for part in ("Major", "Minor", "Patch"))
+        except (TypeError, KeyError, ValueError):
+            return Release(None, f"Doris did not tell its release ({excerpt(json.dumps(body), 120)!r})")
+        return Release(numbers, f"Doris {'.'.join(map(str, numbers))}, read from /api/fe_version_info")
 
     def _read_model(self, table: str) -> TableModel | None:
         """From `_schema`: its keysType, and its key columns by their missing aggregation type (docs/protocol.md,

@@ -21,6 +21,7 @@ Wire facts (paths, headers, answers, label states): docs/protocol.md, the "StarR
 """
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -38,9 +39,9 @@ from .encoding import DEFAULT_CHUNK_BYTES, CsvFormat, JsonFormat, WireFormat, co
 from .olap_types import STARROCKS_COLUMNS
 from .streamload.accounting import RowCounts
 from .streamload.fe import HTTP_ERROR, NO_ANSWER, Answer, Dialect, FeClient, LabelState
-from .streamload.http import AuthenticationError, HttpClient, HttpConnectionError, HttpError, api_path
+from .streamload.http import AuthenticationError, HttpClient, HttpConnectionError, HttpError, api_path, excerpt
 from .streamload.table_schema import TableModel, fetch_table_model_v2
-from .streamload.target import LabelRetention, SharedOptions, StreamLoadTarget
+from .streamload.target import LabelRetention, Release, SharedOptions, StreamLoadTarget, release_numbers
 
 log = logging.getLogger(__name__)
 
@@ -198,7 +199,9 @@ class StarRocksTarget(StreamLoadTarget):
     kind = "starrocks"
     display_name = "StarRocks"
     label_retention = LABEL_RETENTION
-    running_limit = (1000, "StarRocks 2.x-3.x release")  # Config.max_running_txn_num_per_db (docs/protocol.md)
+    # Config.max_running_txn_num_per_db: 1000 in the 3.x Config.java, 100 in an older one (2.x; the release of the
+    # change is UNCONFIRMED, 3.0 assumed). docs/protocol.md, StarRocks: concurrency and limits.
+    running_defaults = (((0,), 100), ((3, 0), 1000))
 
     options_class = StarRocksOptions
     change_model = ("PRIMARY_KEYS", "CREATE TABLE ... PRIMARY KEY (...)")
@@ -207,6 +210,30 @@ class StarRocksTarget(StreamLoadTarget):
         """From the v2 schema API (3.3 on, assumed); the `_schema` endpoint the target reads columns from does not
         tell it (docs/protocol.md, StarRocks: primary key tables and `__op`)."""
         return fetch_table_model_v2(self.http, self.database, table)
+
+    def _read_release(self) -> Release:
+        """`select current_version()` through the HTTP SQL API (StarRocks 3.2+; StarRocks' docs, reference/HTTP_API/SQL.md),
+        which any user may run: newline-delimited JSON whose `data` row is `"<release> <commit>"`. An FE without the
+        API answers 404 (a release before 3.2, which does not tell its release over HTTP to the sink's user)."""
+        path = api_path("v1", "catalogs", "default_catalog", "sql")
+        try:
+            response = self.http.request("POST", path, headers={"Content-Type": "application/json"},
+                                         body=json.dumps({"query": "select current_version();"}).encode(),
+                                         idempotent=True, allow_status=(400, 404, 405))
+        except HttpError as error:
+            return Release(None, f"StarRocks did not tell its release ({error})")
+        if response.status in (404, 405):
+            return Release(None, "StarRocks before 3.2 (no HTTP SQL API tells the release)")
+        for line in response.text.splitlines():
+            try:
+                row = json.loads(line)
+            except ValueError:
+                continue
+            data = row.get("data") if isinstance(row, dict) else None
+            numbers = release_numbers(str(data[0])) if isinstance(data, list) and data else None
+            if numbers is not None:
+                return Release(numbers, f"StarRocks {'.'.join(map(str, numbers))}, read from the HTTP SQL API")
+        return Release(None, f"StarRocks did not tell its release ({excerpt(response.text, 120)!r})")
 
     def _unknown_model(self, table: str) -> None:
         """Refused unless vouched for: StarRocks loads `__op` into a table that is not PRIMARY KEY without an error,

@@ -67,6 +67,27 @@ def test_starrocks_primary_key_upserts_by_key_and_the_last_row_of_a_key_in_a_loa
     assert rows(sr, "pk") == [(2, "b2"), (3, "c again")]
 
 
+def test_starrocks_applies_a_loads_deletes_after_its_upserts_across_memtable_flushes(tmp_path: Any) -> None:
+    """Within one memtable the last row of a key wins, op included (be/src/storage/memtable.cpp); across the memtables
+    one load flushes, the apply step upserts every segment and then erases every delete (be/src/storage/
+    tablet_updates.cpp): a delete, then a re-insert of the key in a later memtable, leaves the key deleted."""
+    with StarRocksEmulator(tmp_path / "sr", memtable_rows=2) as sr:
+        sr.create_table(DB, "pk", COLUMNS, keys_type="PRIMARY_KEYS", key=("id",))
+        loaded(sr, "pk", b"1,a,0\n2,b,0\n")
+        loaded(sr, "pk", b"1,\\N,1\n3,c,0\n1,a again,0\n2,\\N,1\n")  # memtables [delete 1, 3] [upsert 1, delete 2]
+        assert rows(sr, "pk") == [(3, "c")]
+        loaded(sr, "pk", b"4,\\N,1\n4,d,0\n5,e,0\n5,\\N,1\n")  # in one memtable each: the last row wins
+        assert rows(sr, "pk") == [(3, "c"), (4, "d")]
+        tx = "L1"
+        for op, body in (("begin", b""), ("load", b"3,\\N,1\n"), ("load", b"6,f,0\n3,c back,0\n"), ("prepare", b""),
+                         ("commit", b"")):  # a transaction's loads share its memtables: [delete 3, 6] [upsert 3]
+            extra = {"columns": "id,name,__op", "column_separator": ","} if op == "load" else {}
+            answer = send("POST" if op != "load" else "PUT", f"{sr.fe_url}/api/transaction/{op}",
+                          headers={"label": tx, "db": DB, "table": "pk", **extra}, data=body).json
+            assert answer["Status"] == "OK", (op, answer)
+        assert rows(sr, "pk") == [(4, "d"), (6, "f")]
+
+
 def test_starrocks_without_op_column_every_row_is_an_upsert(sr: StarRocksEmulator) -> None:
     loaded(sr, "pk", b"1,a\n1,b\n", columns="id,name")
     loaded(sr, "pk", b"1,c\n", columns=None)

@@ -2,10 +2,10 @@
 
 Through `ExactlyOnceSink` on the local Spark, embedded (chdb: writers in the driver) and over HTTP (the test front:
 writers in Spark tasks). A driver kill is a `Crash` raised at a named protocol point (streaming_sink/crash.py's
-points, reached in this process); the restart is a new sink on the same journal that takes the batch again, as
-Spark re-runs it. Each batch holds one change per key (the sink's own dedupe is not relied on). The tables' merges
-are stopped, so besides `SELECT … FINAL` (the source's current rows, deleted excluded) the raw rows are compared
-too: every change loaded exactly once, which FINAL alone could not show (it folds a duplicate away).
+points, reached in this process); the restart is a new sink on the same journal that takes the batch again, as Spark
+re-runs it. Each batch holds one change per key (the sink's own dedupe, which `change_key` asks for, keeps them all).
+The tables' merges are stopped, so besides `SELECT … FINAL` (the source's current rows, deleted excluded) the raw rows
+are compared too: every change loaded exactly once, which FINAL alone could not show (it folds a duplicate away).
 """
 from __future__ import annotations
 
@@ -112,7 +112,7 @@ def create_change_tables(url: str, mode: str = "move") -> None:
 
 def make_sink(target: ClickHouseTarget, tmp_path) -> ExactlyOnceSink:
     return ExactlyOnceSink(target=target, state=FileStateStore(tmp_path / "state"), job_id="cdc",
-                           table_column="__table", heartbeat_seconds=None)
+                           table_column="__table", heartbeat_seconds=None, change_key=("id",))
 
 
 def frame(spark, batch: int):
@@ -211,7 +211,7 @@ def test_a_delete_lands_its_nulls_as_defaults_and_an_upsert_with_a_null_is_refus
     client.command(f"CREATE TABLE {DB}.people (id Int64, name String, amount Float64, ver UInt64, gone UInt8) "
                    "ENGINE = ReplacingMergeTree(ver, gone) ORDER BY id")
     driver = ExactlyOnceSink(target=target, state=FileStateStore(tmp_path / "state"), job_id="cdc", table="people",
-                             heartbeat_seconds=None)
+                             heartbeat_seconds=None, change_key=("id",))
     schema = "id BIGINT, name STRING, amount DOUBLE, __op INT, __version BIGINT"
     driver.process(spark.createDataFrame([(1, "a", 1.0, UPSERT, 1), (2, "b", 2.0, UPSERT, 1)], schema), 0, QUERY)
     driver.process(spark.createDataFrame([(1, None, None, DELETE, 2)], schema), 1, QUERY)

@@ -3,11 +3,11 @@ exactly once through a driver kill at each named crash point and a restart.
 
 The real `ExactlyOnceSink` with its writers in Spark tasks (a local session, three partitions), over a file journal,
 into each emulator: every batch is a DataFrame of change rows that already holds one change per key (the sink's own
-dedupe is not what is proved here). The driver dies at a crash point of one batch (the crash points raise instead of
-SIGKILL, as in test_exactly_once_doris.py), the emulator restarts with it, and a new sink with a new target runs that
-batch again and the rest: the table must then equal the current rows of the source, row by row. Beside it: a Doris
-sequence column keeps an older change from overwriting a newer one, and the targets refuse change tables of the
-wrong model before any data moves.
+dedupe, which `change_key` asks for, keeps them all; it is not what is proved here). The driver dies at a crash point
+of one batch (the crash points raise instead of SIGKILL, as in test_exactly_once_doris.py), the emulator restarts with
+it, and a new sink with a new target runs that batch again and the rest: the table must then equal the current rows of
+the source, row by row. Beside it: a Doris sequence column keeps an older change from overwriting a newer one, and the
+targets refuse change tables of the wrong model before any data moves.
 """
 from __future__ import annotations
 
@@ -20,6 +20,7 @@ import pytest
 
 from streaming_sink import batch_log as batch_log_module
 from streaming_sink import committer as committer_module
+from streaming_sink import latest_changes as latest_changes_module
 from streaming_sink import sink as sink_module
 from streaming_sink.changes import DELETE, UPSERT
 from streaming_sink.crash import POINTS
@@ -86,10 +87,10 @@ def current(batches: list[list[Change]]) -> list[tuple[int, str]]:
 class Product:
     """One emulator, its keyed table and the target that loads changes into it."""
 
-    def __init__(self, name: str, root: Path) -> None:
+    def __init__(self, name: str, root: Path, **profile: Any) -> None:
         self.name = name
         self.emulator: BaseEmulator = (StarRocksEmulator if name == "starrocks" else DorisEmulator)(
-            root / name, user=USER, password=PASSWORD)
+            root / name, user=USER, password=PASSWORD, **profile)
 
     def create_table(self, table: str = TABLE, **properties: Any) -> None:
         keys_type = "PRIMARY_KEYS" if self.name == "starrocks" else "UNIQUE_KEYS"
@@ -120,7 +121,8 @@ def frame(spark: Any, rows: list[Change]) -> Any:
 
 
 def sink(target: StreamLoadTarget, store: FileStateStore) -> ExactlyOnceSink:
-    return ExactlyOnceSink(target, store, "changes", table=TABLE, flush_bytes=1, heartbeat_seconds=None)
+    return ExactlyOnceSink(target, store, "changes", table=TABLE, flush_bytes=1, heartbeat_seconds=None,
+                           change_key=("id",))
 
 
 @pytest.mark.slow
@@ -180,10 +182,34 @@ def test_doris_sequence_column_keeps_an_older_change_from_overwriting_a_newer_on
         assert doris.rows() == [(1, "new"), (2, "kept"), (3, "three later")]
         # the same two loads into a table without a sequence column: the later commit wins, older or not
         plain = ExactlyOnceSink(doris.target(), FileStateStore(tmp_path / "plain"), "plain", table="unsequenced",
-                                flush_bytes=1, heartbeat_seconds=None)
+                                flush_bytes=1, heartbeat_seconds=None, change_key=("id",))
         plain.process(frame(spark_session, newer), 0, "query-plain")
         plain.process(frame(spark_session, older), 1, "query-plain")
         assert doris.rows("unsequenced") == [(1, "old"), (3, "three later")]
+
+
+@pytest.mark.slow
+def test_a_starrocks_load_never_holds_two_changes_of_a_key(tmp_path: Path, spark_session: Any,
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """A StarRocks load whose memtables hold a delete of a key and its later re-insert ends with the key deleted (its
+    deletes apply after its upserts, docs/protocol.md). The sink keeps one change per key per batch, so only the
+    re-insert is loaded. With that rule broken (the reduction replaced by the batch as it came) the emulator, flushing
+    a memtable per row, shows the key deleted: a regression fails here."""
+    rows: list[Change] = [(1, "a", UPSERT, 10), (1, None, DELETE, 11), (1, "a back", UPSERT, 12), (2, "b", UPSERT, 10)]
+
+    def loaded(run: str) -> list[tuple[Any, ...]]:
+        product = Product("starrocks", tmp_path / run, memtable_rows=1)
+        with product.emulator:
+            product.create_table()
+            loader = ExactlyOnceSink(product.target(), FileStateStore(tmp_path / run / "state"), "one-load", table=TABLE,
+                                     heartbeat_seconds=None, change_key=("id",))
+            loader.process(spark_session.createDataFrame(rows, SPARK_SCHEMA).coalesce(1), 0, "query-one-load")
+            assert len(product.emulator.transactions(DB)) == 1  # one writer, one flush: one load's memtables
+            return product.rows()
+
+    assert loaded("reduced") == [(1, "a back"), (2, "b")]
+    monkeypatch.setattr(latest_changes_module, "latest_changes", lambda df, route, key: df)
+    assert loaded("unreduced") == [(2, "b")]
 
 
 @pytest.mark.parametrize("name, wire", [("starrocks", "csv"), ("starrocks", "json"), ("doris", "csv"),

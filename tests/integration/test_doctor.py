@@ -63,12 +63,14 @@ def test_the_label_history_the_job_can_rely_on_counts_its_largest_batch():
 
 
 def test_the_budget_says_the_limits_assumed_their_source_the_share_and_the_largest_batch():
-    """StarRocks 3.x defaults (1000 running, 1000 labels): waves of 500; a Doris FE configured otherwise says so.
-    The largest batch is read from the journal: its tables, transactions and waves."""
+    """A StarRocks FE whose release is not read: the least default of any release (100 running, 1000 labels), waves
+    of 50; a Doris FE configured otherwise says so. The largest batch is read from the journal: its tables,
+    transactions and waves. (The release read from the FE: test_transaction_limits.py.)"""
     assert budget(StarRocksTarget(), []) == (
-        "the server allows 1000 running transactions and remembers 1000 labels per database (StarRocks: "
-        "max_running_txn_num_per_db 1000 (StarRocks 2.x-3.x release default); label_keep_max_num 1000 (release "
-        "default)); a batch holds at most 500 at once (share 0.5), more commit in waves; no batch recorded yet")
+        "the server allows 100 running transactions and remembers 1000 labels per database (StarRocks: "
+        "max_running_txn_num_per_db 100 (the FE's release is not read yet: the least release default; set the option "
+        "to the server's value); label_keep_max_num 1000 (release default)); a batch holds at most 50 at once "
+        "(share 0.5), more commit in waves; no batch recorded yet")
     doris = budget(DorisTarget(max_running_txn_num_per_db=1000, label_num_threshold=-1), [])
     assert "allows 1000 running transactions and remembers unlimited labels" in doris, doris
     assert "max_running_txn_num_per_db 1000 (configured); label_num_threshold unlimited (configured)" in doris

@@ -2,7 +2,7 @@
 still cannot fit (one table alone wider than the server allows) fails at once, says why, and holds nothing.
 
 A prepared StarRocks or pre-committed Doris transaction counts as running until the driver commits
-the batch (max_running_txn_num_per_db: StarRocks 1000, Doris 100 in 2.0/2.1: docs/protocol.md). A
+the batch (max_running_txn_num_per_db: StarRocks 1000 in 3.x, Doris 1000 in 2.0-3.x: docs/protocol.md). A
 batch holds one per table per writer, so many tables times many writers may not fit one round. No Spark: the
 real `ExactlyOnceSink` and `PartitionWriter`s over in-memory Arrow batches (unspread: this runner keeps rows in
 their partition, so the sink is told `spread="never"`), the emulators over HTTP.
@@ -49,7 +49,8 @@ def with_tables(emu: BaseEmulator) -> BaseEmulator:
 
 @pytest.fixture
 def doris(tmp_path: Path) -> Iterator[DorisEmulator]:
-    with DorisEmulator(tmp_path / "doris") as emu:  # 2.1.8: max_running_txn_num_per_db is 100 by default
+    # a Doris FE that does not tell its release to the loading user (not ADMIN), set to the least default, 100
+    with DorisEmulator(tmp_path / "doris", max_running_txn_num_per_db=100, user_is_admin=False) as emu:
         yield with_tables(emu)  # type: ignore[misc]
 
 
@@ -85,9 +86,37 @@ def fits_in_waves(emu: BaseEmulator, target: Target, writers: int, waves: int,
     return wave_sizes(store)
 
 
+@pytest.mark.parametrize("product, version, admin, limit, said", [
+    ("doris", "1.2.7", True, 100, "Doris 1.2.7, read from /api/fe_version_info: its release default"),
+    ("doris", "2.1.8", True, 1000, "Doris 2.1.8, read from /api/fe_version_info: its release default"),
+    ("doris", "4.0.1", True, 10000, "Doris 4.0.1, read from /api/fe_version_info: its release default"),
+    ("doris", "2.1.8", False, 100, "Doris did not tell its release to user 'root' (/api/fe_version_info needs ADMIN"),
+    ("starrocks", "3.3.5", True, 1000, "StarRocks 3.3.5, read from the HTTP SQL API: its release default"),
+    ("starrocks", "3.1.11", True, 100, "StarRocks before 3.2 (no HTTP SQL API tells the release): the least release "
+                                       "default; set the option to the server's value"),
+])
+def test_the_running_limit_is_the_default_of_the_release_the_fe_runs(
+        tmp_path: Path, product: str, version: str, admin: bool, limit: int, said: str) -> None:
+    """The FE's release is read once at start (Doris `/api/fe_version_info`, ADMIN only; StarRocks' HTTP SQL API, 3.2+)
+    and the budget takes that release's default; where the FE does not tell, the least default of any release, never
+    more than the server allows. `doctor` says which limit and why in its budget line."""
+    from streaming_sink.doctor import budget
+
+    emulator: BaseEmulator = (DorisEmulator(tmp_path, version=version, user_is_admin=admin) if product == "doris"
+                              else StarRocksEmulator(tmp_path, version=version))
+    with emulator as emu:
+        with_tables(emu)
+        target: DorisTarget | StarRocksTarget = (DorisTarget if product == "doris" else StarRocksTarget)(
+            emu.fe_url, DB, "root", "", backoff_s=0.0)
+        target.routable_tables()
+        assert target.server_limits().running_transactions == limit
+        assert limit <= emu.profile.max_running_txn_num_per_db  # type: ignore[attr-defined]
+        assert f"max_running_txn_num_per_db {limit} ({said}" in budget(target, [])
+
+
 def test_a_doris_batch_past_100_running_transactions_commits_in_waves(
         doris: DorisEmulator, monkeypatch: pytest.MonkeyPatch) -> None:
-    """10 tables x 16 writers on Doris 2.1 (100 running transactions at most): 160 transactions, in waves of at most
+    """10 tables x 16 writers on a Doris FE at 100 running transactions at most: 160 transactions, in waves of at most
     half the limit (transaction_share 0.5): 3 tables (48 transactions) a wave."""
     target = DorisTarget(doris.fe_url, DB, "root", "", backoff_s=0.0)
     assert fits_in_waves(doris, target, writers=16, waves=4, monkeypatch=monkeypatch) == [48, 48, 48, 16]
@@ -129,7 +158,7 @@ def test_a_doris_batch_whose_writers_flush_often_still_holds_the_transactions_it
         doris: DorisEmulator, monkeypatch: pytest.MonkeyPatch) -> None:
     """Issue 26: the plan counts one transaction per (table, writer); a Doris writer that flushes a table several
     times (here: about every 3 rows, 12 rows per table per writer) must still hold one, or a wave the plan sized at 48
-    transactions (10 tables x 16 writers, Doris 2.1's 100 running at most) holds four times that and the server
+    transactions (10 tables x 16 writers, the Doris FE's 100 running at most) holds four times that and the server
     refuses its begins. Every table still equals the source row by row."""
     pauses: list[object] = []
     monkeypatch.setattr("streaming_sink.retry.sleep", pauses.append)

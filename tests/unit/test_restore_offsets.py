@@ -70,3 +70,23 @@ def test_a_folder_that_is_not_a_checkpoint_is_refused(setup, tmp_path, capsys) -
     _, state, _ = setup
     assert run(state, tmp_path / "elsewhere", "--apply") == 2
     assert "configuration error: " in (err := capsys.readouterr().err) and "not a streaming checkpoint" in err
+
+
+
+def test_kafka_layout_changes_name_partitions_added_or_removed_and_offsets_that_went_back() -> None:
+    """Only Kafka sources' lines count (topic -> partition -> end offset): a topic that gained or lost partitions, or
+    a partition whose end offset is below the earlier batch's (the topic re-created); a rate or file source, an
+    unknown text or a topic first seen now is no change."""
+    from streaming_sink.checkpoint import kafka_layout_changes
+
+    def log(*sources: str) -> str:
+        return "v1\n{\"batchWatermarkMs\":0,\"batchTimestampMs\":1}\n" + "\n".join(sources) + "\n"
+
+    before = log('{"a":{"0":5,"1":7},"b":{"0":3}}', '{"logOffset":4}')
+    after = log('{"a":{"0":9,"1":9,"2":0},"b":{"0":3},"c":{"0":1,"1":1}}', '{"logOffset":5}')
+    assert kafka_layout_changes(before, after) == ["topic a: 2 partitions, now 3"]
+    assert kafka_layout_changes(after, before) == ["topic a: 3 partitions, now 2", "topic a partition 0: offset 9, now 5",
+                                                   "topic a partition 1: offset 9, now 7"]
+    assert kafka_layout_changes(before, log('{"a":{"0":5,"1":2},"b":{"0":3}}')) == ["topic a partition 1: offset 7, now 2"]
+    assert kafka_layout_changes(None, after) == kafka_layout_changes(before, None) == []
+    assert kafka_layout_changes(log("-"), log('{"a":{"0":1}}')) == []

@@ -128,11 +128,13 @@ def test_a_wrong_budget_option_fails_before_anything_runs(options: dict[str, Any
 
 
 def test_the_servers_limits_are_their_release_defaults_unless_the_options_give_the_server_s_own() -> None:
+    """Before the FE's release is read (at start), the least default of any release; the release defaults themselves
+    are read from the emulators in test_transaction_limits.py."""
     starrocks = StarRocksTarget().server_limits()
-    assert (starrocks.running_transactions, starrocks.label_memory) == (1000, 1000)
-    assert "release default" in starrocks.source
+    assert (starrocks.running_transactions, starrocks.label_memory) == (100, 1000)
+    assert "not read yet: the least release default" in starrocks.source
     doris = DorisTarget().server_limits()
-    assert (doris.running_transactions, doris.label_memory) == (100, 2000) and "Doris 2.x release" in doris.source
+    assert (doris.running_transactions, doris.label_memory) == (100, 2000) and "least release default" in doris.source
     tuned = StarRocksTarget(max_running_txn_num_per_db=4000, label_keep_max_num=5000).server_limits()
     assert (tuned.running_transactions, tuned.label_memory) == (4000, 5000) and "(configured)" in tuned.source
     assert DorisTarget(label_num_threshold=-1).server_limits().label_memory is None

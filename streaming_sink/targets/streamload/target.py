@@ -6,6 +6,7 @@ lives here, so a change to it is made once.
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from typing import Any, ClassVar, Self
@@ -117,6 +118,20 @@ class SharedOptions:
         """A product's own checks of the parsed options (none here)."""
 
 
+@dataclass(frozen=True)
+class Release:
+    """The release an FE runs, as read once at start, and how the target learnt it (a phrase for `doctor`)."""
+
+    version: tuple[int, ...] | None  # (major, minor, patch); None: the FE did not tell
+    said: str
+
+
+def release_numbers(text: str) -> tuple[int, ...] | None:
+    """(major, minor, patch) from a release's name such as `3.3.5`, `3.3.5-ee` or `doris-2.1.8-rc01`."""
+    found = re.search(r"(\d+)\.(\d+)(?:\.(\d+))?", text)
+    return tuple(int(part or 0) for part in found.groups()) if found else None
+
+
 class StreamLoadTarget(Target):
     """A target whose FE answers at `http` and whose loads use `options.wire_format()`.
 
@@ -127,8 +142,8 @@ class StreamLoadTarget(Target):
     display_name: ClassVar[str]
     options_class: Any  # a SharedOptions dataclass
     label_retention: ClassVar[LabelRetention]  # the FE's defaults
-    # the FE's default max_running_txn_num_per_db, and the releases it is the default of
-    running_limit: ClassVar[tuple[int, str]]
+    # the FE's default max_running_txn_num_per_db from each release on, (first release, default), oldest first
+    running_defaults: ClassVar[tuple[tuple[tuple[int, ...], int], ...]]
     # the key model a table must have to take changes (changes.py), as the FE spells it, and how to create one
     change_model: ClassVar[tuple[str, str]]
 
@@ -153,6 +168,7 @@ class StreamLoadTarget(Target):
         self.fe_url, self.database, self.user = self.http.base_url, database, user
         self.fe = FeClient(self.http, self.display_name)
         self._models: dict[str, TableModel | None] = {}  # table -> its key model as the FE told it (driver only)
+        self._release: Release | None = None  # the FE's release, read once at start (`routable_tables`)
         self._started()
 
     @classmethod
@@ -173,7 +189,25 @@ class StreamLoadTarget(Target):
         database exists (`FeClient.probe`); returns the `tables` option (None: any name, the server refuses unknown ones)."""
         self.require_plain_http_consent()
         self.fe.probe(self.database)
+        if self._release is None:
+            self._release = self._read_release()
+            log.info("%s FE release: %s", self.display_name, self._release.said)
         return set(self.options.tables) if self.options.tables is not None else None
+
+    def _read_release(self) -> Release:
+        """A product's reading of its FE's release (none here)."""
+        return Release(None, "the FE's release is not read")
+
+    def running_limit(self) -> tuple[int, str]:
+        """The FE's default max_running_txn_num_per_db for the release it runs, and why: the release read at start,
+        else the least default of any release, since a limit assumed too high has the batch refused at begin."""
+        release = self._release
+        if release is None or release.version is None:
+            least = min(limit for _, limit in self.running_defaults)
+            why = "the FE's release is not read yet" if release is None else release.said
+            return least, f"{why}: the least release default; set the option to the server's value"
+        limit = [limit for first, limit in self.running_defaults if release.version >= first][-1]
+        return limit, f"{release.said}: its release default"
 
     def leftover_transactions(self, label_prefix: str) -> list[str] | None:
         """None: neither product lists open transactions to the sink's user over HTTP.
@@ -188,16 +222,17 @@ class StreamLoadTarget(Target):
 
     def server_limits(self) -> ServerLimits:
         """The FE's running-transaction limit and label memory per database: the options' values (the FE's own
-        setting names) where given, else the release defaults. Neither FE shows its configuration to the sink's
-        user: ADMIN SHOW FRONTEND CONFIG needs the MySQL protocol and an admin (Doris) or OPERATE (StarRocks)
-        privilege, and the HTTP APIs documented for either only set it (StarRocks `/api/_set_config`)."""
+        setting names) where given, else the defaults of the FE's release (`running_limit`). Neither FE shows its
+        configuration to the sink's user: ADMIN SHOW FRONTEND CONFIG needs the MySQL protocol and an admin (Doris) or
+        OPERATE (StarRocks) privilege, and the HTTP APIs documented for either only set it (StarRocks
+        `/api/_set_config`) or need ADMIN (Doris `/rest/v1/config/fe`)."""
         kept = self.label_retention
-        default_running, releases = self.running_limit
+        default_running, why = self.running_limit()
         given_running = self.options.max_running_txn_num_per_db
         given_labels = getattr(self.options, kept.count_setting)
         labels = kept.count if given_labels is None else given_labels
         said = [f"max_running_txn_num_per_db {given_running} (configured)" if given_running is not None
-                else f"max_running_txn_num_per_db {default_running} ({releases} default)",
+                else f"max_running_txn_num_per_db {default_running} ({why})",
                 f"{kept.count_setting} {'unlimited' if labels < 0 else labels} "
                 f"({'configured' if given_labels is not None else 'release default'})"]
         return ServerLimits(given_running if given_running is not None else default_running,

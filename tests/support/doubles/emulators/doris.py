@@ -78,9 +78,12 @@ class DorisProfile:
     stream_load_default_timeout_second: int | None = None  # 600 in 1.1, 259200 from 1.2
     # Running transactions per database, PRECOMMITTED ones included, past which a load is refused
     # (D-DTM `checkRunningTxnExceedLimit`; Config.max_running_txn_num_per_db). None: the version's
-    # default: 100 in the 2.0/2.1-era Config.java, 1000 in 3.x, 10000 in the newest (4.x); the
-    # releases where it changed are UNCONFIRMED.
+    # default: 100 before doris PR #20478 (merged 2023-06, in 2.0: a 2.0.2 report, doris issue #28227,
+    # shows 1000), 1000 from 2.0, 10000 from doris PR #51367 (2025; 4.0 assumed, its release UNCONFIRMED).
     max_running_txn_num_per_db: int | None = None
+    # Whether the emulator's user has the ADMIN privilege, which `/api/fe_version_info` requires
+    # (FeVersionInfoAction: `checkGlobalAuth(…, PrivPredicate.ADMIN)`); a load-only user is refused.
+    user_is_admin: bool = True
     two_pc_error_status: str | None = None   # FE-side 2PC failures; derived when None
     internal_error_status: str | None = None  # BE-side 2PC failures; derived when None
 
@@ -91,7 +94,7 @@ class DorisProfile:
         if self.label_num_threshold is None:
             self.label_num_threshold = 2000 if v >= (2, 0) else -1
         if self.max_running_txn_num_per_db is None:
-            self.max_running_txn_num_per_db = 10000 if v >= (4, 0) else 1000 if v >= (3, 0) else 100
+            self.max_running_txn_num_per_db = 10000 if v >= (4, 0) else 1000 if v >= (2, 0) else 100
         if self.two_pc_error_status is None:
             # Doris: commit and abort: "Fail" (docs/1.x and the 2.0-era PR #20647 example), ANALYSIS_ERROR in 2.x
             # BE Status::to_json. Which 2.x minor switched is UNCONFIRMED; 2.1 is assumed.
@@ -198,6 +201,8 @@ class DorisEmulator(BaseEmulator):
             return Call("get_load_state", role, req.query.get("label"), s[1])
         if len(s) == 4 and s[0] == "api" and s[3] == "_schema":
             return Call("schema", role, None, s[1])
+        if s == ["api", "fe_version_info"]:
+            return Call("fe_version_info", role)
         return Call("other", role)
 
     def route(self, role: str, req: Request, call: Call) -> Response:
@@ -211,7 +216,23 @@ class DorisEmulator(BaseEmulator):
             return self._fe_get_load_state(req)
         if call.op == "schema" and req.method == "GET" and role == "fe":
             return self._fe_schema(req)
+        if call.op == "fe_version_info" and req.method == "GET" and role == "fe":
+            return self._fe_version_info(req)
         return Response.text("Not Found", 404)
+
+    def _fe_version_info(self, req: Request) -> Response:
+        """``GET /api/fe_version_info`` (FeVersionInfoAction, docs admin-manual/open-api/fe-http/fe-version-info-action):
+        the httpv2 envelope with ``data.feVersionInfo``, the release as numbers and as ``doris-<x.y.z>-<rc>``. It needs
+        ADMIN; a user without it is refused as the httpv2 handler refuses an unauthorized call (body shape
+        UNCONFIRMED, as for ``_unauthorized``)."""
+        if not self.credentials_ok(req) or not self.profile.user_is_admin:
+            return self._unauthorized()
+        major, minor, patch = (list(self.profile.v) + [0, 0, 0])[:3]
+        info = {"dorisBuildVersionPrefix": "doris", "dorisBuildVersionMajor": major,
+                "dorisBuildVersionMinor": minor, "dorisBuildVersionPatch": patch,
+                "dorisBuildVersionRcVersion": "rc01", "dorisBuildVersion": f"doris-{self.profile.version}-rc01",
+                "dorisBuildShortHash": "emulate"}
+        return Response.json({"msg": "success", "code": 0, "data": {"feVersionInfo": info}, "count": 0}, indent=None)
 
     # -- shapes ------------------------------------------------------------------------------
 

@@ -2,8 +2,9 @@
 key tables and `__op`", "Doris: unique key tables, delete sign and sequence column").
 
 A DUPLICATE table keeps every loaded row. A StarRocks PRIMARY KEY table and a Doris UNIQUE KEY table keep one row per
-key: each load's rows are applied in commit order, and within a load in the load's order, so the last row of a key
-wins. Their hidden columns travel with every stored row:
+key: loads are applied in commit order, and within a load the last row of a key wins, except where a StarRocks load
+flushed several memtables: its deletes then apply after all its upserts (`primary_key_apply_order`). Their hidden
+columns travel with every stored row:
 
 * StarRocks: `__op`, the load's op pseudo-column (TINYINT; the BE deletes a key only where it is 1, SR-PK-OP);
 * Doris: `__DORIS_DELETE_SIGN__` (a read hides a row whose sign is not 0) and, with a sequence column,
@@ -148,3 +149,25 @@ def _lower(new: Any, old: Any) -> bool:
     if old is None:
         return False
     return new is None or new < old
+
+
+def primary_key_apply_order(stored: Sequence[str], key: Sequence[str], rows: list[list[Any]],
+                            memtable_rows: int | None) -> list[list[Any]]:
+    """One load's rows into a StarRocks PRIMARY KEY table, listed so that "the last row of a key wins" gives what the
+    server shows. Each memtable (`memtable_rows` rows of the load, None: the whole load) keeps the last row of each key,
+    its op included, and splits them into upserts and deletes (be/src/storage/memtable.cpp, `_split_upserts_deletes`);
+    the apply step then upserts every segment in order and erases every delete afterwards (be/src/storage/
+    tablet_updates.cpp, the rowset apply; lake/update_manager.cpp alike). So a delete of a key in one memtable beats an
+    upsert of it in any other, earlier or later (SR-PK-OP)."""
+    index = {name.lower(): i for i, name in enumerate(stored)}
+    keys, op = [index[k.lower()] for k in key], index[OP_COLUMN]
+    size = memtable_rows or max(1, len(rows))
+    upserts: list[list[Any]] = []
+    deletes: list[list[Any]] = []
+    for start in range(0, len(rows), size):
+        last: dict[tuple[Any, ...], list[Any]] = {}
+        for row in rows[start:start + size]:
+            last[tuple(row[i] for i in keys)] = row
+        for row in last.values():
+            (deletes if row[op] == 1 else upserts).append(row)
+    return upserts + deletes

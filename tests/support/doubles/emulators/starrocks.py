@@ -19,6 +19,7 @@ Run standalone: ``python -m tests.support.doubles.emulators.starrocks --data-dir
 """
 from __future__ import annotations
 
+import json
 import threading
 import uuid
 from collections.abc import Callable
@@ -30,6 +31,7 @@ from tests.support.doubles.emulators.column_types import schema_properties
 from tests.support.doubles.emulators.conversion import STARROCKS_RULES
 from tests.support.doubles.emulators.faults import Call
 from tests.support.doubles.emulators.http_server import Request, Response, redirect
+from tests.support.doubles.emulators.key_models import PRIMARY_KEYS, primary_key_apply_order
 from tests.support.doubles.emulators.load_formats import LoadError, LoadFormat, ParseResult, parse_payload
 from tests.support.doubles.emulators.profiles import profile_fields, version_tuple
 from tests.support.doubles.emulators.store import ABORTED, COMMITTED, VISIBLE, Txn, load_counts
@@ -88,13 +90,21 @@ class StarRocksProfile:
     stream_load_default_timeout_second: int = 600    # SR-CFG (StarRocks: timeouts)
     max_stream_load_timeout_second: int = 259200     # StarRocks: timeouts (which max: UNCONFIRMED)
     prepared_transaction_default_timeout_second: int = 86400  # SR-T-prepared_timeout
-    max_running_txn_num_per_db: int = 1000           # SR-CFG 3.x
+    # Running transactions per database (SR-DTM `checkRunningTxnExceedLimit`). None: the release's default, 1000 in
+    # the 3.x Config.java and 100 in an older (2.x-era) one; the release that changed it is UNCONFIRMED, 3.0 assumed.
+    max_running_txn_num_per_db: int | None = None
+    # Rows of one load per memtable flush (each a segment of the load's rowset); None: the whole load is one memtable.
+    # The server flushes by memory (write_buffer_size, 100 MB by default); where a load spans several, its deletes
+    # apply after its upserts (key_models.primary_key_apply_order).
+    memtable_rows: int | None = None
     terminal_state_cache: bool = False               # SR-TWCH new; release UNCONFIRMED: off
     exception_class: str | None = None            # derived from version when None
     in_processing_message: str | None = None      # derived from version when None
 
     def __post_init__(self) -> None:
         v = version_tuple(self.version)
+        if self.max_running_txn_num_per_db is None:
+            self.max_running_txn_num_per_db = 1000 if v >= (3, 0) else 100
         if self.exception_class is None:
             # StarRocks: responses (FE answers): UserException in older releases, StarRocksException after the rename.
             # The release of the rename is UNCONFIRMED; 3.4 is assumed.
@@ -110,6 +120,11 @@ class StarRocksProfile:
         """The v2 table schema API (keys type, key columns): StarRocks PR #41938, merged 2024-02, so 3.3 is assumed
         (UNCONFIRMED)."""
         return version_tuple(self.version) >= (3, 3)
+
+    @property
+    def sql_api(self) -> bool:
+        """The HTTP SQL API (`POST /api/v1/catalogs/{catalog}[/databases/{db}]/sql`): from 3.2.0 (its docs)."""
+        return version_tuple(self.version) >= (3, 2)
 
     @property
     def supports_prepared_timeout(self) -> bool:
@@ -187,6 +202,15 @@ class StarRocksEmulator(BaseEmulator):
                 finally:
                     ctx.lock.release()
 
+    def _attach(self, txn: Txn, parsed: ParseResult, load_bytes: int) -> None:
+        """A PRIMARY KEY table keeps a load's rows in the order its apply step takes effect (key_models.py)."""
+        super()._attach(txn, parsed, load_bytes)
+        schema = self.store.schema(txn.db, txn.table)
+        if schema is not None and schema.model.keys_type == PRIMARY_KEYS:
+            txn.rows = primary_key_apply_order([name for name, _ in schema.stored], schema.model.key, txn.rows,
+                                               self.profile.memtable_rows)
+            self.store.save(txn, with_rows=True)
+
     def stream_context_busy(self, label: str) -> bool:
         """Test hook: is a BE request holding this label's context lock right now?"""
         ctx = self._contexts.get(label)
@@ -209,6 +233,8 @@ class StarRocksEmulator(BaseEmulator):
         if len(s) == 9 and s[:3] == ["api", "v2", "catalogs"] and s[4] == "databases" and s[6] == "tables" \
                 and s[8] == "schema" and self.profile.table_schema_v2:
             return Call("schema_v2", role, None, s[5])
+        if len(s) in (5, 7) and s[:3] == ["api", "v1", "catalogs"] and s[-1] == "sql" and self.profile.sql_api:
+            return Call("sql", role, None, s[5] if len(s) == 7 else None)
         return Call("other", role)
 
     def route(self, role: str, req: Request, call: Call) -> Response:
@@ -231,6 +257,8 @@ class StarRocksEmulator(BaseEmulator):
                 return self._fe_schema(req)
             if call.op == "schema_v2" and req.method == "GET":
                 return self._fe_schema_v2(req)
+            if call.op == "sql" and req.method == "POST":
+                return self._fe_sql(req)
         else:
             if is_txn and req.method in ("POST", "PUT"):
                 handler = self._BE_OPS.get(call.op)
@@ -495,6 +523,26 @@ class StarRocksEmulator(BaseEmulator):
                 columns.append(view)
             result = {"name": table, "tableType": "OLAP", "keysType": model.keys_type, "columns": columns}
         return Response.json({"code": "0", "message": "OK", "result": result}, indent=None)
+
+    def _fe_sql(self, req: Request) -> Response:
+        """The HTTP SQL API (StarRocks' docs, reference/HTTP_API/SQL.md; 3.2+): a JSON body `{"query": …}`, an answer of
+        newline-delimited JSON objects (`connectionId`, `meta`, one `data` per row, `statistics`), or
+        `{"status":"FAILED","msg":…}` before any data. The emulator answers `select current_version()` only, as
+        `"<version> <commit>"`."""
+        if not self.credentials_ok(req):
+            return self._unauthorized()
+        try:
+            query = str(json.loads(req.body() or b"{}").get("query", ""))
+        except (ValueError, AttributeError):
+            query = ""
+        if " ".join(query.lower().rstrip("; ").split()) != "select current_version()":
+            return Response.json({"status": "FAILED", "msg": f"emulator: only select current_version() is answered, "
+                                  f"not {query!r}"}, indent=None, status=400)
+        lines = [{"connectionId": 1}, {"meta": [{"name": "current_version()", "type": "varchar"}]},
+                 {"data": [f"{self.profile.version} emulator"]},
+                 {"statistics": {"scanRows": 0, "scanBytes": 0, "returnRows": 1}}]
+        body = "".join(json.dumps(line, separators=(",", ":")) + "\n" for line in lines).encode()
+        return Response(body=body, headers={"Content-Type": "application/x-ndjson; charset=UTF-8"})
 
     def _fe_cancel(self, req: Request, call: Call) -> Response:
         """``POST /api/{db}/{table}/_cancel?label=`` (SR-CSLA): aborts the label's running txn with
