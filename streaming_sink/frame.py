@@ -183,9 +183,9 @@ def build_frame(raw: DataFrame, spec: JobSpec, tables: dict[str, str],
             table, [f for f in schema.fields if f.name in parse_schema.names], parsed, value, partial(target_type, table)))
         if spec.changes:
             for f in parse_schema.fields:
-                unavailable = _unavailable_value(parsed[f.name], f.dataType)
-                if unavailable is not None:
-                    reason = reason.when(mine & ~deleted & unavailable, F.lit(_UNAVAILABLE_REASON.format(column=f.name, table=table)))
+                placeholder = _unavailable_value(parsed[f.name], f.dataType)
+                if placeholder is not None:
+                    reason = reason.when(mine & ~deleted & placeholder, F.lit(_UNAVAILABLE_REASON.format(column=f.name, table=table)))
         if spec.changes and (not key_columns or any(name not in parse_schema.names for name in key_columns)):
             raise ConfigurationError(f"tables.{table}.key: {list(key_columns)} must name fields of its schema "
                                      f"({', '.join(f.name for f in schema.fields)})")
