@@ -59,8 +59,8 @@ class BaseEmulator:
         self.be_port = 0
         self.error_logs: dict[str, list[str]] = {}
         self._fe_tls: ssl.SSLContext | None = None
-        #: request-body bytes each listener received: read as a body, or drained unread after an early
-        #: answer (then chunk framing included); a client that sends bodies to the BE only leaves "fe" at 0
+        #: request-body bytes each listener received, but the SQL API's statements: read as a body, or drained unread
+        #: after an early answer (then chunk framing included); a client that sends loads to the BE only leaves "fe" at 0
         self.body_bytes: dict[str, int] = {"fe": 0, "be": 0}
         self._count_lock = threading.Lock()
 
