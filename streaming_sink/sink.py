@@ -30,6 +30,7 @@ from .errors import (
     BatchDoesNotAddUpError,
     ReplayLostAgainError,
     ReplayMismatchError,
+    RerunRoutedDifferentlyError,
     SourceReplannedError,
     StopForOperator,
     UnplannedTableError,
@@ -467,13 +468,33 @@ class ExactlyOnceSink:
         assert committer is not None
         log.warning("job %s batch %s: found PREPARED by epoch %d; committing it", self.job_id, record.batch_id, record.epoch)
         keep = getattr(self.runner, "keep", None)
-        if keep is not None and record.plan is not None and record.waves_prepared < len(record.plan.waves):
-            keep(df)  # its unwritten waves, each a pass over the re-run batch, read it once
+        if record.next_wave is not None:
+            if keep is not None:
+                keep(df)  # its unwritten waves, each a pass over the re-run batch, read it once
+            self._check_routed_alike(df, record)
         committer.abort_intents(record.query_id, record.batch_id, keep={c.label for c in record.committables})
         self._abort_leftovers_once(record.query_id)
         committed = self._commit_prepared(df, committer.log_of(record), started_commit=time.time())
         committer.sweep(skip=(record.query_id, record.batch_id), retain_batches=self.retain_batches)
         return self._report(record.batch_id, "recovered-prepared", committed)
+
+    def _check_routed_alike(self, df: Any, record: BatchRecord) -> None:
+        """A re-run writes the unwritten waves of a batch, and must route its rows as the first run did: a restart that
+        resolved a new topic's table or followed a changed column would move a message between a recorded wave and the
+        rest, so it would be loaded twice or never (N1). Counted once over the re-run batch, before anything is sent."""
+        assert self._router is not None and record.plan is not None
+        differences = record.rerun_differences(self.runner.table_rows(df, self._router))
+        if not differences:
+            return
+        shown = "; ".join(differences[:10]) + ("; ..." if len(differences) > 10 else "")
+        raise RerunRoutedDifferentlyError(
+            f"job {self.job_id} batch {record.batch_id} of query {record.query_id} commits in {len(record.plan.waves)} "
+            f"waves, {record.waves_prepared} of them recorded, and its re-run routes rows to other tables than its first "
+            f"run did ({shown}): writing the other waves from it would load some messages twice and others never. "
+            "Nothing was written. Restart the job with the tables and columns of its first run (undo the table or "
+            "column change, or the restart that resolved a new topic's table) until the batch is COMMITTED, then "
+            "make the change again. " + RerunRoutedDifferentlyError.RUNBOOK
+        )
 
     def _commit_prepared(self, df: Any, batch: BatchLog, started_commit: float) -> BatchRecord:
         """Commit every committable (replaying lost ones), mark COMMITTED, abort the unchosen attempts."""

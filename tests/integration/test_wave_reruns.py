@@ -1,0 +1,137 @@
+"""Batches committed in waves, re-run by a restarted driver (review 2026-11-27, N1, N2, N5, N6, N8).
+
+No Spark: the real coordinator, the real `PartitionWriter`s over in-memory Arrow partitions, a `MemoryTarget` whose
+server allows two running transactions (a budget of one per wave), so a batch of three tables commits in three
+waves. A kill is a `BaseException` raised where the driver dies. Every test compares the target with the source
+message by message: each message exactly once across all tables.
+"""
+from __future__ import annotations
+
+import json
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pytest
+
+from streaming_sink.batch_plan import ServerLimits
+from streaming_sink.errors import RerunRoutedDifferentlyError
+from streaming_sink.records import BatchState
+from streaming_sink.routing import Router
+from streaming_sink.sink import ExactlyOnceSink
+from streaming_sink.state import FileStateStore
+from streaming_sink.targets.memory import MemoryTarget
+from streaming_sink.writer import PartitionResult, PartitionWriter, WriteContext
+from tests.support.batches import table_rows
+
+JOB, QUERY = "job", "q"
+DEAD_LETTERS = "dead_letters"
+MESSAGE = 777  # the message a restart routes elsewhere
+
+
+class Killed(BaseException):
+    """kill -9 of the driver, as the code that was running sees it."""
+
+
+class LimitedTarget(MemoryTarget):
+    """A server that allows two running transactions per database: the sink's budget is one per wave."""
+
+    def server_limits(self) -> ServerLimits:
+        return ServerLimits(running_transactions=2, source="test")
+
+
+class Runner:
+    """One real PartitionWriter per partition; kills the driver when wave `kill_in_wave` is being written."""
+
+    def __init__(self, kill_in_wave: int | None = None) -> None:
+        self.kill_in_wave = kill_in_wave
+        self.attempt = 0
+
+    def writer_count(self, data: Any, target: Any) -> int:
+        return len(data)
+
+    def table_rows(self, data: Any, router: Router) -> dict[str, int]:
+        return table_rows(data, router)
+
+    def run(self, data: Any, target: Any, router: Router, context: WriteContext, store: Any) -> list[PartitionResult]:
+        if context.plan is not None and context.wave == self.kill_in_wave:
+            raise Killed(f"driver killed while wave {context.wave} is written")
+        results = []
+        for partition, batches in enumerate(data):
+            self.attempt += 1
+            results.append(PartitionWriter(context, target, router, store, partition, self.attempt).add_all(batches))
+        return results
+
+
+def source(message_table: str) -> list[list[pa.RecordBatch]]:
+    """One partition: 6 messages for `a`, 6 dead letters, 6 for `z`, and MESSAGE in `message_table`."""
+    routes = [("a", 100 + i) for i in range(6)] + [(DEAD_LETTERS, 200 + i) for i in range(6)]
+    routes += [("z", 300 + i) for i in range(6)] + [(message_table, MESSAGE)]
+    return [[pa.record_batch({"__table": [t for t, _ in routes], "id": [i for _, i in routes]})]]
+
+
+def messages() -> Counter[int]:
+    return Counter(i for batches in source("z") for batch in batches for i in batch.column("id").to_pylist())
+
+
+@pytest.fixture
+def env(tmp_path: Path) -> Iterator[dict[str, Any]]:
+    yield {"target": LimitedTarget(), "state": tmp_path / "state", "checkpoint": str(tmp_path / "checkpoint")}
+
+
+def sink(env: dict[str, Any], runner: Runner) -> ExactlyOnceSink:
+    return ExactlyOnceSink(env["target"], FileStateStore(str(env["state"])), JOB, table_column="__table",
+                           runner=runner, checkpoint_location=env["checkpoint"], spread="never",
+                           dead_letter_table=DEAD_LETTERS, heartbeat_seconds=None)
+
+
+def visible(target: MemoryTarget) -> Counter[int]:
+    return Counter(row["id"] for table in ("a", DEAD_LETTERS, "z", "new_t") for row in target.rows(table))
+
+
+def killed_in_the_last_wave(env: dict[str, Any], message_table: str) -> None:
+    with pytest.raises(Killed):
+        sink(env, Runner(kill_in_wave=2)).process(source(message_table), 0, QUERY)
+    record = FileStateStore(str(env["state"])).get_batch(JOB, QUERY, 0)
+    assert record is not None and record.plan is not None
+    assert record.plan.waves == (("a",), (DEAD_LETTERS,), ("z",)) and record.waves_prepared == 2
+
+
+@pytest.mark.parametrize("first, rerun", [
+    (DEAD_LETTERS, "new_t"),  # a new topic's table resolved by the restart: the message would be loaded twice
+    ("z", DEAD_LETTERS),  # a column narrowed: the message would become a dead letter of a wave already committed
+], ids=["dup", "loss"])
+def test_a_rerun_that_routes_a_message_elsewhere_stops_before_writing_and_the_first_frame_ends_exact(
+        env: dict[str, Any], first: str, rerun: str) -> None:
+    killed_in_the_last_wave(env, first)
+    before = visible(env["target"])
+    with pytest.raises(RerunRoutedDifferentlyError, match=f"{first}.*runbook.md, section 'Batch in waves re-run"):
+        sink(env, Runner()).process(source(rerun), 0, QUERY)
+    assert visible(env["target"]) == before  # nothing more was written
+    record = FileStateStore(str(env["state"])).get_batch(JOB, QUERY, 0)
+    assert record is not None and record.state is BatchState.PREPARED and record.stop is not None
+    # the remedy: restart with the first run's tables until the batch is committed
+    report = sink(env, Runner()).process(source(first), 0, QUERY)
+    assert report.action == "recovered-prepared"
+    assert visible(env["target"]) == messages()
+
+
+def test_a_plan_recorded_without_row_counts_is_checked_against_its_committed_waves(env: dict[str, Any]) -> None:
+    """A release before the counts recorded plans without them: the committed waves' own rows are what the re-run
+    must match, and a table the plan does not name must be empty."""
+    killed_in_the_last_wave(env, DEAD_LETTERS)
+    store = FileStateStore(str(env["state"]))
+    for path in Path(env["state"]).rglob("*.json"):
+        data = json.loads(path.read_text())
+        if isinstance(data, dict) and isinstance(data.get("plan"), dict):
+            data["plan"].pop("rows", None)
+            path.write_text(json.dumps(data))
+    old = store.get_batch(JOB, QUERY, 0)
+    assert old is not None and old.plan is not None and not old.plan.rows
+    with pytest.raises(RerunRoutedDifferentlyError, match="dead_letters"):
+        sink(env, Runner()).process(source("new_t"), 0, QUERY)
+    report = sink(env, Runner()).process(source(DEAD_LETTERS), 0, QUERY)
+    assert report.action == "recovered-prepared" and visible(env["target"]) == messages()
+
