@@ -135,3 +135,39 @@ def test_a_plan_recorded_without_row_counts_is_checked_against_its_committed_wav
     report = sink(env, Runner()).process(source(DEAD_LETTERS), 0, QUERY)
     assert report.action == "recovered-prepared" and visible(env["target"]) == messages()
 
+
+# -- N8: a label the commit phase never sent is not "sent" -----------------------------------------------------------
+
+
+class OneAtATime(MemoryTarget):
+    @property
+    def commit_parallelism(self) -> int:
+        return 1
+
+
+def two_partitions() -> list[list[pa.RecordBatch]]:
+    return [[pa.record_batch({"__table": ["t"] * 5, "id": list(range(p * 10, p * 10 + 5))})] for p in range(2)]
+
+
+def test_a_label_whose_commit_was_never_sent_is_replayed_not_taken_as_ambiguous(tmp_path: Path) -> None:
+    """The first commit fails (the server did not act), so the second is never sent; both transactions then expire
+    and the server forgets them. The first one's fate is unknown to the sink, the second one's is not."""
+    target, store = OneAtATime(), FileStateStore(str(tmp_path / "state"))
+
+    def sink_() -> ExactlyOnceSink:
+        return ExactlyOnceSink(target, store, JOB, table_column="__table", runner=Runner(), heartbeat_seconds=None,
+                               checkpoint_location=str(tmp_path / "checkpoint"))
+
+    target.fail_next_commit()
+    with pytest.raises(Exception, match="failed \\(injected\\)"):
+        sink_().process(two_partitions(), 0, QUERY)
+    record = store.get_batch(JOB, QUERY, 0)
+    assert record is not None and len(record.committables) == 2
+    first, second = (c.label for c in record.committables)
+    assert target.rows("t") == []
+    target.forget(second)  # expired and forgotten; the first is still prepared on the server
+    report = sink_().process(two_partitions(), 0, QUERY)
+    assert report.action == "recovered-prepared" and report.replayed == 1
+    assert Counter(row["id"] for row in target.rows("t")) == Counter(
+        i for part in two_partitions() for b in part for i in b.column("id").to_pylist())
+    assert first not in store.get_batch(JOB, QUERY, 0).never_committed  # type: ignore[union-attr]
