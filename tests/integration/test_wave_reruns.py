@@ -171,3 +171,109 @@ def test_a_label_whose_commit_was_never_sent_is_replayed_not_taken_as_ambiguous(
     assert Counter(row["id"] for row in target.rows("t")) == Counter(
         i for part in two_partitions() for b in part for i in b.column("id").to_pylist())
     assert first not in store.get_batch(JOB, QUERY, 0).never_committed  # type: ignore[union-attr]
+
+
+# -- N2: commits the operator sends are kept in the checkpoint's marker ------------------------------------------
+
+
+class StoreKilledAt:
+    """Delegates to a store; the driver dies on the n-th `put_batch`, before it applies."""
+
+    def __init__(self, store: Any, on_call: int) -> None:
+        self._store, self._left = store, on_call
+
+    def __getattr__(self, name: str) -> Any:
+        attribute = getattr(self._store, name)
+        if name != "put_batch":
+            return attribute
+
+        def call(*args: Any, **kwargs: Any) -> Any:
+            self._left -= 1
+            if self._left == 0:
+                raise Killed("driver killed before its second record write")
+            return attribute(*args, **kwargs)
+
+        return call
+
+
+def test_recover_apply_keeps_its_commits_in_the_marker_so_a_store_rollback_and_forgotten_labels_stop_the_rerun(
+        tmp_path: Path) -> None:
+    import shutil
+
+    from streaming_sink.actions import apply_recovery, plan_recovery
+    from streaming_sink.checkpoint_marker import CheckpointMarker
+    from streaming_sink.committer import Committer
+    from streaming_sink.state import StateStoreLostError
+
+    target, state, checkpoint = OneAtATime(), tmp_path / "state", str(tmp_path / "checkpoint")
+    (Path(checkpoint)).mkdir()
+    (Path(checkpoint) / "metadata").write_text(json.dumps({"id": QUERY}) + "\n")
+
+    def driver(store: Any) -> ExactlyOnceSink:
+        return ExactlyOnceSink(target, store, JOB, table_column="__table", runner=Runner(), heartbeat_seconds=None,
+                               checkpoint_location=checkpoint)
+
+    with pytest.raises(Killed):  # batch 0's PREPARED record is written, no `sent` yet, nothing committed
+        driver(StoreKilledAt(FileStateStore(str(state)), on_call=2)).process(two_partitions(), 0, QUERY)
+    shutil.copytree(state, tmp_path / "replica")  # the replica (or backup) that will miss what follows
+    store = FileStateStore(str(state))
+    operator = Committer(target, store, JOB, store.take_epoch(JOB, owner="operator"))
+    actions = plan_recovery(store, JOB, target, checkpoint_query=QUERY)
+    assert [a.action for a in actions] == ["commit-prepared"]
+    apply_recovery(operator, actions, lambda _: None, marker=CheckpointMarker(checkpoint, JOB), checkpoint_query=QUERY)
+    source_ids = Counter(i for part in two_partitions() for b in part for i in b.column("id").to_pylist())
+    assert Counter(row["id"] for row in target.rows("t")) == source_ids
+    shutil.rmtree(state)
+    shutil.copytree(tmp_path / "replica", state)  # failover to the replica: the PREPARED record without `sent`
+    for label in target.labels():
+        target.forget(label)  # past the label retention
+    with pytest.raises(StateStoreLostError, match="commits were sent for 2 label"):
+        driver(FileStateStore(str(state))).process(two_partitions(), 0, QUERY)
+    assert Counter(row["id"] for row in target.rows("t")) == source_ids  # nothing loaded twice
+
+
+def test_recover_without_the_checkpoint_leaves_the_batch_spark_re_runs_to_the_job(tmp_path: Path) -> None:
+    from streaming_sink.actions import apply_recovery, plan_recovery
+    from streaming_sink.committer import Committer
+
+    target, store = OneAtATime(), FileStateStore(str(tmp_path / "state"))
+    with pytest.raises(Killed):
+        ExactlyOnceSink(target, StoreKilledAt(store, on_call=2), JOB, table_column="__table", runner=Runner(),
+                        heartbeat_seconds=None).process(two_partitions(), 0, QUERY)
+    actions = plan_recovery(store, JOB, target)
+    assert [(a.action, a.batch_id) for a in actions] == [("keep-for-job", 0)] and "--checkpoint" in actions[0].detail
+    operator = Committer(target, store, JOB, store.take_epoch(JOB, owner="operator"))
+    apply_recovery(operator, actions, lambda _: None)
+    assert target.rows("t") == [] and store.get_batch(JOB, QUERY, 0).state is BatchState.PREPARED  # type: ignore[union-attr]
+
+
+# -- N6: recover says what it does for a batch stopped between its waves -----------------------------------------
+
+
+def test_recover_commits_the_recorded_waves_of_a_batch_stopped_between_them_and_the_job_writes_the_rest(
+        env: dict[str, Any]) -> None:
+    from streaming_sink.actions import apply_recovery, plan_recovery
+    from streaming_sink.checkpoint_marker import CheckpointMarker
+    from streaming_sink.committer import Committer
+
+    class KilledBetweenWaves(Runner):
+        def run(self, data: Any, target: Any, router: Router, context: WriteContext, store: Any) -> list[PartitionResult]:
+            if context.wave == 1:
+                raise Killed("Ctrl-C between waves 0 and 1")
+            return super().run(data, target, router, context, store)
+
+    with pytest.raises(Killed):
+        sink(env, KilledBetweenWaves()).process(source("z"), 0, QUERY)
+    Path(env["checkpoint"], "metadata").write_text(json.dumps({"id": QUERY}) + "\n")
+    store = FileStateStore(str(env["state"]))
+    actions = plan_recovery(store, JOB, env["target"], checkpoint_query=QUERY)
+    assert [(a.action, a.detail) for a in actions] == [
+        ("commit-recorded-waves", "1 of 3 waves recorded; the rest needs the job (1 already committed)")]
+    operator = Committer(env["target"], store, JOB, store.take_epoch(JOB, owner="operator"))
+    done = apply_recovery(operator, actions, lambda _: None, CheckpointMarker(env["checkpoint"], JOB), QUERY)
+    assert [a.action for a in done] == ["commit-recorded-waves"]  # was ReplayImpossibleError
+    assert visible(env["target"]) == Counter(range(100, 106))  # wave 0: table a
+    record = store.get_batch(JOB, QUERY, 0)
+    assert record is not None and record.state is BatchState.PREPARED and record.waves_prepared == 1
+    report = sink(env, Runner()).process(source("z"), 0, QUERY)
+    assert report.action == "recovered-prepared" and visible(env["target"]) == messages()

@@ -31,6 +31,7 @@ import pyarrow as pa
 from streaming_sink import cli
 from streaming_sink import committer as committer_module
 from streaming_sink.actions import apply_recovery, plan_recovery
+from streaming_sink.checkpoint_marker import CheckpointMarker
 from streaming_sink.committer import Committer
 from streaming_sink.errors import OperatorActionRefused, ReplayAmbiguousError, ReplayImpossibleError, ReplayMismatchError, StopForOperator
 from streaming_sink.execution import _replay_identity
@@ -613,14 +614,16 @@ class Simulation:
         if action == "recover-direct":
             epoch = self.store.take_epoch(JOB, owner="operator recover")
             recovery = Committer(self.target, self.store, JOB, epoch)
-            done = apply_recovery(recovery, plan_recovery(self.store, JOB), lambda message: None)
+            done = apply_recovery(recovery, plan_recovery(self.store, JOB, checkpoint_query=QUERY), lambda message: None,
+                                  CheckpointMarker(self.checkpoint, JOB), QUERY)
             self.log(f"operator recover --apply: {[(a.batch_id, a.action) for a in done]}")
             return
         if action == "settle":
             self._settle_racing()
             return
         command, apply = action.split("-")[0], not action.endswith("-dry")
-        args = _Args(command=command, apply=apply, batch=self.committed_batches)
+        args = _Args(command=command, apply=apply, batch=self.committed_batches,
+                     checkpoint=self.checkpoint if command == "recover" else None)
         try:
             code = (cli.cmd_abort if command == "abort" else cli.cmd_recover)(args)
         except cli.CliError as error:  # a usage answer (no such batch yet): what an operator reads and retries
