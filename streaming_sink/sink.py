@@ -33,6 +33,7 @@ from .errors import (
     RerunRoutedDifferentlyError,
     SourceReplannedError,
     StopForOperator,
+    StreamingSinkError,
     UnplannedTableError,
 )
 from .job_id import JOB_ID as _JOB_ID
@@ -253,8 +254,9 @@ class ExactlyOnceSink:
             df = latest_changes(df, self.table_column, self.change_key)
         try:
             report = self._process(df, batch_id, query_id)
-        except StopForOperator as stop:
-            self._record_stop(query_id, batch_id, stop)
+        except StreamingSinkError as stop:
+            if stop.runbook_section:  # a documented stop an operator must act on, whatever its class (F6, N5)
+                self._record_stop(query_id, batch_id, stop)
             raise
         finally:  # what a planned batch's passes kept (`keep`) goes with the batch, however it ended
             release = getattr(self.runner, "release", None)
@@ -288,6 +290,7 @@ class ExactlyOnceSink:
             report = self._recover_prepared(df, record)
         else:
             self._check_journal_continues(query_id, batch_id)
+            self._resume_after_stop(query_id, batch_id)
             self._abort_leftovers_once(query_id)
             committer.abort_intents(query_id, batch_id)
             committer.sweep(skip=(query_id, batch_id), retain_batches=self.retain_batches)
@@ -322,20 +325,34 @@ class ExactlyOnceSink:
             + SourceReplannedError.RUNBOOK
         )
 
-    def _record_stop(self, query_id: str, batch_id: int, stop: StopForOperator) -> None:
+    def _record_stop(self, query_id: str, batch_id: int, stop: StreamingSinkError) -> None:
         """Keep why the job stopped in the record of the batch it is about (the running one, unless the stop names
-        an older query's), so `status` tells an operator (F6); best effort."""
-        if stop.batch_id is not None and stop.query_id is not None:
+        an older query's), so `status` tells an operator (F6); best effort. A batch stopped before its first record
+        (a server that refused its first wave's transactions, N5) has its stop kept in the record of the batch before
+        it, naming it, until it goes on (`_resume_after_stop`)."""
+        if isinstance(stop, StopForOperator) and stop.batch_id is not None and stop.query_id is not None:
             query_id, batch_id = stop.query_id, stop.batch_id
+        said = {"error": type(stop).__name__, "section": stop.runbook_section, "message": str(stop)[:2000],
+                "at": time.time()}
         try:
             record = self.state.get_batch(self.job_id, query_id, batch_id)
+            if record is None and batch_id > 0:
+                record = self.state.get_batch(self.job_id, query_id, batch_id - 1)
+                said |= {"query_id": query_id, "batch_id": batch_id}
             if record is None:
+                log.error("job %s batch %s: no record to keep why the job stopped in: %s", self.job_id, batch_id, stop)
                 return
             assert self._committer is not None
-            self._committer.log_of(record).record_stop({"error": type(stop).__name__, "section": stop.runbook_section,
-                                                         "message": str(stop)[:2000], "at": time.time()})
+            self._committer.log_of(record).record_stop(said)
         except Exception as error:  # the stop itself is what the caller must see
             log.error("job %s batch %s: could not record why the job stopped (%s)", self.job_id, batch_id, error)
+
+    def _resume_after_stop(self, query_id: str, batch_id: int) -> None:
+        """A batch that stopped before its first record goes on: the stop kept for it in the batch before is cleared."""
+        previous = self.state.get_batch(self.job_id, query_id, batch_id - 1) if batch_id > 0 else None
+        if previous is not None and previous.stop and previous.stop.get("batch_id") == batch_id:
+            assert self._committer is not None
+            self._committer.log_of(previous).resume()
 
     def _mark_sending(self, record: BatchRecord) -> None:
         """Before the commits of this query's batch go out: the checkpoint keeps which labels were sent (I9, F3)."""
@@ -387,7 +404,7 @@ class ExactlyOnceSink:
         except TransactionLimitError as refused:
             held = self.state.intents(self.job_id, query_id, batch_id)  # read before the abort forgets them
             self._abort_unprepared(query_id, batch_id)
-            raise TransactionLimitError(too_many_transactions(self.job_id, batch_id, held, refused)) from refused
+            raise TransactionLimitError(too_many_transactions(self.job_id, batch_id, held, refused, plan, wave)) from refused
         except BaseException:
             self._abort_unprepared(query_id, batch_id)
             raise

@@ -277,3 +277,65 @@ def test_recover_commits_the_recorded_waves_of_a_batch_stopped_between_them_and_
     assert record is not None and record.state is BatchState.PREPARED and record.waves_prepared == 1
     report = sink(env, Runner()).process(source("z"), 0, QUERY)
     assert report.action == "recovered-prepared" and visible(env["target"]) == messages()
+
+
+# -- N5: a stop for the operator is in `status`, and the limit error counts the wave it refused --------------------
+
+
+class RefusingTarget(MemoryTarget):
+    """A server whose running-transaction cap is lower than it says: a begin for `refused` tables is refused."""
+
+    def __init__(self, running: int) -> None:
+        super().__init__()
+        self.running, self.refused = running, set[str]()
+
+    def server_limits(self) -> ServerLimits:
+        return ServerLimits(running_transactions=self.running, source="test")
+
+    def begin(self, table: str, new_ref: Any, record_intent: Any) -> Any:
+        if table in self.refused:
+            from streaming_sink.targets.base import TransactionLimitError
+            raise TransactionLimitError("current running txns on db 10003 is 1, larger than limit 1")
+        return super().begin(table, new_ref, record_intent)
+
+
+def three_tables(batch: int) -> list[list[pa.RecordBatch]]:
+    """Two partitions, each with rows of tables a, b and c."""
+    return [[pa.record_batch({"__table": ["a", "b", "c"], "id": [batch * 100 + p * 10 + i for i in range(3)]})]
+            for p in range(2)]
+
+
+def test_a_transaction_limit_stop_before_the_first_record_makes_status_unhealthy(tmp_path: Path) -> None:
+    from streaming_sink.errors import TransactionLimitError
+    from streaming_sink.status import job_status
+
+    target, store = RefusingTarget(running=0), FileStateStore(str(tmp_path / "state"))
+
+    def driver() -> ExactlyOnceSink:
+        return ExactlyOnceSink(target, store, JOB, table_column="__table", runner=Runner(), heartbeat_seconds=None)
+
+    driver().process(three_tables(0), 0, QUERY)
+    target.refused = {"a"}
+    with pytest.raises(TransactionLimitError):
+        driver().process(three_tables(1), 1, QUERY)
+    status = job_status(store, JOB)
+    assert not status["healthy"], status["problems"]
+    assert [(s["batch_id"], s["error"], s["section"]) for s in status["stops"]] == [
+        (1, "TransactionLimitError", "Too many open transactions for the server")]
+    target.refused = set()  # the operator told the sink the server's real limits
+    assert driver().process(three_tables(1), 1, QUERY).action == "written"
+    assert job_status(store, JOB)["healthy"]
+
+
+def test_a_later_wave_refused_counts_the_transactions_of_that_wave_only(tmp_path: Path) -> None:
+    from streaming_sink.errors import TransactionLimitError
+
+    # a budget of 2 a wave: a (two writers), then b (one), then c (two), a wave each
+    target = RefusingTarget(running=4)
+    target.refused = {"b"}
+    data = [[pa.record_batch({"__table": ["a", "b", "c"], "id": [1, 2, 3]})],
+            [pa.record_batch({"__table": ["a", "c"], "id": [4, 5]})]]
+    with pytest.raises(TransactionLimitError, match="needs at least 1 transactions open at once \\(one per table per "
+                                                     "writer: 1 tables, 1 writers\\)"):
+        ExactlyOnceSink(target, FileStateStore(str(tmp_path / "state")), JOB, table_column="__table", runner=Runner(),
+                        heartbeat_seconds=None, spread="never").process(data, 0, QUERY)
