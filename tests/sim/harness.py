@@ -249,8 +249,9 @@ class Config:
     operator: bool = True
     downtime: bool = True  # restarts after the prepared timeout or the label retention
     store_wipe: bool = True  # the state store loses everything (epoch counter included)
-    # The state store goes back to an earlier snapshot (lagging replica, backup).
+    # The state store goes back to an earlier snapshot (lagging replica, backup), in this share of the schedules.
     store_rollback: bool = True
+    rollback_share: float = 0.05
     # Operator commands racing the driver (abort --apply, recover --apply, settle, dry runs) besides the one
     # `operator` plans; None: drawn (none in most schedules, up to 3).
     operators: int | None = None
@@ -673,7 +674,7 @@ class Simulation:
         if config.store_wipe and rng.random() < 0.05:
             self.store_may_be_lost = True
             self.sched.events.setdefault(rng.randint(5, 300), []).append(lambda: self._lose_store(None))
-        if config.store_rollback and rng.random() < 0.05:
+        if config.store_rollback and rng.random() < config.rollback_share:
             self.store_may_be_lost = True
             snapshot_at, loss_at = sorted(rng.sample(range(5, 300), 2))
             snapshot: dict = {}
