@@ -188,3 +188,4 @@ def record_completeness_unchecked() -> contextlib.AbstractContextManager:
     """I9 broken (review F3): a record that lacks labels the checkpoint says commits were sent for is taken as it is,
     so after a store rolled back inside a replay the batch is replayed again."""
     return _patched(ExactlyOnceSink, "_check_record_complete", lambda self, record: None)
+

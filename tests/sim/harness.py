@@ -362,6 +362,11 @@ class Simulation:
         # process -> the call count when its last successful store write was issued (before the write's yield: what
         # it holds was decided then, so a proof that arrives while it waits is not in it)
         self.last_write: dict[str, int] = {}
+        # N8: labels some process sent a commit of (whether it reached the server or not: a timeout leaves it open),
+        # and each process's last server call (counted when attempted)
+        self.commit_sent: set[str] = set()
+        self.last_server_call: dict[str, int] = {}
+        self.restores: list[int] = []  # the call count at each store wipe or rollback: what was written before may be gone
 
     # -- source ----------------------------------------------------------------------------------
 
@@ -476,6 +481,7 @@ class Simulation:
         if where == "server":
             actor = self.sched.current
             self.server_calls[id(actor)] = self.server_calls.get(id(actor), 0) + 1
+            self.last_server_call[process.name] = self.faults.calls
         fault = self.faults.next()
         if fault:
             self.log(f"FAULT {fault} at {where}.{name} in {process.name}")
@@ -710,6 +716,7 @@ class Simulation:
 
     def _lose_store(self, snapshot: dict | None) -> None:
         self.store_lost = True
+        self.restores.append(self.faults.calls)
         self.holder = None  # whoever held the newest epoch, the store no longer says so
         if snapshot is not None:
             self.raw_store.restore(snapshot)
@@ -891,12 +898,34 @@ class Simulation:
             if label in self.server.txns:
                 reasons.append(f"{label} is still known to the server")
                 continue
-            kept = [(name, at) for name, at in self.proofs.get(label, []) if self._went_on(name, at)]
-            if not kept:
+            kept = [(name, at) for name, at in self.proofs.get(label, [])
+                    if self._went_on(name, at) and not self._erased(name, at)]
+            if kept:
+                name, at = kept[0]
+                reasons.append(f"{label} answered LOST at call {at} to {name}, the first to send it, which went on")
+                continue
+            never_sent = self._never_sent_by(label)
+            if never_sent is None:
                 return None  # this one's fate is really unknown
-            name, at = kept[0]
-            reasons.append(f"{label} answered LOST at call {at} to {name}, the first to send it, which went on")
+            reasons.append(never_sent)
         return "; ".join(reasons)
+
+    def _never_sent_by(self, label: str) -> str | None:
+        """N8: no commit of the label was ever sent, and the process whose `sent` first listed it wrote to
+        the store after its last server call (its commit phase stopped, and it went on to record what it never sent),
+        with no store loss since: the job could know the label never committed. None when it could not."""
+        name = self.first_sent_by.get(label)
+        if label in self.commit_sent or name is None:
+            return None
+        last_call = self.last_server_call.get(name, -1)
+        if self.last_write.get(name, -1) <= last_call or self._erased(name, last_call):
+            return None
+        return f"no commit of {label} was ever sent, and {name}, which listed it as sent, went on after its last call"
+
+    def _erased(self, name: str, at: int) -> bool:
+        """Whether a store wipe or rollback after call `at` may have taken what `name` wrote since (it wrote nothing
+        after the last one): a proof it kept is then gone, and a stop on it necessary."""
+        return any(at < restored and self.last_write.get(name, -1) < restored for restored in self.restores)
 
     def _went_on(self, name: str, at: int) -> bool:
         """Whether a process wrote to the store after call `at`, or ended on its own (not killed, fenced or failed)."""
@@ -944,7 +973,13 @@ class _ServerProxy:
 
     def __getattr__(self, name: str) -> Callable[..., Any]:
         method = getattr(self._sim.server, name)
-        return lambda *args: self._sim.call("server", name, lambda: method(*args))
+
+        def send(*args: Any) -> Any:
+            if name == "commit":
+                self._sim.commit_sent.add(args[0])
+            return self._sim.call("server", name, lambda: method(*args))
+
+        return send
 
 
 class _StoreProxy:

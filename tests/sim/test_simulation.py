@@ -98,11 +98,13 @@ def test_a_speculative_twin_killed_between_its_late_begin_and_its_first_load() -
 # d163fce nothing recorded that, so when the replay that followed was cut short (448: the replaying driver fenced by a
 # new one; 644: killed) the next phase read the label as sent before and stopped with ReplayAmbiguousError: a stop
 # the judgement calls needless (both seeds fail on 4a01413 with the sim of this commit). Now the label is recorded
-# `never_committed` before the replay starts, and the next phase replays it.
+# `never_committed` before the replay starts, and the next phase replays it. (448's schedule changed when operators'
+# `recover` came to keep the checkpoint's marker, review N2; 45 took its place: without the proofs it stops with
+# ReplayAmbiguousError.)
 F4 = Config(faults=6, checkpoint_faults=False)
 
 
-@pytest.mark.parametrize("seed", [448, 644])
+@pytest.mark.parametrize("seed", [45, 644])
 def test_a_label_lost_on_its_first_send_is_replayed_after_a_cut_short_replay(seed: int) -> None:
     outcome = run_schedule(seed, F4)
     assert outcome.proved, "the schedule no longer answers LOST on a first send: pick another seed"
