@@ -20,6 +20,7 @@ import re
 import tempfile
 import threading
 import traceback
+from collections import Counter
 from collections.abc import Callable, Iterable
 from concurrent.futures import ALL_COMPLETED, FIRST_COMPLETED, FIRST_EXCEPTION, Future
 from concurrent.futures import wait as futures_wait
@@ -269,6 +270,10 @@ class Config:
     # The server's running-transaction limit, which the sink takes whole as its budget per wave: a batch over it
     # commits in waves (`waves.py`). 0: no limit; None: drawn (none in half the schedules, else 1 to 3).
     txn_budget: int | None = None
+    # At a driver restart the job's frame may route one message of the batch it re-runs to another table (a table
+    # resolved for a new topic, a column changed on a target table: review N1), and an operator undoes it when the
+    # job stops on it (runbook section 'Batch in waves re-run with other tables').
+    reroute: bool = False
 
 
 @dataclass
@@ -366,6 +371,10 @@ class Simulation:
         # and each process's last server call (counted when attempted)
         self.commit_sent: set[str] = set()
         self.last_server_call: dict[str, int] = {}
+        # N1: the table each rerouted message goes to now, and the routes each batch was first run with
+        self.routes: dict[int, str] = {}
+        self.first_routes: dict[int, dict[int, str]] = {}
+        self.reroute_draw = random.Random(f"reroute-{seed}")  # apart from the schedule's stream
         self.restores: list[int] = []  # the call count at each store wipe or rollback: what was written before may be gone
 
     # -- source ----------------------------------------------------------------------------------
@@ -571,6 +580,7 @@ class Simulation:
                 return
             self._maybe_downtime()
             self._maybe_damage_checkpoint()
+            self._maybe_reroute(batch)
 
     def _batch_frame(self, batch: int) -> Any:
         """The batch as Spark hands it over now: from the offset files, partitions maybe renumbered on a re-run."""
@@ -580,7 +590,25 @@ class Simulation:
         if self.config.renumber and runs and not self.clean:
             draw = random.Random(f"renumber-{self.seed}-{batch}-{runs}")
             renumber = draw if draw.random() < 0.5 else None
-        return self.spark.frame(batch, renumber)
+        frame = self.spark.frame(batch, renumber)
+        self.first_routes.setdefault(batch, dict(self.routes))
+        if frame is None or not self.routes:
+            return frame
+        return [[_rerouted(b, self.routes) for b in batches] for batches in frame]
+
+    def _maybe_reroute(self, batch: int) -> None:
+        """At a restart: the job's frame routes one message of the batch it re-runs to another table (N1)."""
+        if not self.config.reroute or self.reroute_draw.random() < 0.5:
+            return
+        frame = self.spark.frame(batch)
+        rows = [(i, t) for batches in frame or [] for b in batches
+                for i, t in zip(b.column("id").to_pylist(), b.column("__table").to_pylist())]
+        if not rows:
+            return
+        message, table = self.reroute_draw.choice(rows)
+        now = self.reroute_draw.choice([t for t in TABLES if t != self.routes.get(message, table)])
+        self.routes[message] = now
+        self.log(f"FRAME message {message} now goes to {now} (it went to {table}): a table or column changed at the restart")
 
     def _maybe_damage_checkpoint(self) -> None:
         """Between a crash and the restart: what an operator or a disk does to the checkpoint folder."""
@@ -799,6 +827,13 @@ class Simulation:
                            + "".join(traceback.format_exception(actor.error)))
             return
         self.source = self.spark.rows_through(last)  # Spark's ranges as they ended, re-plans included
+        if self.config.reroute:  # a message's table may differ by run: each must be visible once, in some table
+            sent = Counter(i for ids in self.source.values() for i in ids)
+            seen = Counter(i for table in TABLES for i in self.server.visible_rows(table))
+            if seen != sent:
+                self.violation(f"messages not visible exactly once across the tables: missing {sorted(sent - seen)}, "
+                               f"more than once {sorted(seen - sent)}")
+            return
         for table in TABLES:
             visible = sorted(self.server.visible_rows(table))
             if visible != sorted(self.source.get(table, [])):
@@ -840,7 +875,8 @@ class Simulation:
                 StateStoreLostError: self.store_lost,
                 # a store rolled back to an older version of a record no longer names a committed attempt
                 CommittedNotChosenError: self.store_lost,
-                ReplayMismatchError: False,
+                # the frame routed a message elsewhere at a restart, inside a batch (N1)
+                ReplayMismatchError: bool(self.routes),
             }
             why = next(("no cause for it in this schedule" for kind, ok in justified.items()
                         if isinstance(error, kind) and not ok), None)
@@ -862,6 +898,11 @@ class Simulation:
 
     def _remedy(self) -> bool:
         """The runbook's answer to the stop, by an operator with the CLI; False when there is none to model."""
+        if isinstance(self.stopped, ReplayMismatchError) and self.routes:
+            self.remedies += 1  # the operator undoes the change until the batch is committed (runbook)
+            self.routes = dict(self.first_routes.get(self.stop_batch, {}) if self.stop_batch is not None else {})
+            self.log(f"operator: the frame routes as when batch {self.stop_batch} first ran: {self.routes}")
+            return True
         if not isinstance(self.stopped, SourceReplannedError):
             return False
         self.remedies += 1
@@ -1128,6 +1169,12 @@ class SimRunner:
                 raise
 
         sim.sched.spawn(process.name, body, weight=sim.rng.choice([0.05, 0.3, 1.0]))
+
+
+def _rerouted(batch: pa.RecordBatch, routes: dict[int, str]) -> pa.RecordBatch:
+    """The batch as a frame that routes the messages of `routes` (id -> table) there builds it."""
+    tables = [routes.get(i, t) for i, t in zip(batch.column("id").to_pylist(), batch.column("__table").to_pylist())]
+    return batch.set_column(batch.schema.get_field_index("__table"), "__table", pa.array(tables, pa.string()))
 
 
 def _digests(data: list[list[pa.RecordBatch]]) -> dict[int, str]:
