@@ -371,7 +371,7 @@ class Simulation:
         # and each process's last server call (counted when attempted)
         self.commit_sent: set[str] = set()
         self.last_server_call: dict[str, int] = {}
-        # N1: the table each rerouted message goes to now, and the routes each batch was first run with
+        # N1: the table each rerouted message goes to now, and the routes each batch was recorded with
         self.routes: dict[int, str] = {}
         self.first_routes: dict[int, dict[int, str]] = {}
         self.reroute_draw = random.Random(f"reroute-{seed}")  # apart from the schedule's stream
@@ -591,7 +591,8 @@ class Simulation:
             draw = random.Random(f"renumber-{self.seed}-{batch}-{runs}")
             renumber = draw if draw.random() < 0.5 else None
         frame = self.spark.frame(batch, renumber)
-        self.first_routes.setdefault(batch, dict(self.routes))
+        if self.raw_store.get_batch(JOB, QUERY, batch) is None:  # the run that records the batch plans it by these
+            self.first_routes[batch] = dict(self.routes)
         if frame is None or not self.routes:
             return frame
         return [[_rerouted(b, self.routes) for b in batches] for batches in frame]
@@ -875,8 +876,8 @@ class Simulation:
                 StateStoreLostError: self.store_lost,
                 # a store rolled back to an older version of a record no longer names a committed attempt
                 CommittedNotChosenError: self.store_lost,
-                # the frame routed a message elsewhere at a restart, inside a batch (N1)
-                ReplayMismatchError: bool(self.routes),
+                # the frame routes a message elsewhere than when the batch was first recorded (N1)
+                ReplayMismatchError: self.routes != self.first_routes.get(self.stop_batch, self.routes),
             }
             why = next(("no cause for it in this schedule" for kind, ok in justified.items()
                         if isinstance(error, kind) and not ok), None)
