@@ -9,6 +9,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from enum import StrEnum
 
+from .checkpoint_marker import CheckpointMarker
 from .committable import Committable, TxnRef
 from .committer import Committer, check_target, leftover_labels
 from .errors import OperatorActionRefused, ReplayAmbiguousError
@@ -21,6 +22,10 @@ class Action(StrEnum):
     """What `recover` does for one batch (or, for ABORT_LEFTOVERS, for the server's unnamed transactions)."""
 
     COMMIT_PREPARED = "commit-prepared"
+    # a PREPARED batch stopped between its waves: the recorded waves are committed, the rest only the job can write
+    COMMIT_RECORDED_WAVES = "commit-recorded-waves"
+    # a PREPARED batch Spark may re-run, and no checkpoint given: its commits must be kept in the checkpoint's marker
+    KEEP_FOR_JOB = "keep-for-job"
     ABORT_INTENTS = "abort-intents"
     ABORT_LEFTOVERS = "abort-leftovers"
     KEEP_FOR_REPLAY = "keep-for-replay"  # a PREPARED batch with lost parts, left for the job's own replay
@@ -106,21 +111,28 @@ def accept_loss(committer: Committer, query_id: str, batch_id: int) -> list[Comm
     return given_up
 
 
-def plan_recovery(store: StateStore, job_id: str, target: Target | None = None) -> list[RecoveryAction]:
-    """What a crashed job left: PREPARED batches to roll forward, intents and server leftovers to abort. Reads only."""
+def plan_recovery(store: StateStore, job_id: str, target: Target | None = None,
+                  checkpoint_query: str | None = None) -> list[RecoveryAction]:
+    """What a crashed job left: PREPARED batches to roll forward, intents and server leftovers to abort. Reads only.
+
+    `checkpoint_query`: the query of the job's checkpoint (None: not given). The newest batch of a query may be the
+    one Spark re-runs, and the commits sent for it must be in the checkpoint's marker (else a store that goes back
+    and a server that forgets the labels make the re-run load it again, N2): without the checkpoint it is left to the
+    job."""
     actions = []
     if target is not None:
         leftovers = leftover_labels(store, target, job_id)
         if leftovers:
             actions.append(RecoveryAction("", -1, Action.ABORT_LEFTOVERS, len(leftovers), ", ".join(leftovers), leftovers))
-    for query_id, batch_id in store.batch_keys(job_id):
+    keys = store.batch_keys(job_id)
+    newest: dict[str, int] = {}
+    for query_id, batch_id in keys:
+        newest[query_id] = max(newest.get(query_id, batch_id), batch_id)
+    for query_id, batch_id in keys:
         record = store.get_batch(job_id, query_id, batch_id)
         intents = store.intents(job_id, query_id, batch_id)
         if record is not None and record.state is BatchState.PREPARED:
-            done = store.done_labels(job_id, query_id, batch_id)
-            pending = [c for c in record.live_committables() if c.label not in done]
-            actions.append(RecoveryAction(query_id, batch_id, Action.COMMIT_PREPARED, len(pending),
-                                          f"{len(done)} already committed", [c.label for c in pending]))
+            actions.append(_roll_forward_action(store, job_id, record, newest[query_id] == batch_id and checkpoint_query is None))
         keep = {c.label for c in record.committables} if record else set()
         leftover = [r for r in intents if r.label not in keep]
         if leftover:
@@ -130,25 +142,52 @@ def plan_recovery(store: StateStore, job_id: str, target: Target | None = None) 
     return actions
 
 
-def apply_recovery(committer: Committer, actions: list[RecoveryAction], progress: Callable[[str], None]) -> list[RecoveryAction]:
-    """Carry out a plan. A PREPARED batch with lost parts is left PREPARED for the job's own replay.
+def _roll_forward_action(store: StateStore, job_id: str, record: BatchRecord, needs_checkpoint: bool) -> RecoveryAction:
+    """What `recover` does for a PREPARED batch: commit it whole, commit the waves it recorded, or leave it to the job."""
+    query_id, batch_id = record.query_id, record.batch_id
+    done = store.done_labels(job_id, query_id, batch_id)
+    pending = [c.label for c in record.live_committables() if c.label not in done]
+    if needs_checkpoint:
+        return RecoveryAction(query_id, batch_id, Action.KEEP_FOR_JOB, len(pending),
+                              "Spark may re-run this batch, and the commits sent for it must be kept in the checkpoint: "
+                              "give --checkpoint (or --config) to commit it now, or restart the job, which commits it")
+    if record.plan is not None and record.next_wave is not None:
+        return RecoveryAction(query_id, batch_id, Action.COMMIT_RECORDED_WAVES, len(pending),
+                              f"{record.waves_prepared} of {len(record.plan.waves)} waves recorded; the rest needs the "
+                              f"job ({len(done)} already committed)", pending)
+    return RecoveryAction(query_id, batch_id, Action.COMMIT_PREPARED, len(pending), f"{len(done)} already committed", pending)
 
-    Every batch of the plan is checked against the target first, so a wrong one changes nothing at all.
-    """
+
+def apply_recovery(committer: Committer, actions: list[RecoveryAction], progress: Callable[[str], None],
+                   marker: CheckpointMarker | None = None, checkpoint_query: str | None = None) -> list[RecoveryAction]:
+    """Carry out a plan. A PREPARED batch with lost parts is left PREPARED for the job's own replay; one stopped
+    between its waves has its recorded waves committed and stays PREPARED for the job to write the rest.
+
+    Every batch of the plan is checked against the target first, so a wrong one changes nothing at all. `marker`:
+    the checkpoint's, told of the commits sent for a batch of `checkpoint_query` before they go out, as the
+    driver's are (I9, N2)."""
     check_journal_target(committer.store, committer.target, committer.job_id,
                          [(a.query_id, a.batch_id) for a in actions if a.batch_id >= 0])
+    if marker is not None:
+        committer.before_send = lambda record: _mark_sending(marker, checkpoint_query, record)
     results = []
     for number, action in enumerate(actions, 1):
         progress(f"[{number}/{len(actions)}] batch {action.batch_id}: {action.action} ({action.transactions})")
         record = committer.store.get_batch(committer.job_id, action.query_id, action.batch_id)
-        if action.action == Action.COMMIT_PREPARED and record is not None and record.state is BatchState.PREPARED:
-            lost: list[Committable] = []
+        rolls_forward = action.action in (Action.COMMIT_PREPARED, Action.COMMIT_RECORDED_WAVES)
+        if rolls_forward and record is not None and record.state is BatchState.PREPARED:
+            batch = committer.log_of(record)
+            if record.next_wave is not None:  # only the batch's re-run holds the other waves' rows
+                lost = committer.commit_pending(batch)
+            else:
+                lost = []
 
-            def keep_for_replay(found: list[Committable], lost: list[Committable] = lost) -> bool:  # the job's re-run replays them
-                lost.extend(found)
-                return False
+                def keep_for_replay(found: list[Committable], lost: list[Committable] = lost) -> bool:  # the job's re-run replays them
+                    lost.extend(found)
+                    return False
 
-            if committer.roll_forward(committer.log_of(record), keep_for_replay) is None:
+                committer.roll_forward(batch, keep_for_replay)
+            if lost:
                 results.append(RecoveryAction(action.query_id, action.batch_id, Action.KEEP_FOR_REPLAY, len(lost),
                                               "lost: " + ", ".join(c.label for c in lost), [c.label for c in lost]))
                 continue
@@ -164,6 +203,16 @@ def apply_recovery(committer: Committer, actions: list[RecoveryAction], progress
                     committer.target.abort(TxnRef(committer.target.kind, committer.target.database, "", label, -1, ""))
         results.append(action)
     return results
+
+
+def _mark_sending(marker: CheckpointMarker, checkpoint_query: str | None, record: BatchRecord) -> None:
+    """The driver's mark (`ExactlyOnceSink._mark_sending`), for a batch Spark may re-run: one of the checkpoint's query,
+    not older than the batch the marker names (Spark re-runs only its newest)."""
+    position = marker.prepared()
+    if record.query_id != checkpoint_query or (
+            position is not None and position.query_id == record.query_id and position.batch_id > record.batch_id):
+        return
+    marker.record_sending(record.query_id, record.batch_id, record.sent)
 
 
 def check_journal_target(

@@ -69,6 +69,9 @@ class BatchPlan:
     #: the writers the batch had when planned: a spread wave runs on at most this many Spark partitions (None: one
     #: per slot), so many small tables share a task instead of each paying for one
     partitions: int | None = None
+    #: the rows per table the plan was made from (tables without rows left out): a re-run that writes a later wave
+    #: must route as the first run did (`BatchRecord.rerun_differences`). Empty in a plan an earlier release recorded.
+    rows: Mapping[str, int] = field(default_factory=dict)
 
     def in_wave(self, table: str, wave: int) -> bool:
         """Whether `wave` writes `table`'s rows: a planned table in its wave; every table the plan does not name (a
@@ -91,13 +94,14 @@ class BatchPlan:
     def to_json(self) -> str:
         return json.dumps({"writers": dict(sorted(self.writers.items())), "waves": [list(w) for w in self.waves],
                            "spread": self.spread, "budget": self.budget, "notes": list(self.notes),
-                           "partitions": self.partitions}, sort_keys=True)
+                           "partitions": self.partitions, "rows": dict(sorted(self.rows.items()))}, sort_keys=True)
 
     @classmethod
     def from_json(cls, text: str) -> BatchPlan:
         data = json.loads(text)
         return cls({str(t): int(n) for t, n in data["writers"].items()}, tuple(tuple(w) for w in data["waves"]),
-                   bool(data["spread"]), data["budget"], tuple(data.get("notes", ())), data.get("partitions"))
+                   bool(data["spread"]), data["budget"], tuple(data.get("notes", ())), data.get("partitions"),
+                   {str(t): int(n) for t, n in data.get("rows", {}).items()})
 
 
 def plan_batch(table_rows: Mapping[str, int], writers: int, budget: int | None, spread: bool) -> BatchPlan:
@@ -135,4 +139,4 @@ def plan_batch(table_rows: Mapping[str, int], writers: int, budget: int | None, 
         held += count
     if current:
         waves.append(tuple(current))
-    return BatchPlan(per_table, tuple(waves), spread, budget, tuple(notes), writers)
+    return BatchPlan(per_table, tuple(waves), spread, budget, tuple(notes), writers, dict(table_rows))

@@ -23,6 +23,7 @@ from typing import Any, NoReturn
 from urllib.parse import unquote, urlsplit
 
 from .actions import abort_batch, accept_loss, apply_recovery, check_journal_target, plan_recovery, settle_label, settle_record
+from .checkpoint_marker import CheckpointMarker
 from .committer import Committer
 from .errors import UNEXPECTED, CliError, ExitCode, OperatorActionRefused, StreamingSinkError
 from .job_id import JOB_ID, JOB_ID_RULE
@@ -129,6 +130,8 @@ def build_parser() -> argparse.ArgumentParser:
     recover = commands.add_parser("recover", help="commit PREPARED batches and abort leftover intents, without Spark",
                                   **common)
     _add_job_arguments(recover, target="required")
+    recover.add_argument("--checkpoint", help="the job's streaming checkpoint folder (or from --config): needed to "
+                                              "commit the batch Spark would re-run, whose commits it keeps there")
     _add_acting_arguments(recover)
 
     abort = commands.add_parser("abort", help="abort the transactions of a batch that is not PREPARED", **common)
@@ -311,23 +314,41 @@ def cmd_recover(args: argparse.Namespace) -> int:
     store = _open_state(args.state)
     _require_job(store, args.job, ExitCode.USAGE)
     target = _open_target(args)
+    marker, checkpoint_query = _checkpoint_of(args)
     if not args.apply:
-        actions = plan_recovery(store, args.job, target)
+        actions = plan_recovery(store, args.job, target, checkpoint_query)
         lines = [f"dry run: {len(actions)} action(s); re-run with --apply to carry them out"]
         lines += [f"  batch {a.batch_id} ({a.query_id}): {a.action} {a.transactions} transaction(s) {a.detail}" for a in actions]
         _emit(args, {"applied": False, "actions": [a.__dict__ for a in actions]}, "\n".join(lines))
         return ExitCode.OK
     check_journal_target(store, target, args.job)  # a wrong target is refused before the epoch is taken
     committer = _take_over(args, store, target)
-    done = apply_recovery(committer, plan_recovery(committer.store, args.job, committer.target), _progress(args))
+    done = apply_recovery(committer, plan_recovery(committer.store, args.job, committer.target, checkpoint_query),
+                          _progress(args), marker, checkpoint_query)
     kept = [a for a in done if a.action == "keep-for-replay"]
+    left = [a for a in done if a.action in ("keep-for-job", "commit-recorded-waves")]
     lines = [f"applied {len(done)} action(s) with fencing epoch {committer.epoch}"]
     lines += [f"  batch {a.batch_id}: {a.action} {a.transactions} {a.detail}" for a in done]
     if kept:
         lines.append("  some prepared transactions can no longer be committed: restart the job so it replays "
                      "them from the source (docs/runbook.md, section 'A server was down longer than the prepared timeout')")
+    if left:
+        lines.append(f"  batch(es) {', '.join(str(a.batch_id) for a in left)} stay PREPARED: only the job (its re-run of "
+                     "the batch) finishes them; restart it with the release and configuration that prepared them")
     _emit(args, {"applied": True, "epoch": committer.epoch, "actions": [a.__dict__ for a in done]}, "\n".join(lines))
-    return ExitCode.PROBLEM if kept else ExitCode.OK
+    return ExitCode.PROBLEM if kept or left else ExitCode.OK
+
+
+def _checkpoint_of(args: argparse.Namespace) -> tuple[CheckpointMarker | None, str | None]:
+    """The sink's marker in the job's checkpoint and the checkpoint's query, when the checkpoint is given (else None)."""
+    if not args.checkpoint:
+        return None, None
+    from .checkpoint import CheckpointFolder, checkpoint_query_id
+
+    folder = CheckpointFolder(args.checkpoint)
+    # no query ran on it yet (the job never started there): Spark re-runs none of the journal's batches
+    query = checkpoint_query_id(folder) if folder.read("metadata") else ""
+    return CheckpointMarker(args.checkpoint, args.job), query
 
 
 def cmd_abort(args: argparse.Namespace) -> int:

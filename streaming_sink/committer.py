@@ -135,9 +135,12 @@ class Committer:
         # nothing, so it was unknown before it (F4). Kept as it arrives, before the replay and any later failure.
         proofs = _NeverCommitted(batch)
 
+        started: set[str] = set()  # labels whose commit this phase began to send
+
         def commit_unit(parts: list[Committable]) -> list[CommitOutcome | None]:
             if stopped.is_set():
                 return [None] * len(parts)
+            started.update(c.label for c in parts)
             try:
                 self.check_epoch()  # a fenced driver sends no further commit (I5)
                 answers: list[CommitOutcome | None] = list(self._commit(parts))
@@ -154,8 +157,13 @@ class Committer:
                 raise
 
         units = self._commit_units(pending)
-        answered = {c.label: o for unit, answers in zip(units, self._run_commits(commit_unit, units), strict=True)
-                    for c, o in zip(unit, answers, strict=True)}
+        try:
+            answers = self._run_commits(commit_unit, units)
+        except Exception:
+            self._never_sent(batch, [label for label in unsent if label not in started])
+            raise
+        answered = {c.label: o for unit, unit_answers in zip(units, answers, strict=True)
+                    for c, o in zip(unit, unit_answers, strict=True)}
         outcomes = [answered[c.label] for c in pending]
         # LOST for a label sent before this phase may be a forgotten commit, and LOST_AFTER_SEND always may be.
         ambiguous = [c for c, o in zip(pending, outcomes, strict=True)
@@ -176,6 +184,18 @@ class Committer:
                 self.job_id, record.batch_id, len(lost), [c.label for c in lost],
             )
         return lost
+
+    def _never_sent(self, batch: BatchLog, labels: list[str]) -> None:
+        """A failed phase sent no commit for these labels, first listed in `sent` by it: they provably never committed,
+        so a later phase may replay them if the server forgets them (N8, as F4). Best effort: the failure is what the
+        caller must see, and a label left in `sent` only stops the job for an operator, never loads twice."""
+        if not labels:
+            return
+        try:
+            batch.mark_never_committed(labels, event=f"commit phase stopped before sending {len(labels)} commit(s)")
+        except Exception as error:
+            log.error("job %s batch %s: could not record %d commit(s) never sent (%s)", self.job_id,
+                      batch.record.batch_id, len(labels), error)
 
     def _commit_units(self, pending: list[Committable]) -> list[list[Committable]]:
         """What one commit call takes: every part of a table for a target that commits a table at once

@@ -41,6 +41,7 @@ defined outside this one, e.g. a product's own error beside its target):
     │   ├── ReplayAmbiguousError                        exit 4  runbook 'Replay ambiguous: a committed label was forgotten'
     │   ├── ReplayImpossibleError                       exit 4  runbook 'Prepared data lost outside its batch'
     │   ├── ReplayMismatchError                         exit 4  runbook 'Replay mismatch'
+    │   │   └── RerunRoutedDifferentlyError             exit 4  runbook 'Batch in waves re-run with other tables'
     │   └── SourceReplannedError                        exit 4  runbook 'Batch re-planned with another range'
     ├── TargetError (RuntimeError)                      exit 3
     │   ├── ClickHouseError [targets.clickhouse.connection] exit 3
@@ -302,6 +303,13 @@ class ReplayMismatchError(StopForOperator):
     """The re-run batch did not deliver the same data as the prepared one: refusing to guess."""
 
     runbook = "Replay mismatch"
+
+
+class RerunRoutedDifferentlyError(ReplayMismatchError):
+    """A batch committed in waves is re-run, and the re-run routes rows to other tables than its first run did (a
+    table resolved or a column changed by the restart): its unwritten waves would load a message twice or never."""
+
+    runbook = "Batch in waves re-run with other tables"
 
 
 class InvariantBreach(StreamingSinkError, RuntimeError):

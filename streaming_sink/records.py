@@ -90,6 +90,28 @@ class BatchRecord:
         wave = self.next_wave
         return [] if wave is None or self.plan is None else [t for tables in self.plan.waves[wave:] for t in tables]
 
+    def rerun_differences(self, counted: Mapping[str, int]) -> list[str]:
+        """Where a re-run that counted `counted` rows per table would write the batch's unwritten waves otherwise than
+        its first run routed them ([] when it routes alike), e.g. ["dead_letters: 6 rows first, 3 now"].
+
+        The plan's counts are the first run's routing, every table included. A plan recorded without them (an
+        earlier release) leaves what the record itself proves: the recorded waves' tables hold their committables'
+        rows, and a table the plan does not name had none. That is what a duplicate or a loss needs (a message moved
+        between a recorded wave and the rest); a move among unwritten tables is then not seen, and harmless."""
+        assert self.plan is not None
+        if self.plan.rows:
+            first = dict(self.plan.rows)
+        else:
+            recorded = {t for tables in self.plan.waves[: self.waves_prepared] for t in tables}
+            first = {t: 0 for t in recorded}
+            for c in self.live_committables():
+                if c.table in recorded:
+                    first[c.table] += c.rows + c.filtered_rows + c.unselected_rows
+            first |= {t: 0 for t in counted if t not in self.plan.writers}
+        return [f"{table}: {first.get(table, 0)} rows first, {counted.get(table, 0)} now"
+                for table in sorted(set(first) | (set(counted) if self.plan.rows else set()))
+                if first.get(table, 0) != counted.get(table, 0)]
+
     def live_committables(self) -> list[Committable]:
         """The transactions whose rows the batch delivers: not those replayed under new labels or given up."""
         gone = set(self.lost) | set(self.discarded)

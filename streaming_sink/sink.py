@@ -32,8 +32,10 @@ from .errors import (
     KafkaOffsetsMovedError,
     ReplayLostAgainError,
     ReplayMismatchError,
+    RerunRoutedDifferentlyError,
     SourceReplannedError,
     StopForOperator,
+    StreamingSinkError,
     UnplannedTableError,
 )
 from .job_id import JOB_ID as _JOB_ID
@@ -252,8 +254,9 @@ class ExactlyOnceSink:
         df = self._one_change_per_key(df)
         try:
             report = self._process(df, batch_id, query_id)
-        except StopForOperator as stop:
-            self._record_stop(query_id, batch_id, stop)
+        except StreamingSinkError as stop:
+            if stop.runbook_section:  # a documented stop an operator must act on, whatever its class (F6, N5)
+                self._record_stop(query_id, batch_id, stop)
             raise
         finally:  # what a planned batch's passes kept (`keep`) goes with the batch, however it ended
             release = getattr(self.runner, "release", None)
@@ -329,6 +332,7 @@ class ExactlyOnceSink:
             report = self._recover_prepared(df, record)
         else:
             self._check_journal_continues(query_id, batch_id)
+            self._resume_after_stop(query_id, batch_id)
             self._abort_leftovers_once(query_id)
             committer.abort_intents(query_id, batch_id)
             committer.sweep(skip=(query_id, batch_id), retain_batches=self.retain_batches)
@@ -363,20 +367,34 @@ class ExactlyOnceSink:
             + SourceReplannedError.RUNBOOK
         )
 
-    def _record_stop(self, query_id: str, batch_id: int, stop: StopForOperator) -> None:
+    def _record_stop(self, query_id: str, batch_id: int, stop: StreamingSinkError) -> None:
         """Keep why the job stopped in the record of the batch it is about (the running one, unless the stop names
-        an older query's), so `status` tells an operator (F6); best effort."""
-        if stop.batch_id is not None and stop.query_id is not None:
+        an older query's), so `status` tells an operator (F6); best effort. A batch stopped before its first record
+        (a server that refused its first wave's transactions, N5) has its stop kept in the record of the batch before
+        it, naming it, until it goes on (`_resume_after_stop`)."""
+        if isinstance(stop, StopForOperator) and stop.batch_id is not None and stop.query_id is not None:
             query_id, batch_id = stop.query_id, stop.batch_id
+        said = {"error": type(stop).__name__, "section": stop.runbook_section, "message": str(stop)[:2000],
+                "at": time.time()}
         try:
             record = self.state.get_batch(self.job_id, query_id, batch_id)
+            if record is None and batch_id > 0:
+                record = self.state.get_batch(self.job_id, query_id, batch_id - 1)
+                said |= {"query_id": query_id, "batch_id": batch_id}
             if record is None:
+                log.error("job %s batch %s: no record to keep why the job stopped in: %s", self.job_id, batch_id, stop)
                 return
             assert self._committer is not None
-            self._committer.log_of(record).record_stop({"error": type(stop).__name__, "section": stop.runbook_section,
-                                                         "message": str(stop)[:2000], "at": time.time()})
+            self._committer.log_of(record).record_stop(said)
         except Exception as error:  # the stop itself is what the caller must see
             log.error("job %s batch %s: could not record why the job stopped (%s)", self.job_id, batch_id, error)
+
+    def _resume_after_stop(self, query_id: str, batch_id: int) -> None:
+        """A batch that stopped before its first record goes on: the stop kept for it in the batch before is cleared."""
+        previous = self.state.get_batch(self.job_id, query_id, batch_id - 1) if batch_id > 0 else None
+        if previous is not None and previous.stop and previous.stop.get("batch_id") == batch_id:
+            assert self._committer is not None
+            self._committer.log_of(previous).resume()
 
     def _mark_sending(self, record: BatchRecord) -> None:
         """Before the commits of this query's batch go out: the checkpoint keeps which labels were sent (I9, F3)."""
@@ -428,7 +446,7 @@ class ExactlyOnceSink:
         except TransactionLimitError as refused:
             held = self.state.intents(self.job_id, query_id, batch_id)  # read before the abort forgets them
             self._abort_unprepared(query_id, batch_id)
-            raise TransactionLimitError(too_many_transactions(self.job_id, batch_id, held, refused)) from refused
+            raise TransactionLimitError(too_many_transactions(self.job_id, batch_id, held, refused, plan, wave)) from refused
         except BaseException:
             self._abort_unprepared(query_id, batch_id)
             raise
@@ -509,13 +527,33 @@ class ExactlyOnceSink:
         assert committer is not None
         log.warning("job %s batch %s: found PREPARED by epoch %d; committing it", self.job_id, record.batch_id, record.epoch)
         keep = getattr(self.runner, "keep", None)
-        if keep is not None and record.plan is not None and record.waves_prepared < len(record.plan.waves):
-            keep(df)  # its unwritten waves, each a pass over the re-run batch, read it once
+        if record.next_wave is not None:
+            if keep is not None:
+                keep(df)  # its unwritten waves, each a pass over the re-run batch, read it once
+            self._check_routed_alike(df, record)
         committer.abort_intents(record.query_id, record.batch_id, keep={c.label for c in record.committables})
         self._abort_leftovers_once(record.query_id)
         committed = self._commit_prepared(df, committer.log_of(record), started_commit=time.time())
         committer.sweep(skip=(record.query_id, record.batch_id), retain_batches=self.retain_batches)
         return self._report(record.batch_id, "recovered-prepared", committed)
+
+    def _check_routed_alike(self, df: Any, record: BatchRecord) -> None:
+        """A re-run writes the unwritten waves of a batch, and must route its rows as the first run did: a restart that
+        resolved a new topic's table or followed a changed column would move a message between a recorded wave and the
+        rest, so it would be loaded twice or never (N1). Counted once over the re-run batch, before anything is sent."""
+        assert self._router is not None and record.plan is not None
+        differences = record.rerun_differences(self.runner.table_rows(df, self._router))
+        if not differences:
+            return
+        shown = "; ".join(differences[:10]) + ("; ..." if len(differences) > 10 else "")
+        raise RerunRoutedDifferentlyError(
+            f"job {self.job_id} batch {record.batch_id} of query {record.query_id} commits in {len(record.plan.waves)} "
+            f"waves, {record.waves_prepared} of them recorded, and its re-run routes rows to other tables than its first "
+            f"run did ({shown}): writing the other waves from it would load some messages twice and others never. "
+            "Nothing was written. Restart the job with the tables and columns of its first run (undo the table or "
+            "column change, or the restart that resolved a new topic's table) until the batch is COMMITTED, then "
+            "make the change again. " + RerunRoutedDifferentlyError.RUNBOOK
+        )
 
     def _commit_prepared(self, df: Any, batch: BatchLog, started_commit: float) -> BatchRecord:
         """Commit every committable (replaying lost ones), mark COMMITTED, abort the unchosen attempts."""

@@ -69,15 +69,24 @@ class BatchPlanner:
         return plan if plan.waves else None
 
 
-def too_many_transactions(job_id: str, batch_id: int, held: Iterable[TxnRef], refused: TransactionLimitError) -> str:
+def too_many_transactions(job_id: str, batch_id: int, held: Iterable[TxnRef], refused: TransactionLimitError,
+                          plan: BatchPlan | None = None, wave: int = 0) -> str:
     """What the batch (its unrecorded wave) needs and what the server allows, in one line: it cannot fit, and retrying
     it the same way fails the same way (docs/protocol.md, StarRocks: concurrency and limits; Doris: timeouts and
-    label retention). `held`: the batch's intents when the server refused."""
-    pairs = {(ref.table, ref.partition) for ref in held}
+    label retention). With a plan, what the refused wave holds by it (the waves before it are committed and hold
+    none, N5); without, `held`: the batch's intents when the server refused."""
+    if plan is not None:
+        tables = plan.waves[wave]
+        needed, table_count = plan.transactions(wave), len(tables)
+        writers = f"{max(plan.writers[t] for t in tables)} writers"
+    else:
+        pairs = {(ref.table, ref.partition) for ref in held}
+        needed, table_count = len(pairs), len({t for t, _ in pairs})
+        writers = f"{len({p for _, p in pairs})} writers so far"
     limit = re.search(r"larger than limit (\d+)", str(refused))
     return (
-        f"job {job_id} batch {batch_id} needs at least {len(pairs)} transactions open at once (one per table "
-        f"per writer: {len({t for t, _ in pairs})} tables, {len({p for _, p in pairs})} writers so far), but the "
+        f"job {job_id} batch {batch_id} needs at least {needed} transactions open at once (one per table "
+        f"per writer: {table_count} tables, {writers}), but the "
         f"server allows {limit.group(1) if limit else 'fewer'} running transactions per database "
         "(max_running_txn_num_per_db; a prepared transaction counts until the batch commits). Everything the "
         f"batch held beyond its record is rolled back. The server said: {str(refused).splitlines()[0]} " + TransactionLimitError.RUNBOOK

@@ -132,7 +132,8 @@ def test_recover_apply_first_then_the_restart_replays_instead_of_stopping(sr) ->
     store = MemoryStateStore()
     _prepared_then_forgotten(sr, store)
     recovery = Committer(target_of(sr), store, JOB, store.take_epoch(JOB, "operator"))
-    done = apply_recovery(recovery, plan_recovery(store, JOB, recovery.target), lambda _: None)
+    # the query of the checkpoint is given (this job keeps no marker: it runs without a checkpoint folder)
+    done = apply_recovery(recovery, plan_recovery(store, JOB, recovery.target, checkpoint_query=QUERY), lambda _: None)
     assert [a.action for a in done] == ["keep-for-replay"]  # the runbook: leave it, restart the job
     report = sink_of(target_of(sr), store).process(source(1), 1, QUERY)  # was ReplayAmbiguousError
     assert report.action == "recovered-prepared" and ids(sr) == expected_ids(0, 1)

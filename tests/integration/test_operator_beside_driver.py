@@ -7,6 +7,7 @@ driver is killed (SIGKILL), the same commands act at once, and the job is exact.
 """
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -82,22 +83,25 @@ def test_each_operator_command_beside_a_live_driver_refuses_then_acts_once_it_is
         assert beats(store, after=None)
         base = ["--job", JOB, "--state", f"file://{tmp_path / 'state'}",
                 "--target", sr.fe_url.replace("http://", "starrocks://"), "--database", DB]
+        (tmp_path / "checkpoint").mkdir()
+        (tmp_path / "checkpoint" / "metadata").write_text(json.dumps({"id": QUERY}) + "\n")
+        recover = ["recover", "--checkpoint", str(tmp_path / "checkpoint")]  # it commits the batch Spark re-runs
         settle = ["settle", "--query-id", QUERY, "--batch", "1", "--label", label, "--committed"]
-        acting = [["recover", "--apply"], [*settle, "--apply"], ["abort", "--batch", "2", "--apply"]]
+        acting = [[*recover, "--apply"], [*settle, "--apply"], ["abort", "--batch", "2", "--apply"]]
         for command in acting[:2]:
             assert main([*command, *base]) == ExitCode.REFUSED, command
             assert "the job seems to be running" in capsys.readouterr().err
         # validation comes first: a wrong batch or label is refused as such, and takes nothing either
         assert main(["abort", "--batch", "1", "--apply", *base]) == ExitCode.REFUSED
         assert main([*settle[:-3], "--label", "nope", "--committed", "--apply", *base]) == ExitCode.REFUSED
-        assert main(["recover", *base]) == ExitCode.OK and main([*settle, *base]) == ExitCode.OK  # dry runs
+        assert main([*recover, *base]) == ExitCode.OK and main([*settle, *base]) == ExitCode.OK  # dry runs
         assert store.current_epoch(JOB) == held and driver.poll() is None  # the driver still holds the job
         assert beats(store, after=store.epoch_owner(JOB)["seen"])  # and beats on, idle
 
         driver.send_signal(signal.SIGKILL)
         driver.wait()
         capsys.readouterr()
-        assert main(["recover", "--apply", *base]) == ExitCode.OK, capsys.readouterr().err  # at once: its pid is gone
+        assert main([*recover, "--apply", *base]) == ExitCode.OK, capsys.readouterr().err  # at once: its pid is gone
         assert store.get_batch(JOB, QUERY, 1).state is BatchState.COMMITTED and ids(sr) == expected_ids(0, 1)
         assert main([*settle, "--apply", *base]) == ExitCode.REFUSED  # nothing left to settle: said so, not taken
         assert "is COMMITTED: only a PREPARED batch" in capsys.readouterr().err

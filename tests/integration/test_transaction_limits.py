@@ -145,7 +145,7 @@ def test_one_table_wider_than_the_server_allows_fails_fast_and_releases_everythi
         sink.process(one_table, 0, QUERY)
     message = str(refused.value)
     assert "\n" not in message, message
-    assert "needs at least 26 transactions open at once" in message, message
+    assert "needs at least 30 transactions open at once" in message, message  # the wave's plan: 30 writers
     assert "allows 25 running transactions per database" in message, message
     assert "section 'Too many open transactions for the server'" in message
     assert pauses == [], "the refusal was retried"

@@ -20,6 +20,7 @@ import re
 import tempfile
 import threading
 import traceback
+from collections import Counter
 from collections.abc import Callable, Iterable
 from concurrent.futures import ALL_COMPLETED, FIRST_COMPLETED, FIRST_EXCEPTION, Future
 from concurrent.futures import wait as futures_wait
@@ -31,6 +32,7 @@ import pyarrow as pa
 from streaming_sink import cli
 from streaming_sink import committer as committer_module
 from streaming_sink.actions import apply_recovery, plan_recovery
+from streaming_sink.checkpoint_marker import CheckpointMarker
 from streaming_sink.committer import Committer
 from streaming_sink.errors import OperatorActionRefused, ReplayAmbiguousError, ReplayImpossibleError, ReplayMismatchError, StopForOperator
 from streaming_sink.execution import _replay_identity
@@ -248,8 +250,9 @@ class Config:
     operator: bool = True
     downtime: bool = True  # restarts after the prepared timeout or the label retention
     store_wipe: bool = True  # the state store loses everything (epoch counter included)
-    # The state store goes back to an earlier snapshot (lagging replica, backup).
+    # The state store goes back to an earlier snapshot (lagging replica, backup), in this share of the schedules.
     store_rollback: bool = True
+    rollback_share: float = 0.05
     # Operator commands racing the driver (abort --apply, recover --apply, settle, dry runs) besides the one
     # `operator` plans; None: drawn (none in most schedules, up to 3).
     operators: int | None = None
@@ -267,6 +270,10 @@ class Config:
     # The server's running-transaction limit, which the sink takes whole as its budget per wave: a batch over it
     # commits in waves (`waves.py`). 0: no limit; None: drawn (none in half the schedules, else 1 to 3).
     txn_budget: int | None = None
+    # At a driver restart the job's frame may route one message of the batch it re-runs to another table (a table
+    # resolved for a new topic, a column changed on a target table: review N1), and an operator undoes it when the
+    # job stops on it (runbook section 'Batch in waves re-run with other tables').
+    reroute: bool = False
 
 
 @dataclass
@@ -360,6 +367,15 @@ class Simulation:
         # process -> the call count when its last successful store write was issued (before the write's yield: what
         # it holds was decided then, so a proof that arrives while it waits is not in it)
         self.last_write: dict[str, int] = {}
+        # N8: labels some process sent a commit of (whether it reached the server or not: a timeout leaves it open),
+        # and each process's last server call (counted when attempted)
+        self.commit_sent: set[str] = set()
+        self.last_server_call: dict[str, int] = {}
+        # N1: the table each rerouted message goes to now, and the routes each batch was recorded with
+        self.routes: dict[int, str] = {}
+        self.first_routes: dict[int, dict[int, str]] = {}
+        self.reroute_draw = random.Random(f"reroute-{seed}")  # apart from the schedule's stream
+        self.restores: list[int] = []  # the call count at each store wipe or rollback: what was written before may be gone
 
     # -- source ----------------------------------------------------------------------------------
 
@@ -474,6 +490,7 @@ class Simulation:
         if where == "server":
             actor = self.sched.current
             self.server_calls[id(actor)] = self.server_calls.get(id(actor), 0) + 1
+            self.last_server_call[process.name] = self.faults.calls
         fault = self.faults.next()
         if fault:
             self.log(f"FAULT {fault} at {where}.{name} in {process.name}")
@@ -563,6 +580,7 @@ class Simulation:
                 return
             self._maybe_downtime()
             self._maybe_damage_checkpoint()
+            self._maybe_reroute(batch)
 
     def _batch_frame(self, batch: int) -> Any:
         """The batch as Spark hands it over now: from the offset files, partitions maybe renumbered on a re-run."""
@@ -572,7 +590,26 @@ class Simulation:
         if self.config.renumber and runs and not self.clean:
             draw = random.Random(f"renumber-{self.seed}-{batch}-{runs}")
             renumber = draw if draw.random() < 0.5 else None
-        return self.spark.frame(batch, renumber)
+        frame = self.spark.frame(batch, renumber)
+        if self.raw_store.get_batch(JOB, QUERY, batch) is None:  # the run that records the batch plans it by these
+            self.first_routes[batch] = dict(self.routes)
+        if frame is None or not self.routes:
+            return frame
+        return [[_rerouted(b, self.routes) for b in batches] for batches in frame]
+
+    def _maybe_reroute(self, batch: int) -> None:
+        """At a restart: the job's frame routes one message of the batch it re-runs to another table (N1)."""
+        if not self.config.reroute or self.reroute_draw.random() < 0.5:
+            return
+        frame = self.spark.frame(batch)
+        rows = [(i, t) for batches in frame or [] for b in batches
+                for i, t in zip(b.column("id").to_pylist(), b.column("__table").to_pylist())]
+        if not rows:
+            return
+        message, table = self.reroute_draw.choice(rows)
+        now = self.reroute_draw.choice([t for t in TABLES if t != self.routes.get(message, table)])
+        self.routes[message] = now
+        self.log(f"FRAME message {message} now goes to {now} (it went to {table}): a table or column changed at the restart")
 
     def _maybe_damage_checkpoint(self) -> None:
         """Between a crash and the restart: what an operator or a disk does to the checkpoint folder."""
@@ -613,14 +650,16 @@ class Simulation:
         if action == "recover-direct":
             epoch = self.store.take_epoch(JOB, owner="operator recover")
             recovery = Committer(self.target, self.store, JOB, epoch)
-            done = apply_recovery(recovery, plan_recovery(self.store, JOB), lambda message: None)
+            done = apply_recovery(recovery, plan_recovery(self.store, JOB, checkpoint_query=QUERY), lambda message: None,
+                                  CheckpointMarker(self.checkpoint, JOB), QUERY)
             self.log(f"operator recover --apply: {[(a.batch_id, a.action) for a in done]}")
             return
         if action == "settle":
             self._settle_racing()
             return
         command, apply = action.split("-")[0], not action.endswith("-dry")
-        args = _Args(command=command, apply=apply, batch=self.committed_batches)
+        args = _Args(command=command, apply=apply, batch=self.committed_batches,
+                     checkpoint=self.checkpoint if command == "recover" else None)
         try:
             code = (cli.cmd_abort if command == "abort" else cli.cmd_recover)(args)
         except cli.CliError as error:  # a usage answer (no such batch yet): what an operator reads and retries
@@ -670,7 +709,7 @@ class Simulation:
         if config.store_wipe and rng.random() < 0.05:
             self.store_may_be_lost = True
             self.sched.events.setdefault(rng.randint(5, 300), []).append(lambda: self._lose_store(None))
-        if config.store_rollback and rng.random() < 0.05:
+        if config.store_rollback and rng.random() < config.rollback_share:
             self.store_may_be_lost = True
             snapshot_at, loss_at = sorted(rng.sample(range(5, 300), 2))
             snapshot: dict = {}
@@ -706,6 +745,7 @@ class Simulation:
 
     def _lose_store(self, snapshot: dict | None) -> None:
         self.store_lost = True
+        self.restores.append(self.faults.calls)
         self.holder = None  # whoever held the newest epoch, the store no longer says so
         if snapshot is not None:
             self.raw_store.restore(snapshot)
@@ -788,6 +828,13 @@ class Simulation:
                            + "".join(traceback.format_exception(actor.error)))
             return
         self.source = self.spark.rows_through(last)  # Spark's ranges as they ended, re-plans included
+        if self.config.reroute:  # a message's table may differ by run: each must be visible once, in some table
+            sent = Counter(i for ids in self.source.values() for i in ids)
+            seen = Counter(i for table in TABLES for i in self.server.visible_rows(table))
+            if seen != sent:
+                self.violation(f"messages not visible exactly once across the tables: missing {sorted(sent - seen)}, "
+                               f"more than once {sorted(seen - sent)}")
+            return
         for table in TABLES:
             visible = sorted(self.server.visible_rows(table))
             if visible != sorted(self.source.get(table, [])):
@@ -829,7 +876,8 @@ class Simulation:
                 StateStoreLostError: self.store_lost,
                 # a store rolled back to an older version of a record no longer names a committed attempt
                 CommittedNotChosenError: self.store_lost,
-                ReplayMismatchError: False,
+                # the frame routes a message elsewhere than when the batch was first recorded (N1)
+                ReplayMismatchError: self.routes != self.first_routes.get(self.stop_batch, self.routes),
             }
             why = next(("no cause for it in this schedule" for kind, ok in justified.items()
                         if isinstance(error, kind) and not ok), None)
@@ -851,6 +899,11 @@ class Simulation:
 
     def _remedy(self) -> bool:
         """The runbook's answer to the stop, by an operator with the CLI; False when there is none to model."""
+        if isinstance(self.stopped, ReplayMismatchError) and self.routes:
+            self.remedies += 1  # the operator undoes the change until the batch is committed (runbook)
+            self.routes = dict(self.first_routes.get(self.stop_batch, {}) if self.stop_batch is not None else {})
+            self.log(f"operator: the frame routes as when batch {self.stop_batch} first ran: {self.routes}")
+            return True
         if not isinstance(self.stopped, SourceReplannedError):
             return False
         self.remedies += 1
@@ -887,12 +940,34 @@ class Simulation:
             if label in self.server.txns:
                 reasons.append(f"{label} is still known to the server")
                 continue
-            kept = [(name, at) for name, at in self.proofs.get(label, []) if self._went_on(name, at)]
-            if not kept:
+            kept = [(name, at) for name, at in self.proofs.get(label, [])
+                    if self._went_on(name, at) and not self._erased(name, at)]
+            if kept:
+                name, at = kept[0]
+                reasons.append(f"{label} answered LOST at call {at} to {name}, the first to send it, which went on")
+                continue
+            never_sent = self._never_sent_by(label)
+            if never_sent is None:
                 return None  # this one's fate is really unknown
-            name, at = kept[0]
-            reasons.append(f"{label} answered LOST at call {at} to {name}, the first to send it, which went on")
+            reasons.append(never_sent)
         return "; ".join(reasons)
+
+    def _never_sent_by(self, label: str) -> str | None:
+        """N8: no commit of the label was ever sent, and the process whose `sent` first listed it wrote to
+        the store after its last server call (its commit phase stopped, and it went on to record what it never sent),
+        with no store loss since: the job could know the label never committed. None when it could not."""
+        name = self.first_sent_by.get(label)
+        if label in self.commit_sent or name is None:
+            return None
+        last_call = self.last_server_call.get(name, -1)
+        if self.last_write.get(name, -1) <= last_call or self._erased(name, last_call):
+            return None
+        return f"no commit of {label} was ever sent, and {name}, which listed it as sent, went on after its last call"
+
+    def _erased(self, name: str, at: int) -> bool:
+        """Whether a store wipe or rollback after call `at` may have taken what `name` wrote since (it wrote nothing
+        after the last one): a proof it kept is then gone, and a stop on it necessary."""
+        return any(at < restored and self.last_write.get(name, -1) < restored for restored in self.restores)
 
     def _went_on(self, name: str, at: int) -> bool:
         """Whether a process wrote to the store after call `at`, or ended on its own (not killed, fenced or failed)."""
@@ -940,7 +1015,13 @@ class _ServerProxy:
 
     def __getattr__(self, name: str) -> Callable[..., Any]:
         method = getattr(self._sim.server, name)
-        return lambda *args: self._sim.call("server", name, lambda: method(*args))
+
+        def send(*args: Any) -> Any:
+            if name == "commit":
+                self._sim.commit_sent.add(args[0])
+            return self._sim.call("server", name, lambda: method(*args))
+
+        return send
 
 
 class _StoreProxy:
@@ -1089,6 +1170,12 @@ class SimRunner:
                 raise
 
         sim.sched.spawn(process.name, body, weight=sim.rng.choice([0.05, 0.3, 1.0]))
+
+
+def _rerouted(batch: pa.RecordBatch, routes: dict[int, str]) -> pa.RecordBatch:
+    """The batch as a frame that routes the messages of `routes` (id -> table) there builds it."""
+    tables = [routes.get(i, t) for i, t in zip(batch.column("id").to_pylist(), batch.column("__table").to_pylist())]
+    return batch.set_column(batch.schema.get_field_index("__table"), "__table", pa.array(tables, pa.string()))
 
 
 def _digests(data: list[list[pa.RecordBatch]]) -> dict[int, str]:
