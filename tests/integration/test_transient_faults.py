@@ -6,14 +6,16 @@ mode runs them (no task retry to fall back on).
   often the commit's statements fail in a row;
 * a writer's statement that cannot be sent again blindly (the staging table's CREATE, its answer lost) fails the
   pass, and the sink writes the pass again under fresh labels, the failed pass's leftovers dropped;
-* what persists past the bound still stops the batch, leaving nothing behind.
+* what persists past the bound still stops the batch, leaving nothing behind;
+* the packaged job restarts its query from the checkpoint in its own process after a fault the batch could not ride,
+  and stops in one line when the fault persists past its bound.
 
 Each ends with the table equal to the source row by row and no staging table left; the repeats are in the metrics.
 """
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -29,12 +31,14 @@ from streaming_sink.state import MemoryStateStore
 from streaming_sink.targets.clickhouse import ClickHouseTarget
 from streaming_sink.writer import PartitionResult, PartitionWriter, WriteContext
 from tests.support.doubles.clickhouse_front import ClickHouseFront
+from tests.support.jobs import ConfigJob
 
 pytestmark = pytest.mark.slow
 
 DB, TABLE, JOB, QUERY = "riding", "orders", "riding-job", "5e4d3c2b-1a09-4f8e-9d7c-6b5a49382716"
 ROWS = 6
 CREATE_STAGING = rf"^CREATE TABLE `{DB}`\.`ss_\w+` AS"
+JOB_DB = "default"  # the packaged job's (tests/support/jobs.py)
 
 
 class Runner:
@@ -138,3 +142,77 @@ def test_a_fault_that_persists_stops_the_batch_within_the_bound_leaving_nothing(
     assert _rows(sink) == []
     assert sink.target.staging_tables() == []  # type: ignore[attr-defined]
     assert _retries(metrics)["write"] == REWRITES.retries
+
+
+# -- the packaged job: its query restarted in the same process --------------------------------------------------------
+
+LEDGER_COMMITTED = rf"^INSERT INTO `{JOB_DB}`\.`_streaming_sink_ledger`.*'committed'"
+
+
+def _job(tmp_path: Path, kafka_broker: Any, front: ClickHouseFront, query_restarts: int) -> ConfigJob:
+    """The packaged job (`streaming-sink run`, a child process, Spark local with task retries) into ClickHouse over
+    HTTP through the front, which runs in this process and takes its faults from the test."""
+    job = ConfigJob(tmp_path / "job", kafka_broker.bootstrap, f"riding-{tmp_path.name[-12:]}", messages_per_partition=200,
+                    max_offsets_per_trigger=300,
+                    target={"url": front.target_url, "database": JOB_DB, "create_tables": True})
+    with job.config_path.open("a") as config:
+        config.write(f"\n[sink]\nquery_restarts = {query_restarts}\n")
+    job.produce(kafka_broker)
+    return job
+
+
+def _read(front: ClickHouseFront) -> Callable[[str, str], list[tuple[Any, ...]]]:
+    def read(table: str, columns: str) -> list[tuple[Any, ...]]:
+        target = ClickHouseTarget(front.url, database=JOB_DB)
+        try:
+            return [tuple(r) for r in target.client().query(f"SELECT {columns} FROM {JOB_DB}.{table}").result_rows]
+        finally:
+            target.close()
+
+    return read
+
+
+def test_the_packaged_job_restarts_its_query_after_a_transient_fault_and_ends_exact(tmp_path, kafka_broker, front):
+    """The ledger's `committed` rows cut for a while, more often than a commit repeats itself: the batch's commit
+    fails, the query with it; the job restarts the query from its checkpoint in the same process, which commits the
+    prepared batch and goes on. One process, exit 0, every table equal to the source, the restarts in its log."""
+    job = _job(tmp_path, kafka_broker, front, query_restarts=5)
+    front.faults.drop_before.arm(LEDGER_COMMITTED, times=60)
+    try:
+        assert job.run(0) == 0, job.log_tail(0, lines=60)
+    finally:
+        front.faults.release()
+    assert front.faults.drop_before.fired == 60 and not front.faults.drop_before.armed
+    job.verify(_read(front))
+    log = (job.logs / "driver-0.log").read_text()
+    restarts = re.findall(r"restarting the streaming query from its checkpoint \((\d+) of at most 5 in a row\)", log)
+    assert restarts and restarts[0] == "1", "the query should have been restarted in the process"
+    assert sink_staging(front) == []
+
+
+def test_a_transient_fault_that_persists_stops_the_job_in_one_line_and_loses_nothing(tmp_path, kafka_broker, front):
+    """Every `committed` row cut: the job restarts its query once (`query_restarts = 1`), then stops with exit code 3
+    and one line naming the fault and the runbook section. Once the fault is gone, the same command resumes and
+    every table ends equal to the source."""
+    job = _job(tmp_path, kafka_broker, front, query_restarts=1)
+    front.faults.drop_before.arm(LEDGER_COMMITTED, times=100_000)
+    try:
+        assert job.run(0) == 3, job.log_tail(0, lines=60)
+    finally:
+        front.faults.reset()
+    last = job.log_tail(0, lines=1)
+    assert "failed on a transient fault (connection lost) 2 time(s) in a row" in last, last
+    assert "sink.query_restarts = 1" in last and "A transient fault persisted" in last, last
+    log = (job.logs / "driver-0.log").read_text()
+    assert len(re.findall(r"restarting the streaming query from its checkpoint", log)) == 1
+    assert job.run(1) == 0, job.log_tail(1, lines=60)
+    job.verify(_read(front))
+    assert sink_staging(front) == []
+
+
+def sink_staging(front: ClickHouseFront) -> list[str]:
+    target = ClickHouseTarget(front.url, database=JOB_DB)
+    try:
+        return target.staging_tables()
+    finally:
+        target.close()
