@@ -424,7 +424,7 @@ _VERDICTS = (StopForOperator, InvariantBreach, FencedError, ConfigurationError, 
 def transient_cause(error: BaseException) -> TransientCause | None:
     """The transient cause of `error` (the first of `TRANSIENT_CAUSES` its text, or its causes', names), or None: a
     fault going again will not cure, or one of the sink's own verdicts."""
-    texts = []
+    texts: list[str] = []
     seen: BaseException | None = error
     while seen is not None and len(texts) < 10:
         if isinstance(seen, _VERDICTS):

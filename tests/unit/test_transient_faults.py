@@ -17,7 +17,7 @@ from streaming_sink.errors import (
     UnknownTableError,
     transient_cause,
 )
-from streaming_sink.job import QueryRestarts, run_query
+from streaming_sink.job import run_query
 from streaming_sink.job_spec import JobSpec
 from streaming_sink.metrics import BatchMetrics
 from streaming_sink.targets.clickhouse import ClickHouseError
