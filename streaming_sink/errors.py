@@ -406,9 +406,10 @@ TRANSIENT_CAUSES = (
     # ClickHouse's codes for a fault of the moment (src/Common/ErrorCodes.cpp): TIMEOUT_EXCEEDED 159,
     # TOO_MANY_SIMULTANEOUS_QUERIES 202, NO_FREE_CONNECTION 203, SOCKET_TIMEOUT 209, NETWORK_ERROR 210,
     # TABLE_IS_READ_ONLY 242 (a replica that lost Keeper), UNKNOWN_STATUS_OF_INSERT 319, ALL_CONNECTION_TRIES_FAILED 279,
-    # CANNOT_SCHEDULE_TASK 439, KEEPER_EXCEPTION 999
+    # SESSION_IS_LOCKED 373 (the session's statement whose answer was lost still runs), CANNOT_SCHEDULE_TASK 439,
+    # KEEPER_EXCEPTION 999
     TransientCause("ClickHouse busy or unreachable", re.compile(
-        r"(?:ClickHouse exception, code: |Code: )(?:159|202|203|209|210|242|279|319|439|999)\b"), reached_server=True),
+        r"(?:ClickHouse exception, code: |Code: )(?:159|202|203|209|210|242|279|319|373|439|999)\b"), reached_server=True),
     # Spark lost an executor, or its shuffle output, under a task of the batch (a killed or preempted worker)
     TransientCause("executor lost", re.compile(
         r"ExecutorLostFailure|Remote RPC client disassociated|FetchFailed|Executor heartbeat timed out|"

@@ -39,7 +39,7 @@ from .intervals import parse_interval
 from .job_spec import JobSpec
 from .kafka_source import KafkaSource, describe_topics, read_topics
 from .metrics import BatchMetrics, progress_listener
-from .retry import RetryPolicy, wait
+from .retry import RetryPolicy, repeats, wait
 from .sink import ExactlyOnceSink
 from .state import open_store
 from .target_tables import job_tables
@@ -153,6 +153,10 @@ def run(spec: JobSpec, on_session: Callable[[], None] = lambda: None) -> None:
         run_query(lambda: _stream(spark, spec, source, sink, topics), spec, sink)
     finally:  # an embedded engine holds its path for the whole process until its target is closed
         sink.close()
+    ridden = repeats()
+    if any(ridden.values()):  # what /metrics counted, for a run whose endpoint is gone with it
+        logging.getLogger("streaming_sink").info("repeats after transient faults in this run: %s",
+                                                 ", ".join(f"{level} {count}" for level, count in ridden.items()))
 
 
 def run_query(stream: Callable[[], None], spec: JobSpec, sink: ExactlyOnceSink) -> None:

@@ -187,6 +187,8 @@ def test_the_packaged_job_restarts_its_query_after_a_transient_fault_and_ends_ex
     log = (job.logs / "driver-0.log").read_text()
     restarts = re.findall(r"restarting the streaming query from its checkpoint \((\d+) of at most 5 in a row\)", log)
     assert restarts and restarts[0] == "1", "the query should have been restarted in the process"
+    counted = re.search(r"repeats after transient faults in this run: statement (\d+), write (\d+), query (\d+)", log)
+    assert counted is not None and int(counted.group(3)) == len(restarts) and int(counted.group(1)) >= 6
     assert sink_staging(front) == []
 
 

@@ -65,7 +65,7 @@ class StatementRetries:
 
     def __init__(self, client: Any, policy: RetryPolicy) -> None:
         self._client, self._policy = client, policy
-        self._synced: tuple[str, dict[str, Any]] | None = None  # the last statement, if it synced a replica
+        self._synced: Callable[[], Any] | None = None  # the last statement, if it synced a replica
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._client, name)
@@ -74,7 +74,7 @@ class StatementRetries:
         synced, self._synced = self._synced, None
         result = self._send(cmd, repeatable_statement(cmd), lambda: self._client.command(cmd, *args, **kwargs), synced)
         if _SYNC_REPLICA.match(cmd):
-            self._synced = (cmd, kwargs)
+            self._synced = lambda: self._client.command(cmd, *args, **kwargs)
         return result
 
     def query(self, query: str, *args: Any, **kwargs: Any) -> Any:
@@ -86,12 +86,12 @@ class StatementRetries:
         self._synced = None
         return self._send(f"INSERT INTO {table}", False, lambda: self._client.insert_arrow(table, *args, **kwargs), None)
 
-    def _send(self, sql: str, repeatable: bool, step: Callable[[], _T], synced: tuple[str, dict[str, Any]] | None) -> _T:
+    def _send(self, sql: str, repeatable: bool, step: Callable[[], _T], synced: Callable[[], Any] | None) -> _T:
         first = [True]
 
         def attempt() -> _T:
             if synced is not None and not first[0]:
-                self._client.command(synced[0], **synced[1])
+                synced()
             first[0] = False
             return step()
 
