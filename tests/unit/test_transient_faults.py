@@ -21,7 +21,7 @@ from streaming_sink.job import run_query
 from streaming_sink.job_spec import JobSpec
 from streaming_sink.metrics import BatchMetrics
 from streaming_sink.targets.clickhouse import ClickHouseError
-from streaming_sink.targets.clickhouse.connection import repeatable_statement
+from streaming_sink.targets.clickhouse.connection import StatementRetries, repeatable_statement
 from streaming_sink.targets.clickhouse.target import CommitInterruptedError
 
 # What the issue's run met, as the sink and Spark said it
@@ -172,3 +172,61 @@ def test_what_is_not_transient_stops_at_once_as_itself(pauses: list[float]) -> N
     with pytest.raises(ClickHouseError, match="UNKNOWN_TABLE"):
         run_query(query, _spec(), query.sink)  # type: ignore[arg-type]
     assert query.starts == 1 and pauses == []
+
+
+class FakeClient:
+    """A clickhouse-connect client that records each statement and fails the ones `failing` names, once each."""
+
+    def __init__(self, *failing: tuple[str, BaseException]) -> None:
+        self.sent: list[str] = []
+        self.failing = list(failing)
+
+    def _send(self, sql: str) -> str:
+        self.sent.append(sql)
+        for at, (start, error) in enumerate(self.failing):
+            if sql.startswith(start):
+                del self.failing[at]
+                raise error
+        return "ok"
+
+    def command(self, sql: str, **kwargs: Any) -> str:
+        return self._send(sql)
+
+    def query(self, sql: str, **kwargs: Any) -> str:
+        return self._send(sql)
+
+    def insert_arrow(self, table: str, data: Any, **kwargs: Any) -> str:
+        return self._send(f"INSERT INTO {table}")
+
+
+def _retrying(client: FakeClient) -> StatementRetries:
+    return StatementRetries(client, retry.RetryPolicy(retries=3, backoff_s=0.0, backoff_max_s=0.0))
+
+
+def test_a_read_after_a_replica_sync_is_sent_again_with_its_sync(pauses: list[float]) -> None:
+    """A new connection may reach another replica: the sync that made the read consistent goes first again."""
+    client = FakeClient(("SELECT", ClickHouseError(LOST_ANSWER)))
+    retrying = _retrying(client)
+    retrying.command("SYSTEM SYNC REPLICA `db`.`_streaming_sink_ledger` LIGHTWEIGHT")
+    assert retrying.query("SELECT DISTINCT state FROM `db`.`_streaming_sink_ledger`") == "ok"
+    assert [s.split()[0] for s in client.sent] == ["SYSTEM", "SELECT", "SYSTEM", "SELECT"]
+
+
+def test_a_statement_is_sent_again_only_where_safe(pauses: list[float]) -> None:
+    # an INSERT whose answer was lost: raised for its caller to judge; one never sent: sent again
+    lost = FakeClient(("INSERT", ClickHouseError(LOST_ANSWER)))
+    with pytest.raises(ClickHouseError):
+        _retrying(lost).insert_arrow("ss_x", None)
+    refused = FakeClient(("INSERT", ClickHouseError(REFUSED)))
+    assert _retrying(refused).insert_arrow("ss_x", None) == "ok" and len(refused.sent) == 2
+    # a staging table's CREATE whose answer was lost: raised; a DROP IF EXISTS: sent again
+    create = FakeClient(("CREATE", ClickHouseError(LOST_ANSWER)))
+    with pytest.raises(ClickHouseError):
+        _retrying(create).command("CREATE TABLE `db`.`ss_x` AS `db`.`t`")
+    drop = FakeClient(("DROP", ClickHouseError(LOST_ANSWER)))
+    assert _retrying(drop).command("DROP TABLE IF EXISTS `db`.`ss_x` SYNC") == "ok" and len(drop.sent) == 2
+    # what is not transient is never sent again, safe or not
+    unknown = FakeClient(("SELECT", ClickHouseError("Received ClickHouse exception, code: 60 (UNKNOWN_TABLE)")))
+    with pytest.raises(ClickHouseError, match="UNKNOWN_TABLE"):
+        _retrying(unknown).query("SELECT 1")
+    assert len(unknown.sent) == 1
