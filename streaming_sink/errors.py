@@ -403,13 +403,13 @@ TRANSIENT_CAUSES = (
     TransientCause("answer timed out", re.compile(r"Read timed out|ReadTimeoutError|read timeout"), reached_server=True),
     # a proxy or load balancer in front of the server, or the server itself, said "not now" (HTTP 429/502/503/504)
     TransientCause("server unavailable", re.compile(r"HTTP status (?:429|502|503|504)\b"), reached_server=True),
-    # ClickHouse's codes for a fault of the moment (src/Common/ErrorCodes.cpp): TIMEOUT_EXCEEDED 159,
+    # a server's error code for a fault of the moment (ClickHouse's, src/Common/ErrorCodes.cpp): TIMEOUT_EXCEEDED 159,
     # TOO_MANY_SIMULTANEOUS_QUERIES 202, NO_FREE_CONNECTION 203, SOCKET_TIMEOUT 209, NETWORK_ERROR 210,
     # TABLE_IS_READ_ONLY 242 (a replica that lost Keeper), UNKNOWN_STATUS_OF_INSERT 319, ALL_CONNECTION_TRIES_FAILED 279,
     # SESSION_IS_LOCKED 373 (the session's statement whose answer was lost still runs), CANNOT_SCHEDULE_TASK 439,
     # KEEPER_EXCEPTION 999
-    TransientCause("ClickHouse busy or unreachable", re.compile(
-        r"(?:ClickHouse exception, code: |Code: )(?:159|202|203|209|210|242|279|319|373|439|999)\b"), reached_server=True),
+    TransientCause("server busy", re.compile(
+        r"(?:exception, code: |Code: )(?:159|202|203|209|210|242|279|319|373|439|999)\b"), reached_server=True),
     # Spark lost an executor, or its shuffle output, under a task of the batch (a killed or preempted worker)
     TransientCause("executor lost", re.compile(
         r"ExecutorLostFailure|Remote RPC client disassociated|FetchFailed|Executor heartbeat timed out|"

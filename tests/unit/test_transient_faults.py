@@ -45,7 +45,7 @@ def test_the_issues_faults_are_transient_and_say_whether_the_server_may_have_act
     assert spark is not None and spark.name == "executor lost"
     busy = transient_cause(ClickHouseError("Received ClickHouse exception, code: 999, server response: Code: 999. "
                                            "DB::Exception: Session expired. (KEEPER_EXCEPTION)"))
-    assert busy is not None and busy.name == "ClickHouse busy or unreachable"
+    assert busy is not None and busy.name == "server busy"
     proxy = transient_cause(ClickHouseError("HTTP driver received HTTP status 502, server response: Bad Gateway"))
     assert proxy is not None and proxy.name == "server unavailable"
 
