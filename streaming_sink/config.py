@@ -139,6 +139,7 @@ def resolve_config(data: dict[str, Any], base_dir: Path) -> JobSpec:
         transaction_share=sink.transaction_share,
         spread=sink.spread,
         spread_above=sink.spread_above,
+        query_restarts=sink.query_restarts,
         target_options=options,
         create_tables=create_tables,
         metrics_port=sink.metrics_port,

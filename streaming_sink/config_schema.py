@@ -109,6 +109,10 @@ class Sink(_Section):
         'spread_above transactions or the budget, "always", "never"'))] = "auto"
     spread_above: Annotated[int, msgspec.Meta(ge=1, description=(
         "with spread = \"auto\": spread a batch whose tables x writers could pass this many transactions"))] = 100
+    query_restarts: Annotated[int, msgspec.Meta(ge=0, description=(
+        "how often in a row the job restarts its streaming query from the checkpoint, in the same process, after a "
+        "transient fault (a connection cut, an executor lost; docs/runbook.md, \"Transient faults\") before it stops; "
+        "a finished batch starts the count again; 0: it stops at the first"))] = 5
     driver_fetch: Annotated[Literal["stream", "partitions"], msgspec.Meta(
         description='an engine embedded in the driver: "stream" computes every partition at once (faster, the driver JVM may hold '
                     'the whole batch); "partitions" one at a time (two held)')] = "stream"

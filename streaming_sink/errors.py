@@ -49,6 +49,7 @@ defined outside this one, e.g. a product's own error beside its target):
     │   │   └── CommitInterruptedError [targets.clickhouse.target] exit 3  runbook 'ClickHouse commit interrupted'
     │   ├── CommittedNotChosenError                     exit 3  runbook 'A transaction the journal did not choose is committed'
     │   └── TransactionLimitError                       exit 3  runbook 'Too many open transactions for the server'
+    ├── TransientFaultPersistedError                    exit 3  runbook 'A transient fault persisted'
     └── UnknownTableError (ValueError)                  exit 5
         └── UnplannedTableError                         exit 5
 """
@@ -56,7 +57,7 @@ from __future__ import annotations
 
 import re
 from enum import IntEnum
-from typing import ClassVar
+from typing import ClassVar, NamedTuple
 
 _SECTION = re.compile("section " + "'([^']+)'")  # how a message built around prose names its runbook section
 
@@ -380,6 +381,75 @@ class OffsetRangeUnknownError(OperatorActionRefused):
     past retention): writing offsets it does not know could skip or repeat records."""
 
     runbook = "The checkpoint was lost or reset"
+
+
+# -- transient faults ------------------------------------------------------------------------------------------------
+
+
+class TransientFaultPersistedError(StreamingSinkError):
+    """The packaged job restarted its query after a transient fault as often and as long as it rides one
+    (`job.QUERY_RESTARTS`), and the query failed on it still: what persists is no longer transient."""
+
+    exit_code = ExitCode.SERVICE
+    headline = "{error}"
+    runbook = "A transient fault persisted"
+
+
+class TransientCause(NamedTuple):
+    """A kind of fault that going again cures, and whether a request it cut may have reached the server."""
+
+    name: str
+    pattern: re.Pattern[str]
+    #: False: the request provably never reached the server, so sending any statement again is safe
+    reached_server: bool
+
+
+#: The one list of what the sink calls a transient fault (docs/runbook.md, "Transient faults"). A fault is known by
+#: its text, searched in the error and its causes: an error raised in a Spark task reaches the driver as text only.
+TRANSIENT_CAUSES = (
+    # the connection was never made: nothing was sent (urllib3's NewConnectionError, redis-py's "Error 111 connecting")
+    TransientCause("connection refused", re.compile(
+        r"Connection refused|Failed to establish a new connection|NewConnectionError|ConnectTimeoutError|"
+        r"Temporary failure in name resolution|NameResolutionError"), reached_server=False),
+    # the connection broke after the request went out: the server may have acted on it
+    TransientCause("connection lost", re.compile(
+        r"Connection aborted|RemoteDisconnected|Remote end closed connection|Connection reset|ConnectionResetError|"
+        r"Broken pipe|BrokenPipeError|IncompleteRead|Connection closed before|Failed to read response data"),
+        reached_server=True),
+    TransientCause("answer timed out", re.compile(r"Read timed out|ReadTimeoutError|read timeout"), reached_server=True),
+    # a proxy or load balancer in front of the server, or the server itself, said "not now" (HTTP 429/502/503/504)
+    TransientCause("server unavailable", re.compile(r"HTTP status (?:429|502|503|504)\b"), reached_server=True),
+    # a server's error code for a fault of the moment (ClickHouse's, src/Common/ErrorCodes.cpp): TIMEOUT_EXCEEDED 159,
+    # TOO_MANY_SIMULTANEOUS_QUERIES 202, NO_FREE_CONNECTION 203, SOCKET_TIMEOUT 209, NETWORK_ERROR 210,
+    # TABLE_IS_READ_ONLY 242 (a replica that lost Keeper), UNKNOWN_STATUS_OF_INSERT 319, ALL_CONNECTION_TRIES_FAILED 279,
+    # SESSION_IS_LOCKED 373 (the session's statement whose answer was lost still runs), CANNOT_SCHEDULE_TASK 439,
+    # KEEPER_EXCEPTION 999
+    TransientCause("server busy", re.compile(
+        r"(?:exception, code: |Code: )(?:159|202|203|209|210|242|279|319|373|439|999)\b"), reached_server=True),
+    # Spark lost an executor, or its shuffle output, under a task of the batch (a killed or preempted worker)
+    TransientCause("executor lost", re.compile(
+        r"ExecutorLostFailure|Remote RPC client disassociated|FetchFailed|Executor heartbeat timed out|"
+        r"executor \S+ exited|Lost executor"), reached_server=True),
+)
+
+#: The sink's own verdicts: never a transient fault, whatever their text quotes.
+_VERDICTS = (StopForOperator, InvariantBreach, FencedError, ConfigurationError, CommitAmbiguousError,
+             CommittedNotChosenError, TransactionLimitError, JournalFormatError, OperatorActionRefused, EncodingError,
+             UnknownTableError, CliError, TransientFaultPersistedError)
+
+
+def transient_cause(error: BaseException) -> TransientCause | None:
+    """The transient cause of `error` (the first of `TRANSIENT_CAUSES` its text, or its causes', names), or None: a
+    fault going again will not cure, or one of the sink's own verdicts."""
+    texts: list[str] = []
+    seen: BaseException | None = error
+    while seen is not None and len(texts) < 10:
+        if isinstance(seen, _VERDICTS):
+            return None
+        texts.append(f"{type(seen).__name__}: {seen}")
+        seen = seen.__cause__ or seen.__context__
+    text = "\n".join(texts)
+    return next((cause for cause in TRANSIENT_CAUSES if cause.pattern.search(text)), None)
 
 
 def error_tree(root: type[BaseException] = StreamingSinkError) -> str:

@@ -45,6 +45,7 @@ import pyarrow as pa
 
 from .errors import ConfigurationError, InvariantBreach, StreamingSinkError
 from .replay import PartitionIdentity, writer_partition
+from .retry import count_repeats, repeats
 from .routing import Router
 from .spread import shapes_rows, wave_rows
 from .state import StateStore
@@ -173,12 +174,13 @@ def _write_in_tasks(
     from pyspark.errors import PythonException
 
     try:
-        rows = df.mapInArrow(task_writer(target, router, context, store, identity), "result string").collect()
+        rows = df.mapInArrow(task_writer(target, router, context, store, identity), "result string, repeats long").collect()
     except PythonException as failure:
         own = sink_error_of(failure)
         if own is None:
             raise
         raise own from failure
+    count_repeats("statement", sum(row["repeats"] for row in rows))  # the tasks' repeats, in the driver's metrics
     return _one_per_partition(PartitionResult.from_json(row["result"]) for row in rows)
 
 
@@ -210,16 +212,21 @@ def sink_error_of(failure: Exception) -> StreamingSinkError | None:
     return error
 
 
+_RESULT_SCHEMA = pa.schema([("result", pa.string()), ("repeats", pa.int64())])
+
+
 def task_writer(
     target: Target, router: Router, context: WriteContext, store: StateStore, identity: PartitionIdentity | None
 ) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
-    """The function each Spark task runs: one PartitionWriter over the task's Arrow batches.
+    """The function each Spark task runs: one PartitionWriter over the task's Arrow batches; its result carries the
+    statements the task sent again (retry.py), which the driver adds to its own count.
 
     The store travels pickled (a Redis store with its private, unredacted URL) and reconnects in the task.
     """
 
     def write_partition(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         task = _task_context()
+        before = repeats()["statement"]  # a Python worker runs one task at a time: what it repeats from here is ours
         try:
             partition = writer_partition(identity, task.partitionId())
             # taskAttemptId is unique in the application; attemptNumber repeats across stage attempts (R7)
@@ -228,7 +235,8 @@ def task_writer(
         finally:
             store.close()
             target.close()
-        yield pa.RecordBatch.from_pylist([{"result": result.to_json()}])
+        yield pa.RecordBatch.from_pylist([{"result": result.to_json(), "repeats": repeats()["statement"] - before}],
+                                         schema=_RESULT_SCHEMA)
 
     return write_partition
 

@@ -13,7 +13,8 @@ import argparse
 import logging
 import os
 import sys
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Iterator
 from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
@@ -21,7 +22,7 @@ from typing import TYPE_CHECKING, Any, cast
 import pyarrow as pa
 
 from .crash import crash_point
-from .errors import ConfigurationError, UnknownTableError
+from .errors import ConfigurationError, TransientFaultPersistedError, UnknownTableError, transient_cause
 from .execution import SparkWriterRunner, sink_error_of
 from .frame import (
     CHANGE_KEY_COLUMN,
@@ -38,6 +39,7 @@ from .intervals import parse_interval
 from .job_spec import JobSpec
 from .kafka_source import KafkaSource, describe_topics, read_topics
 from .metrics import BatchMetrics, progress_listener
+from .retry import RetryPolicy, repeats, wait
 from .sink import ExactlyOnceSink
 from .state import open_store
 from .target_tables import job_tables
@@ -147,19 +149,73 @@ def run(spec: JobSpec, on_session: Callable[[], None] = lambda: None) -> None:
     topics = read_topics(spark, source)
     logging.getLogger("streaming_sink").info("kafka: %s", describe_topics(source, topics))
     sink = build_sink(spec)
-    added: set[tuple[str, str]] = set()
     try:
-        while True:
-            try:
-                _stream(spark, spec, source, sink, topics)
-                break
-            except UnknownTableError as error:  # the batch met fields to add as columns: add them, run it again
-                wanted = columns_to_add(str(error)) if spec.on_unknown_field == "add-column" else None
-                if wanted is None:
-                    raise
-                _add_columns(sink.target, *wanted, added)
+        run_query(lambda: _stream(spark, spec, source, sink, topics), spec, sink)
     finally:  # an embedded engine holds its path for the whole process until its target is closed
         sink.close()
+    ridden = repeats()
+    if any(ridden.values()):  # what /metrics counted, for a run whose endpoint is gone with it
+        logging.getLogger("streaming_sink").info("repeats after transient faults in this run: %s",
+                                                 ", ".join(f"{level} {count}" for level, count in ridden.items()))
+
+
+def run_query(stream: Callable[[], None], spec: JobSpec, sink: ExactlyOnceSink) -> None:
+    """`stream()` (the query, to its end), started again from its checkpoint in this process when it stopped on
+    what a restart cures: fields to add as columns, or a transient fault (bounded: `QueryRestarts`)."""
+    added: set[tuple[str, str]] = set()
+    restarts = QueryRestarts(spec.query_restarts)
+    while True:
+        try:
+            stream()
+            return
+        except UnknownTableError as error:  # the batch met fields to add as columns: add them, run it again
+            wanted = columns_to_add(str(error)) if spec.on_unknown_field == "add-column" else None
+            if wanted is None:
+                raise
+            _add_columns(sink.target, *wanted, added)
+        except Exception as error:  # a transient fault: the query starts again from its checkpoint, bounded
+            if transient_cause(error) is None:
+                raise
+            restarts.pause(error, sink.last_report.batch_id if sink.last_report else None)
+
+
+#: How the restarts of one series after transient faults are spaced and bounded in time (their number is the job's
+#: `query_restarts`): 2 s, doubling up to a minute, none later than 15 minutes after the series' first failure.
+QUERY_RESTART_BACKOFF_S, QUERY_RESTART_BACKOFF_MAX_S, QUERY_RESTART_WINDOW_S = 2.0, 60.0, 900.0
+
+
+class QueryRestarts:
+    """The packaged job's restarts of its streaming query after a transient fault (`errors.TRANSIENT_CAUSES`): a
+    series of at most `restarts`, spaced and bounded in time as above, counted in the metrics (`retries`, level
+    query). A batch that finished since the series' last failure ends the series: the job rode that fault through.
+    Restarting is what a restart of the process would do, without leaving it: the query resumes from its checkpoint,
+    and the sink recovers the batch it was in (commits it if it was prepared, else aborts and writes it again)."""
+
+    def __init__(self, restarts: int) -> None:
+        self.policy = RetryPolicy(restarts, QUERY_RESTART_BACKOFF_S, QUERY_RESTART_BACKOFF_MAX_S, QUERY_RESTART_WINDOW_S)
+        self._pauses: Iterator[float] = iter(())
+        self._progress: object = object()  # no series yet
+        self._failures, self._since = 0, 0.0
+
+    def pause(self, error: BaseException, progress: int | None) -> None:
+        """Wait before the query's restart after `error`, a transient fault; `progress`: the newest batch the sink
+        finished. Raises TransientFaultPersistedError once the series is spent."""
+        cause = transient_cause(error)
+        assert cause is not None, "only a transient fault is ridden through"
+        if progress != self._progress:  # the first failure, or batches finished since the last one: a new series
+            self._pauses, self._progress, self._failures, self._since = self.policy.pauses(), progress, 0, time.monotonic()
+        self._failures += 1
+        pause = next(self._pauses, None)
+        said = next((line.strip() for line in str(error).splitlines() if line.strip()), type(error).__name__)[:400]
+        if pause is None:
+            raise TransientFaultPersistedError(
+                f"the streaming query failed on a transient fault ({cause.name}) {self._failures} time(s) in a row "
+                f"over {time.monotonic() - self._since:.0f}s, restarted from its checkpoint after each but the last "
+                f"(sink.query_restarts = {self.policy.retries}, within {QUERY_RESTART_WINDOW_S:.0f}s), and stopped: "
+                f"{said}. Nothing is lost: once the cause is fixed, the same command resumes. "
+                + TransientFaultPersistedError.RUNBOOK) from error
+        wait(pause, f"restarting the streaming query from its checkpoint ({self._failures} of at most "
+                    f"{self.policy.retries} in a row) after a transient fault ({cause.name}): {said}", level="query")
 
 
 def tables_run_creates(spec: JobSpec, target: Target, existing: set[str] | None) -> dict[str, pa.Schema]:

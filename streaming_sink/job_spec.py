@@ -54,6 +54,7 @@ class JobSpec:
     transaction_share: float = 0.5  # of the server's transaction limits, per batch (waves.py)
     spread: str = "auto"  # a table's rows over a bounded number of writers (waves.SPREADS)
     spread_above: int = 100  # with "auto": spread past this many transactions
+    query_restarts: int = 5  # restarts of the query in a row after a transient fault before the job stops (job.py)
     create_tables: bool = False  # create missing tables from the schemas (embedded ClickHouse only)
     metrics_port: int | None = None  # serve per-batch figures as Prometheus text on this port
     metrics_host: str = "127.0.0.1"  # the address the metrics endpoint binds ("0.0.0.0": every interface)
@@ -101,6 +102,8 @@ class JobSpec:
         unknown = sorted(set(self.metadata_columns) - set(METADATA_COLUMNS))
         if unknown:
             raise ConfigurationError(f"metadata_columns: {unknown} are not Kafka record fields; choose from {list(METADATA_COLUMNS)}")
+        if not isinstance(self.query_restarts, int) or isinstance(self.query_restarts, bool) or self.query_restarts < 0:
+            raise ConfigurationError(f"query_restarts: {self.query_restarts!r} is not a whole number, 0 or more")
         if self.on_unknown_field not in UNKNOWN_FIELD_ACTIONS:
             raise ConfigurationError(f"on_unknown_field: {self.on_unknown_field!r} is not one of {', '.join(UNKNOWN_FIELD_ACTIONS)}")
         descriptor = descriptor_for(self.target_url)

@@ -7,7 +7,9 @@ two tests in one process do not share counters):
 * Spark's progress of the streaming query (`progress_listener`): Kafka consumer lag. Spark commits
   no offsets back to Kafka, so an external lag exporter sees nothing: this is the only place lag is;
 * the state store and the target, read when scraped: prepared transactions not yet committed, the
-  oldest one's age, and the server's timeout for them, so an alert can fire before they expire.
+  oldest one's age, and the server's timeout for them, so an alert can fire before they expire;
+* the repeats after transient faults (retry.py), read when scraped: statements sent again, write passes written
+  again, the packaged job's query restarted.
 
 Metric names are part of the interface (docs/observability/ uses them; a test checks they exist).
 Counters restart with the driver, as Prometheus expects. No `*_created` series (they only confuse dashboards:
@@ -37,9 +39,10 @@ from prometheus_client import (
     generate_latest,
     start_http_server,
 )
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from . import retry
 from .records import BatchState
 from .targets.base import ExpiryKind
 
@@ -156,6 +159,7 @@ class BatchMetrics:
         ProcessCollector(registry=r)  # the driver's memory, CPU and open files (on Linux)
         PlatformCollector(registry=r)  # python_info
         self.registry.register(ExpiryCollector(expiry_limits, job_id))
+        self.registry.register(RepeatCollector(job_id))
         if store is not None:
             self.registry.register(PendingPreparedCollector(store, job_id, clock))
 
@@ -260,6 +264,30 @@ class ExpiryCollector(Collector):
             if limit.seconds is not None:
                 limits.add_metric([self._job, limit.what], limit.seconds)
         yield limits
+
+
+class RepeatCollector(Collector):
+    """What was sent again after a transient fault since the metrics started, by level (retry.REPEAT_LEVELS): the
+    driver's own repeats and those its writers' tasks reported. Counted per process (the counts of two jobs run in
+    one process add up)."""
+
+    def __init__(self, job_id: str) -> None:
+        self._job, self._since = job_id, retry.repeats()
+
+    def describe(self) -> list[CounterMetricFamily]:
+        return [self._family()]
+
+    def _family(self) -> CounterMetricFamily:
+        return CounterMetricFamily(PREFIX + "retries", "Repeats after a transient fault, by level: statement (a "
+                                   "target's statement or request sent again), write (a batch's write pass written "
+                                   "again), query (the packaged job's query restarted from its checkpoint).",
+                                   labels=["job_id", "level"])
+
+    def collect(self) -> Iterator[CounterMetricFamily]:
+        family, now = self._family(), retry.repeats()
+        for level in retry.REPEAT_LEVELS:
+            family.add_metric([self._job, level], now[level] - self._since[level])
+        yield family
 
 
 class PendingPreparedCollector(Collector):

@@ -6,10 +6,15 @@ lost) and the ClickHouse target's (a statement safe to repeat: reads, DDL with I
 an abort that resumes where it stopped). Which calls are safe to repeat is the caller's knowledge; how
 often and how long is this module's. The deadline bounds the whole: no repeat starts after it, so a
 server that keeps failing ends in an error, not in a wait that outlives the batch.
+
+Every repeat is counted here, by level (`REPEAT_LEVELS`), for the metrics (`streaming_sink_retries_total`): the
+process's own repeats, plus those the writers' Spark tasks report back with their results (`count_repeats`).
 """
 from __future__ import annotations
 
 import logging
+import threading
+from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from time import monotonic, sleep  # module globals, so tests replace the pauses here and nowhere else
@@ -17,6 +22,24 @@ from typing import TypeVar
 
 log = logging.getLogger(__name__)
 _T = TypeVar("_T")
+
+#: What a repeat sends again: a target's request or statement (or a commit's sequence of them), a batch's write pass
+#: (written again by the sink under fresh labels), the packaged job's streaming query (restarted from its checkpoint).
+REPEAT_LEVELS = ("statement", "write", "query")
+_REPEATS: Counter[str] = Counter()
+_REPEATS_LOCK = threading.Lock()
+
+
+def count_repeats(level: str, times: int = 1) -> None:
+    """Count repeats at `level` (one of `REPEAT_LEVELS`)."""
+    with _REPEATS_LOCK:
+        _REPEATS[level] += times
+
+
+def repeats() -> dict[str, int]:
+    """Repeats counted in this process so far, by level."""
+    with _REPEATS_LOCK:
+        return {level: _REPEATS[level] for level in REPEAT_LEVELS}
 
 
 @dataclass(frozen=True)
@@ -37,7 +60,8 @@ class RetryPolicy:
                 return
             yield pause
 
-    def run(self, what: str, step: Callable[[], _T], repeatable: Callable[[BaseException], bool]) -> _T:
+    def run(self, what: str, step: Callable[[], _T], repeatable: Callable[[BaseException], bool],
+            level: str = "statement") -> _T:
         """`step()`, repeated after each error `repeatable` accepts while the policy allows; the last error raises."""
         pauses = self.pauses()
         while True:
@@ -49,10 +73,11 @@ class RetryPolicy:
                 pause = next(pauses, None)
                 if pause is None:
                     raise
-                wait(pause, f"{what}: {error}")
+                wait(pause, f"{what}: {error}", level)
 
 
-def wait(pause: float, why: str) -> None:
-    """Pause before a repeat, saying why in the log."""
+def wait(pause: float, why: str, level: str = "statement") -> None:
+    """Pause before a repeat, saying why in the log; the repeat is counted at `level`."""
     log.warning("repeating in %.2fs: %s", pause, why)
+    count_repeats(level)
     sleep(pause)

@@ -37,12 +37,14 @@ from .errors import (
     StopForOperator,
     StreamingSinkError,
     UnplannedTableError,
+    transient_cause,
 )
 from .job_id import JOB_ID as _JOB_ID
 from .labels import partition_wave, pass_prefix
 from .liveness import HEARTBEAT_SECONDS, Heartbeat, process_owner
 from .records import COMMITTED_AT, BatchState
 from .replay import ReplayPlan
+from .retry import RetryPolicy
 from .routing import Router
 from .state import BatchRecord, FileStateStore, StateStore, StateStoreLostError
 from .targets.base import ConfigurationError, Target, TransactionLimitError
@@ -55,6 +57,9 @@ if TYPE_CHECKING:
 log = logging.getLogger("streaming_sink")
 
 QUERY_ID_PROPERTY = "sql.streaming.queryId"
+#: A batch's first write pass that failed on a transient fault (`errors.TRANSIENT_CAUSES`) is aborted and written
+#: again under fresh labels, this often: nothing of it is recorded yet, and the sink holds the batch.
+REWRITES = RetryPolicy(retries=2, backoff_s=1.0, backoff_max_s=10.0, deadline_s=120.0)
 
 
 class WriterRunner(Protocol):
@@ -451,6 +456,15 @@ class ExactlyOnceSink:
             self._abort_unprepared(query_id, batch_id)
             raise
 
+    def _first_pass(self, df: Any, query_id: str, batch_id: int, plan: BatchPlan | None,
+                    admitted: frozenset[str] | None = None) -> list[PartitionResult]:
+        """The batch's first write pass, written again (`REWRITES`) after a transient fault: a writer's statement
+        whose answer was lost and which cannot be sent again blindly (a staging table's CREATE), a task whose
+        executor was lost. The failed pass's transactions are aborted first (`_write`)."""
+        return REWRITES.run(f"job {self.job_id} batch {batch_id}: the write pass",
+                            lambda: self._write(df, query_id, batch_id, plan=plan, admitted=admitted),
+                            lambda error: transient_cause(error) is not None, level="write")
+
     def _write_pass(self, query_id: str, batch_id: int) -> int:
         """How many times this driver has written the batch: the next pass's number (labels differ per pass)."""
         return self._write_passes[1] if self._write_passes[0] == (query_id, batch_id) else 0
@@ -492,11 +506,11 @@ class ExactlyOnceSink:
         try:
             # Uncounted, on the guess that the batch holds only tables seen before: its writers begin transactions
             # for those only, so the pass holds no more than the budget allowed them; a row of another table stops it
-            results = self._write(df, query_id, batch_id, plan=plan, admitted=seen if plan is None else None)
+            results = self._first_pass(df, query_id, batch_id, plan, admitted=seen if plan is None else None)
         except UnplannedTableError as unplanned:
             log.info("job %s batch %s: %s; counting and planning the batch", self.job_id, batch_id, unplanned)
             plan = self.planner.plan(self.runner, df, self.target, self._router, None)
-            results = self._write(df, query_id, batch_id, plan=plan)
+            results = self._first_pass(df, query_id, batch_id, plan)
         written = time.time()
         crash_point("after-writers-prepared", batch_id)
         committables = self._added_up(results, query_id, batch_id)

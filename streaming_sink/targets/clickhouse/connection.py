@@ -1,14 +1,28 @@
 """How the ClickHouse target talks to its server: one client per thread over HTTP, or the process's one
 embedded chdb engine per path, statements repeated after transport errors, and clickhouse-connect's
-errors translated into the sink's own at this edge."""
+errors translated into the sink's own at this edge.
+
+Two levels of repeat, both bounded by the target's `retries` and backoff:
+
+* a statement (`StatementRetries`): one that failed on a transient fault (`errors.TRANSIENT_CAUSES`) is sent again
+  when that is safe whatever the server did with it (`repeatable_statement`: reads, `SYSTEM SYNC REPLICA`, DDL with
+  IF [NOT] EXISTS), or when the fault proves the request never reached the server (connection refused). Anything
+  else (an INSERT, a MOVE, a CREATE of a staging table whose answer was lost) raises: its caller knows how to resume
+  (a staging insert counts its rows, a commit repeats itself from the ledger, a writer's pass is written again by the
+  sink under fresh labels);
+* a sequence (`Connection.repeating`): a commit, an abort or a check repeated whole after a transport error or an
+  error answer, each repeat resuming where the last stopped.
+"""
 from __future__ import annotations
 
 import math
+import re
 import threading
 from collections.abc import Callable
 from typing import Any, TypeVar
 from urllib.parse import urlparse
 
+from ...errors import transient_cause
 from ...retry import RetryPolicy
 from ..base import TargetError
 from ..per_thread import PerThread
@@ -22,6 +36,70 @@ class ClickHouseError(TargetError):
     """clickhouse-connect's error (unreachable, refused, failing) as the sink's own, past the target's edge."""
 
     headline = "ClickHouse failed: {error}; check that it runs and that target.url (or --target) names it"
+
+
+#: Statements whose second run leaves the server as one run would, whatever became of the first.
+_REPEATABLE = re.compile(
+    r"\s*(?:SELECT|WITH|EXISTS|SHOW|DESC|DESCRIBE|SYSTEM\s+(?:SYNC\s+REPLICA|STOP\s+MERGES|START\s+MERGES)|"
+    r"CREATE\s+(?:TABLE|DATABASE)\s+IF\s+NOT\s+EXISTS|DROP\s+(?:TABLE|DATABASE)\s+IF\s+EXISTS|"
+    r"ALTER\s+TABLE\s+\S+\s+ADD\s+COLUMN\s+IF\s+NOT\s+EXISTS)\b", re.IGNORECASE)
+#: An ALTER that does more than add columns if missing (a name that merely reads like one is taken as one: no repeat).
+_OTHER_ALTERATIONS = re.compile(r"\b(?:MOVE|DELETE|UPDATE|DROP|ATTACH|DETACH|REPLACE|MODIFY|RENAME|FREEZE|CLEAR|"
+                                r"MATERIALIZE)\b", re.IGNORECASE)
+_SYNC_REPLICA = re.compile(r"\s*SYSTEM\s+SYNC\s+REPLICA\b", re.IGNORECASE)
+
+
+def repeatable_statement(sql: str) -> bool:
+    """Whether `sql` may be sent again after a fault that may have cut it after the server ran it."""
+    if not _REPEATABLE.match(sql):
+        return False
+    return not (re.match(r"\s*ALTER\b", sql, re.IGNORECASE) and _OTHER_ALTERATIONS.search(sql))
+
+
+class StatementRetries:
+    """A clickhouse-connect client whose statements are sent again after a transient fault where that is safe (the
+    module says when), with the connection's policy; everything else is the client's own.
+
+    A read that followed a `SYSTEM SYNC REPLICA` is sent again with it: a new connection may reach another replica,
+    which the sync must bring up to date first (ledger.py reads that way)."""
+
+    def __init__(self, client: Any, policy: RetryPolicy) -> None:
+        self._client, self._policy = client, policy
+        self._synced: Callable[[], Any] | None = None  # the last statement, if it synced a replica
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._client, name)
+
+    def command(self, cmd: str, *args: Any, **kwargs: Any) -> Any:
+        synced, self._synced = self._synced, None
+        result = self._send(cmd, repeatable_statement(cmd), lambda: self._client.command(cmd, *args, **kwargs), synced)
+        if _SYNC_REPLICA.match(cmd):
+            self._synced = lambda: self._client.command(cmd, *args, **kwargs)
+        return result
+
+    def query(self, query: str, *args: Any, **kwargs: Any) -> Any:
+        synced, self._synced = self._synced, None
+        return self._send(query, repeatable_statement(query), lambda: self._client.query(query, *args, **kwargs), synced)
+
+    def insert_arrow(self, table: str, *args: Any, **kwargs: Any) -> Any:
+        """Sent again only when it never reached the server: an insert that may have landed is its caller's to judge."""
+        self._synced = None
+        return self._send(f"INSERT INTO {table}", False, lambda: self._client.insert_arrow(table, *args, **kwargs), None)
+
+    def _send(self, sql: str, repeatable: bool, step: Callable[[], _T], synced: Callable[[], Any] | None) -> _T:
+        first = [True]
+
+        def attempt() -> _T:
+            if synced is not None and not first[0]:
+                synced()
+            first[0] = False
+            return step()
+
+        def transient(error: BaseException) -> bool:
+            cause = transient_cause(error)
+            return cause is not None and (repeatable or not cause.reached_server)
+
+        return self._policy.run(f"ClickHouse statement {sql.strip()[:60]!r}", attempt, transient)
 
 
 def quote(identifier: str) -> str:
@@ -60,9 +138,13 @@ class Connection(PerThread):
         from clickhouse_connect.driver.exceptions import Error
 
         try:
-            return self._client(clickhouse_connect)
+            client = self._client(clickhouse_connect)
         except Error as error:
             raise ClickHouseError(str(error)) from error
+        return client if self.embedded or not self.retries else StatementRetries(client, self._policy())
+
+    def _policy(self) -> RetryPolicy:
+        return RetryPolicy(0 if self.embedded else self.retries, self.backoff_s, self.backoff_max_s)
 
     def _client(self, clickhouse_connect: Any) -> Any:
         if self.embedded:
@@ -99,8 +181,7 @@ class Connection(PerThread):
             return True
 
         try:
-            return RetryPolicy(0 if self.embedded else self.retries, self.backoff_s, self.backoff_max_s).run(
-                f"ClickHouse {what}", step, repeatable)
+            return self._policy().run(f"ClickHouse {what}", step, repeatable)
         except DatabaseError as error:  # the last one, as the sink's own
             raise ClickHouseError(str(error)) from error
 
