@@ -9,7 +9,8 @@ read with `select_sequential_consistency = 1`. Every test drives the target over
 """
 from __future__ import annotations
 
-from collections.abc import Iterator
+import dataclasses
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -19,8 +20,9 @@ from clickhouse_connect.driver.exceptions import DatabaseError, OperationalError
 
 from streaming_sink.committable import Committable, TxnRef
 from streaming_sink.labels import make_label
-from streaming_sink.targets.base import CommitOutcome, CommittedNotChosenError
+from streaming_sink.targets.base import CommitOutcome, CommittedNotChosenError, TargetError
 from streaming_sink.targets.clickhouse import LEDGER_TABLE, ClickHouseError, ClickHouseTarget
+from streaming_sink.targets.clickhouse.target import CommitInterruptedError
 from tests.support.doubles.clickhouse_front import ClickHouseFront
 
 DB, TABLE, ROWS = "analytics", "orders", 10
@@ -49,11 +51,26 @@ def _setup(front: ClickHouseFront, ledger_engine: str | None = REPLICATED, **opt
     return target
 
 
-def _prepare(target: ClickHouseTarget, attempt: str = "e1w0t0") -> Committable:
-    """The source rows in a staging table, prepared by the target's own transaction (one label per attempt)."""
-    txn = TxnRef("clickhouse", DB, TABLE, make_label("job", "query-1", 7, TABLE, 0, attempt), 0, attempt)
+def _label(attempt: str = "e1w0t0") -> str:
+    return make_label("job", "query-1", 7, TABLE, 0, attempt)
+
+
+def _rows(ids: list[int]) -> pa.Table:
+    return pa.table({"id": pa.array(ids, pa.int64()), "name": [f"n{i}" for i in ids]})
+
+
+def _prepare(target: ClickHouseTarget, attempt: str = "e1w0t0",
+             between: Callable[[str], None] | None = None) -> Committable:
+    """The source rows in a staging table, prepared by the target's own transaction (one label per attempt); with
+    `between`, in two inserts (each part one partition: even ids, then odd), `between(staging)` called after the first."""
+    txn = TxnRef("clickhouse", DB, TABLE, _label(attempt), 0, attempt)
     transaction = target.begin(TABLE, lambda chunk: txn, lambda recorded: None)
-    transaction.write(pa.table({"id": pa.array(SOURCE, pa.int64()), "name": [f"n{i}" for i in SOURCE]}))
+    if between is None:
+        transaction.write(_rows(SOURCE))
+    else:
+        transaction.write(_rows(SOURCE[0::2]))
+        between(f"{DB}.{txn.label}")
+        transaction.write(_rows(SOURCE[1::2]))
     [part] = transaction.prepare()
     return part.committable("checksum")
 
@@ -119,8 +136,8 @@ def test_moves_wait_for_every_replica_and_verdicts_read_a_synced_ledger(front, l
     moves = [settings for text, settings in ran if "MOVE PARTITION" in text]
     assert len(moves) == 2 and all(settings.get("alter_sync") == "2" for settings in moves), moves
     ledger_rows = [settings for text, settings in ran if text.startswith(f"INSERT INTO `{DB}`.`{LEDGER_TABLE}`")]
-    assert [settings.get("insert_quorum") for settings in ledger_rows] == [
-        "auto" if ledger_engine == REPLICATED else None] * 2
+    assert [settings.get("insert_quorum") for settings in ledger_rows] == [  # `moving` per partition, then `committed`
+        "auto" if ledger_engine == REPLICATED else None] * 3
     reads = [(text.split()[0], settings.get("select_sequential_consistency"))
              for text, settings in ran if LEDGER_TABLE in text and not text.startswith("INSERT")]
     synced = [("SYSTEM", None), ("SELECT", "1" if ledger_engine == SHARED else None)]
@@ -140,6 +157,102 @@ def test_an_insert_commit_into_a_replicated_table_waits_for_a_quorum(front, monk
     inserts = [text for text in front.statements[start:] if text.startswith(f"INSERT INTO `{DB}`.`{TABLE}`")]
     assert len(inserts) == 2 and all("insert_quorum = 'auto'" in text for text in inserts), inserts
     assert _visible(target) == SOURCE
+    target.close()
+
+
+def test_a_move_that_applied_then_failed_is_not_sent_again_by_the_replica_that_still_holds_it(front):
+    """Review divergence 1 (conformance 2026-11-27, C8): the first MOVE applies on replica A, then answers 341
+    UNFINISHED (alter_sync waited for an inactive replica); the source's DROP_RANGE was never written, so replica B
+    still holds the partition in staging, and the balancer sends the repeated commit there. B must not move it again:
+    the target holds each source row once."""
+    target = _setup(front, backoff_s=0.01)
+    committable = _prepare(target, between=lambda staging: front.replicate(staging))
+    front.faults.unfinished.arm("MOVE PARTITION", times=1)
+    front.stale_reads.arm(lambda text: front.faults.unfinished.fired > 0, times=1000)  # every statement from then on
+
+    assert target.commit(committable) is CommitOutcome.COMMITTED
+    assert _visible(target) == SOURCE
+    assert front.faults.unfinished.fired == 1 and front.stale_reads.fired  # the repeat did land on replica B
+    assert target.staging_tables() == []
+    target.close()
+
+
+def test_a_move_whose_answer_was_lost_is_not_guessed_while_another_replica_still_holds_the_partition(front):
+    """As above, but the answer never arrives (the connection drops while alter_sync waits): nothing tells whether the
+    partition moved, and replica B still lists it. The repeat stops with the ambiguous-commit error instead of moving it
+    again; the rows moved are in the target once."""
+    target = _setup(front, backoff_s=0.01)
+    committable = _prepare(target, between=lambda staging: front.replicate(staging))
+    front.faults.unfinished.arm("MOVE PARTITION", times=1)
+    front.faults.drop_after_apply.arm("MOVE PARTITION", times=1)
+    front.stale_reads.arm(lambda text: front.faults.unfinished.fired > 0, times=1000)  # every statement from then on
+
+    with pytest.raises(CommitInterruptedError, match="partition '0'"):
+        target.commit(committable)
+    assert _visible(target) == SOURCE[0::2]  # the first partition, once
+    target.close()
+
+
+def test_a_replica_that_lags_one_staging_part_never_lets_its_partition_be_lost(front):
+    """Review divergence 2: replica B has not fetched the staging table's second part (the odd ids' partition) and
+    answers every read and move of the commit: unsynced, it lists one partition, counts 0 after moving it, and the
+    commit drops staging with the other partition in it. Synced first, it moves both."""
+    target = _setup(front)
+
+    def lag_after_first_part(staging: str) -> None:
+        front.replicate(staging)
+        front.lag(staging)
+
+    committable = _prepare(target, between=lag_after_first_part)
+    front.stale_reads.arm(lambda text: True, times=1000)
+
+    assert target.commit(committable) is CommitOutcome.COMMITTED
+    assert _visible(target) == SOURCE
+    assert front.stale_reads.fired
+    target.close()
+
+
+def test_a_commit_whose_staging_rows_do_not_add_up_to_the_prepared_rows_stops_before_it_moves_anything(front):
+    """`committed` is written only when the rows moved (plus those journaled as moved) are the prepared rows."""
+    target = _setup(front)
+    committable = _prepare(target)
+    with pytest.raises(TargetError, match=f"{ROWS} rows .* {ROWS + 1} were prepared"):
+        target.commit(dataclasses.replace(committable, rows=ROWS + 1))
+    assert _visible(target) == [] and target.ledger.state(committable.label) is None
+    target.close()
+
+
+@pytest.mark.parametrize("replicated", [False, True])
+def test_a_move_refused_before_it_ran_is_sent_again_only_where_the_listing_proves_it(front, replicated):
+    """A MOVE the server refused (503 before executing) left its partition journaled as `moving`. One server's own
+    staging listing proves the partition is still there: the next commit moves it. A replicated staging table's listing
+    is one replica's view, which a move run elsewhere may not have reached: the commit stops instead."""
+    target = _setup(front, retries=0)
+    committable = _prepare(target, between=(lambda staging: front.replicate(staging)) if replicated else None)
+    front.faults.fail_before.arm("MOVE PARTITION", times=1)
+    with pytest.raises(ClickHouseError):
+        target.commit(committable)
+    if replicated:
+        with pytest.raises(CommitInterruptedError, match="partition '0'"):
+            target.commit(committable)
+        assert _visible(target) == []
+    else:
+        assert target.commit(committable) is CommitOutcome.COMMITTED
+        assert _visible(target) == SOURCE
+    target.close()
+
+
+@pytest.mark.parametrize(("engine", "sent"), [(REPLICATED, "2"), (SHARED, "3")])
+def test_alter_sync_3_is_kept_only_where_it_waits(front, engine, sent):
+    """Review divergence 3 (C9): on ReplicatedMergeTree `alter_sync = 3` did not wait at all for a partition move
+    (ClickHouse PR #117517 made it act as 2), so the target sends 2 whatever its settings say; on SharedMergeTree 3
+    waits for the active replicas and a user's 3 is kept."""
+    target = _setup(front, settings={"alter_sync": 3})
+    committable = _prepare(target, between=lambda staging: front.replicate(staging, engine))
+    start = len(front.executed)
+    assert target.commit(committable) is CommitOutcome.COMMITTED
+    moves = [settings.get("alter_sync") for text, settings in front.executed[start:] if "MOVE PARTITION" in text]
+    assert moves == [sent, sent] and _visible(target) == SOURCE
     target.close()
 
 

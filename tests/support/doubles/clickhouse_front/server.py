@@ -590,8 +590,6 @@ class _Replicas:
         text = sql.decode("utf-8", errors="replace")
         if engines:
             text = _SYSTEM_TABLES_RE.sub(lambda _: self._presented_tables(engines), text)
-        if stale and lagging:
-            text = _SYSTEM_PARTS_RE.sub(lambda _: self._replica_parts(sorted(lagging)), text)
         sequential = settings.get("select_sequential_consistency", "0") not in ("0", "")
         for key in sorted(lagging) if stale else ():
             if sequential and engines[key].startswith("Shared"):
@@ -599,6 +597,8 @@ class _Replicas:
             database, table = (re.escape(quote_identifier(part)) + "|" + re.escape(part) for part in key)
             reference = re.compile(rf"(?<![\w`.])(?:{database})\s*\.\s*(?:{table})(?![\w`])")
             text = reference.sub(lambda _, key=key: self.copy_of(key), text)
+        if stale and lagging:  # after the references: its own literals name the copies
+            text = _SYSTEM_PARTS_RE.sub(lambda _: self._replica_parts(sorted(lagging)), text)
         return text.encode()
 
     @classmethod
@@ -610,9 +610,9 @@ class _Replicas:
         own = " OR ".join(f"(database = {quote_string(db)} AND table = {quote_string(table)})" for db, table in copied)
         database = ", ".join(f"{where(key)}, {quote_string(key[0])}" for key in copied)
         table = ", ".join(f"{where(key)}, {quote_string(key[1])}" for key in copied)
+        kept = f"database != {quote_string(_LAGGING_DB)} AND NOT ({own}) OR {' OR '.join(f'({where(key)})' for key in copied)}"
         return (f"(SELECT * REPLACE (multiIf({database}, database) AS database, multiIf({table}, table) AS table) "
-                f"FROM system.parts WHERE database != {quote_string(_LAGGING_DB)} AND NOT ({own}) OR "
-                f"({' OR '.join(f'({where(key)})' for key in copied)}))")
+                f"FROM (SELECT * FROM system.parts WHERE {kept}))")  # filtered inside: WHERE would see the aliases
 
     @staticmethod
     def _presented_tables(engines: dict[tuple[str, str], str]) -> str:
