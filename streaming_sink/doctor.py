@@ -24,6 +24,7 @@ from .state import open_store
 from .target_tables import job_tables
 from .targets import descriptor_for, target_from_url
 from .targets.base import ExpiryLimit, Target
+from .targets.clickhouse import ClickHouseTarget, replica_readiness
 
 
 @dataclass
@@ -98,6 +99,8 @@ def diagnose(spec: JobSpec, outage_tolerance_s: float, spark: Any) -> list[Check
 
     checks += [_run("kafka", kafka), _run("state store", state), _durability(spec.state_url),
                _run("target", connect), *_transport(target), _run("tables", tables)]
+    if isinstance(target, ClickHouseTarget):  # the server's version and sync grant, where its tables are replicated
+        checks.append(_run("ClickHouse replicas", lambda: replica_readiness(target)))
     checks.append(_run("transaction budget", lambda: budget(target, records)))
     return checks + expiry_checks(target.expiry_limits(), outage_tolerance_s, max(largest, default=None))
 

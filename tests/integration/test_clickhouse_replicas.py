@@ -20,8 +20,9 @@ from clickhouse_connect.driver.exceptions import DatabaseError, OperationalError
 
 from streaming_sink.committable import Committable, TxnRef
 from streaming_sink.labels import make_label
-from streaming_sink.targets.base import CommitOutcome, CommittedNotChosenError, TargetError
-from streaming_sink.targets.clickhouse import LEDGER_TABLE, ClickHouseError, ClickHouseTarget
+from streaming_sink.targets.base import CommitOutcome, CommittedNotChosenError, ConfigurationError, TargetError
+from streaming_sink.targets.clickhouse import LEDGER_TABLE, ClickHouseError, ClickHouseTarget, replica_readiness
+from streaming_sink.targets.clickhouse.readiness import version_refusal
 from streaming_sink.targets.clickhouse.target import CommitInterruptedError
 from tests.support.doubles.clickhouse_front import ClickHouseFront
 
@@ -254,6 +255,39 @@ def test_alter_sync_3_is_kept_only_where_it_waits(front, engine, sent):
     moves = [settings.get("alter_sync") for text, settings in front.executed[start:] if "MOVE PARTITION" in text]
     assert moves == [sent, sent] and _visible(target) == SOURCE
     target.close()
+
+
+def test_doctor_finds_nothing_to_sync_on_one_server_and_syncs_a_replicated_ledger(front):
+    """Conformance divergence 9: where the target's tables are replicated, every commit runs SYSTEM SYNC REPLICA …
+    LIGHTWEIGHT; doctor runs it once on the ledger, which proves the server has it and the user may."""
+    single = _setup(front, ledger_engine=None)
+    assert "one server's" in replica_readiness(single)
+    single.close()
+    front.replicate(LEDGER)
+    target = ClickHouseTarget(front.url, database=DB)
+    start = len(front.statements)
+    assert "works on the ledger" in replica_readiness(target)
+    assert f"SYSTEM SYNC REPLICA `{DB}`.`{LEDGER_TABLE}` LIGHTWEIGHT" in front.statements[start:]
+    front.faults.fail_before.arm("SYSTEM SYNC REPLICA", status=403, code=497, name="ACCESS_DENIED",
+                                 message="default: Not enough privileges. To execute this query, it's necessary to have "
+                                         "the grant SYSTEM SYNC REPLICA ON analytics._streaming_sink_ledger")
+    with pytest.raises(ConfigurationError, match=rf"Not enough privileges.*GRANT SYSTEM SYNC REPLICA ON {DB}\.\*"):
+        replica_readiness(target)
+    target.close()
+
+
+def test_doctor_refuses_a_one_server_ledger_beside_replicated_tables(front):
+    target = _setup(front, ledger_engine=None)
+    front.replicate(f"{DB}.{TABLE}")
+    with pytest.raises(ConfigurationError, match="create it as ReplicatedMergeTree"):
+        replica_readiness(target)
+    target.close()
+
+
+@pytest.mark.parametrize(("version", "refused"), [("23.3.19.32", True), ("22.8.1.1", True), ("23.4.2.11", False),
+                                                  ("26.9.2.1", False), ("unknown", False)])
+def test_servers_before_23_4_are_refused_for_replicated_tables(version, refused):
+    assert (version_refusal(version) is not None) is refused
 
 
 def test_the_front_answers_as_a_lagging_replica_until_a_sync_ends_the_lag(front):

@@ -18,12 +18,12 @@
 * abort   = drop the staging table; refused once the ledger names the label (its commit began).
 
 The ledger (`_streaming_sink_ledger` in the target database) decides when the staging table is gone:
-a `committed` row means COMMITTED; a `moving` row alone means some partitions may have moved, which
+a `committed` row means COMMITTED; `moving` rows alone mean some partitions may have moved, which
 no one can tell from here, so `CommitInterruptedError` (a `CommitAmbiguousError`, runbook "ClickHouse commit interrupted");
 no row means nothing ever moved, so ABORTED. Ledgers made by older versions expire rows (a TTL),
 so there "no row" is LOST. Rows are kept for the newest `ledger.HORIZON_BATCHES` batches of each job and query, far
-more than the journal can still ask about: two of ~100 bytes per transaction, and in insert mode one more per staging
-partition (docs/protocol.md, "ClickHouse: the commit ledger").
+more than the journal can still ask about: ~100 bytes each, one per staging partition (`moving`, or `inserted` after
+the `inserting` one) and the `committed` one per transaction (docs/protocol.md, "ClickHouse: the commit ledger").
 Never `ATTACH PARTITION FROM`: it copies, so a repeated commit would duplicate rows.
 
 Replicas (Replicated*/Shared* tables, ClickHouse Cloud; conformance review 2026-11-24, C2 and C5): a
