@@ -7,6 +7,7 @@ from ...committable import Committable
 from ..base import ConfigurationError, TargetError
 from .catalog import Catalog
 from .connection import Connection, literal, quote
+from .engines import REPLICATED_PREFIXES
 from .ledger import INSERTED, INSERTING, QUORUM, Ledger
 
 # Fixed for every INSERT of a commit, so that a retry cuts the same rows into the same blocks (their
@@ -81,9 +82,12 @@ class InsertCommit:
         self._connection, self._ledger, self._catalog = connection, ledger, catalog
         self._settings: dict[str, str] | None = None  # the deduplication settings this server knows
 
-    def insert(self, c: Committable, states: set[str]) -> None:
-        """Every staging partition the ledger does not name inserted, each journaled after its INSERT."""
+    def insert(self, c: Committable, states: set[str], staging_engine: str) -> None:
+        """Every staging partition the ledger does not name inserted, each journaled after its INSERT. A replicated
+        staging table is synced first, so the listing and count below hold every part written."""
         connection, staging = self._connection, c.label
+        if staging_engine.startswith(REPLICATED_PREFIXES):
+            connection.sync_replica(staging)
         sizes = connection.partition_sizes(staging)
         held = connection.count_rows(staging)
         if held != c.rows:

@@ -159,7 +159,7 @@ class Ledger:
         """
         client, settings = self._connection.client(), {}
         if self._engine.startswith(REPLICATED_PREFIXES):
-            client.command(f"SYSTEM SYNC REPLICA {self.name} LIGHTWEIGHT")
+            self._connection.sync_replica(LEDGER_TABLE)
             if self._engine.startswith("Shared"):
                 settings = {"select_sequential_consistency": 1}
         return list(client.query(sql, parameters={"label": label}, settings=settings).result_rows)

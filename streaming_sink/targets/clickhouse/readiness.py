@@ -54,7 +54,7 @@ def replica_readiness(target: ClickHouseTarget) -> str:
             "replica that did not write a commit's rows cannot see them; create it as ReplicatedMergeTree "
             "(docs/clickhouse-clusters.md, \"Replicas behind a load balancer\")")
     try:
-        client.command(f"SYSTEM SYNC REPLICA {ledger} LIGHTWEIGHT")
+        target.connection.sync_replica(LEDGER_TABLE)
     except Exception as error:  # the server's answer names the missing grant (ACCESS_DENIED) or the timeout
         raise ConfigurationError(
             f"SYSTEM SYNC REPLICA {ledger} LIGHTWEIGHT failed ({error}); every commit runs it, on the ledger and on "

@@ -340,7 +340,7 @@ class ClickHouseTarget(Target):
             self.catalog.refuse(c.table)  # a view created since the job started
         try:
             if by_insert:
-                self._insert.insert(c, states)
+                self._insert.insert(c, states, engine)
             else:
                 self._move(c, states, engine)
         except Exception:
@@ -369,8 +369,8 @@ class ClickHouseTarget(Target):
         one replica's, and a move that applied on another and failed (UNFINISHED, a lost answer) leaves the partition
         here until a DROP_RANGE that was never written: moving it again would duplicate it, so the commit stops."""
         connection, staging, replicated = self.connection, c.label, engine.startswith(REPLICATED_PREFIXES)
-        if replicated:  # fetch every part the log names (conformance review 2026-11-27, C6), same session as the reads
-            self.client().command(f"SYSTEM SYNC REPLICA {connection.table(staging)} LIGHTWEIGHT")
+        if replicated:  # every part the log names, before this session lists them (conformance review 2026-11-27, C6)
+            connection.sync_replica(staging)
         # a partition of 0 rows is the empty part a move leaves behind to cover what it took (ClickHouse 23.x and newer)
         sizes = {partition_id: rows for partition_id, (rows, _) in connection.partition_sizes(staging).items() if rows}
         began, moved = (self.ledger.partitions(c.label, MOVING), self.ledger.partitions(c.label, MOVED)) if states else ({}, {})
