@@ -330,3 +330,35 @@ def test_the_front_answers_as_a_lagging_replica_until_a_sync_ends_the_lag(front)
     client.command(f"INSERT INTO {DB}.journal VALUES (3)")
     assert read() == [1, 2] and read(select_sequential_consistency=1) == [1, 2, 3]
     target.close()
+
+
+def test_the_front_plays_a_move_that_applied_on_one_replica_and_left_the_other_its_parts(front):
+    """The stand-in itself: an unfinished move took the partition out of replica A's staging into the table and
+    answered 341; replica B still lists and counts it, a sync does not change that (no DROP_RANGE was written), a
+    move sent to B moves B's parts and drops the partition on A too, and dropping the table drops B's copy."""
+    target = ClickHouseTarget(front.url, database=DB)
+    client = target.client()
+    client.command(f"CREATE DATABASE {DB}")
+    client.command(TABLE_DDL)
+    client.command(TABLE_DDL.replace(f"{DB}.{TABLE}", f"{DB}.staging"))
+    client.command(f"INSERT INTO {DB}.staging SELECT number, 'n' FROM numbers(4)")
+    front.replicate(f"{DB}.staging")
+    front.faults.unfinished.arm("MOVE PARTITION")
+    with pytest.raises(DatabaseError, match="UNFINISHED"):
+        client.command(f"ALTER TABLE {DB}.staging MOVE PARTITION ID '0' TO TABLE {DB}.{TABLE}")
+
+    def parts(**settings: Any) -> dict[str, int]:
+        return {p: rows for p, rows in client.query(
+            f"SELECT partition_id, sum(rows) FROM system.parts WHERE database = '{DB}' AND table = 'staging' AND active "
+            "GROUP BY partition_id HAVING sum(rows) > 0", settings=settings).result_rows}
+
+    assert parts() == {"1": 2} and _visible(target) == [0, 2]  # replica A
+    front.stale_reads.arm(lambda text: True, times=1000)
+    client.command(f"SYSTEM SYNC REPLICA {DB}.staging LIGHTWEIGHT")
+    assert parts() == {"0": 2, "1": 2}  # replica B, synced: still its own copy
+    client.command(f"ALTER TABLE {DB}.staging MOVE PARTITION ID '1' TO TABLE {DB}.{TABLE}")
+    front.stale_reads.reset()
+    assert parts() == {} and _visible(target) == [0, 1, 2, 3]  # A lost partition 1 by B's DROP_RANGE
+    client.command(f"DROP TABLE {DB}.staging SYNC")
+    assert client.query("SELECT count() FROM system.tables WHERE database = '_front_replica'").result_rows == [(0,)]
+    target.close()
