@@ -601,8 +601,8 @@ class _Replicas:
             text = _SYSTEM_PARTS_RE.sub(lambda _: self._replica_parts(sorted(lagging)), text)
         return text.encode()
 
-    @classmethod
-    def _replica_parts(cls, copied: list[tuple[str, str]]) -> str:
+    @staticmethod
+    def _replica_parts(copied: list[tuple[str, str]]) -> str:
         """system.parts as the lagging replica lists it: a copied table's parts are its copy's, under the table's name."""
         def where(key: tuple[str, str]) -> str:
             return f"database = {quote_string(_LAGGING_DB)} AND table = {quote_string('.'.join(key))}"
