@@ -21,7 +21,7 @@ from clickhouse_connect.driver.exceptions import DatabaseError, OperationalError
 from streaming_sink.committable import Committable, TxnRef
 from streaming_sink.labels import make_label
 from streaming_sink.targets.base import CommitOutcome, CommittedNotChosenError, ConfigurationError, TargetError
-from streaming_sink.targets.clickhouse import LEDGER_TABLE, ClickHouseError, ClickHouseTarget, replica_readiness
+from streaming_sink.targets.clickhouse import LEDGER_TABLE, ClickHouseError, ClickHouseTarget
 from streaming_sink.targets.clickhouse.readiness import version_refusal
 from streaming_sink.targets.clickhouse.target import CommitInterruptedError
 from tests.support.doubles.clickhouse_front import ClickHouseFront
@@ -263,18 +263,18 @@ def test_doctor_finds_nothing_to_sync_on_one_server_and_syncs_a_replicated_ledge
     """Conformance divergence 9: where the target's tables are replicated, every commit runs SYSTEM SYNC REPLICA …
     LIGHTWEIGHT; doctor runs it once on the ledger, which proves the server has it and the user may."""
     single = _setup(front, ledger_engine=None)
-    assert "one server's" in replica_readiness(single)
+    assert "one server's" in single.server_readiness()
     single.close()
     front.replicate(LEDGER)
     target = ClickHouseTarget(front.url, database=DB)
     start = len(front.statements)
-    assert "works on the ledger" in replica_readiness(target)
+    assert "works on the ledger" in target.server_readiness()
     assert f"SYSTEM SYNC REPLICA `{DB}`.`{LEDGER_TABLE}` LIGHTWEIGHT" in front.statements[start:]
     front.faults.fail_before.arm("SYSTEM SYNC REPLICA", status=403, code=497, name="ACCESS_DENIED",
                                  message="default: Not enough privileges. To execute this query, it's necessary to have "
                                          "the grant SYSTEM SYNC REPLICA ON analytics._streaming_sink_ledger")
     with pytest.raises(ConfigurationError, match=rf"Not enough privileges.*GRANT SYSTEM SYNC REPLICA ON {DB}\.\*"):
-        replica_readiness(target)
+        target.server_readiness()
     target.close()
 
 
@@ -282,7 +282,7 @@ def test_doctor_refuses_a_one_server_ledger_beside_replicated_tables(front):
     target = _setup(front, ledger_engine=None)
     front.replicate(f"{DB}.{TABLE}")
     with pytest.raises(ConfigurationError, match="create it as ReplicatedMergeTree"):
-        replica_readiness(target)
+        target.server_readiness()
     target.close()
 
 

@@ -6,14 +6,11 @@ target database (the staging tables are made per label, so a grant on the ledger
 from __future__ import annotations
 
 import re
-from typing import TYPE_CHECKING
 
 from ..base import ConfigurationError
+from .connection import Connection
 from .engines import REPLICATED_PREFIXES
 from .ledger import LEDGER_TABLE
-
-if TYPE_CHECKING:
-    from .target import ClickHouseTarget
 
 #: the first release with `SYSTEM SYNC REPLICA … LIGHTWEIGHT`
 LIGHTWEIGHT_SYNC_SINCE = (23, 4)
@@ -29,10 +26,10 @@ def version_refusal(version: str) -> str | None:
             "replicated tables runs before it reads the ledger or lists a staging table: upgrade the server")
 
 
-def replica_readiness(target: ClickHouseTarget) -> str:
+def replica_readiness(connection: Connection) -> str:
     """For doctor: the server's version and, where the target database is replicated, that the ledger can be synced
     (version and grant together); raises ConfigurationError naming what to change."""
-    client, database = target.client(), target.database
+    client, database = connection.client(), connection.database
     version = str(client.query("SELECT version()").result_rows[0][0])
     database_engine = client.query("SELECT engine FROM system.databases WHERE name = {db:String}",
                                    parameters={"db": database}).result_rows
@@ -45,7 +42,7 @@ def replica_readiness(target: ClickHouseTarget) -> str:
     why = version_refusal(version)
     if why:
         raise ConfigurationError(why)
-    ledger = target.connection.table(LEDGER_TABLE)
+    ledger = connection.table(LEDGER_TABLE)
     if LEDGER_TABLE not in engines:
         return f"ClickHouse {version}, replicated; the ledger {ledger} does not exist yet, so the sync grant is not checked"
     if not engines[LEDGER_TABLE].startswith(REPLICATED_PREFIXES):
@@ -54,7 +51,7 @@ def replica_readiness(target: ClickHouseTarget) -> str:
             "replica that did not write a commit's rows cannot see them; create it as ReplicatedMergeTree "
             "(docs/clickhouse-clusters.md, \"Replicas behind a load balancer\")")
     try:
-        target.connection.sync_replica(LEDGER_TABLE)
+        connection.sync_replica(LEDGER_TABLE)
     except Exception as error:  # the server's answer names the missing grant (ACCESS_DENIED) or the timeout
         raise ConfigurationError(
             f"SYSTEM SYNC REPLICA {ledger} LIGHTWEIGHT failed ({error}); every commit runs it, on the ledger and on "

@@ -89,6 +89,7 @@ from .connection import Connection, literal, quote
 from .engines import COMMIT_MODES, DATABASE_FACTS_QUERY, INSERT, MOVE, REPLICATED_PREFIXES, TableFacts, engine_refusal
 from .insert_commit import InsertCommit
 from .ledger import COMMITTED, INSERTING, LEDGER_TABLE, MOVED, MOVING, Ledger
+from .readiness import replica_readiness
 from .staging import StagingTransaction
 
 log = logging.getLogger(__name__)
@@ -180,6 +181,10 @@ class ClickHouseTarget(Target):
     def client(self) -> Any:
         """A client for this thread (HTTP) or the process's one engine for the path (chdb)."""
         return self.connection.client()
+
+    def server_readiness(self) -> str:
+        """The server's release and, where the database is replicated, the sync every commit runs (readiness.py)."""
+        return replica_readiness(self.connection)
 
     def routable_tables(self) -> set[str]:
         """The tables whose engine the sink commits atomically (engines.py); the others are left
