@@ -98,6 +98,7 @@ def diagnose(spec: JobSpec, outage_tolerance_s: float, spark: Any) -> list[Check
 
     checks += [_run("kafka", kafka), _run("state store", state), _durability(spec.state_url),
                _run("target", connect), *_transport(target), _run("tables", tables)]
+    checks += _server(target)
     checks.append(_run("transaction budget", lambda: budget(target, records)))
     return checks + expiry_checks(target.expiry_limits(), outage_tolerance_s, max(largest, default=None))
 
@@ -139,6 +140,15 @@ def _transport(target: Any) -> list[Check]:
     consent an https FE that redirects to plain http fails the target check itself (`routable_tables`)."""
     warning = target.transport_warning()
     return [Check("target transport", "WARN", warning)] if warning else []
+
+
+def _server(target: Target) -> list[Check]:
+    """What the target's commits need of its server (a release, a grant), for targets that say."""
+    try:
+        detail = target.server_readiness()
+    except Exception as error:  # as _run: reported, not raised
+        return [Check("target server", "FAIL", f"{type(error).__name__}: {error}")]
+    return [Check("target server", "OK", detail)] if detail else []
 
 
 def _durability(state_url: str) -> Check:

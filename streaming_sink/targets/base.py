@@ -162,6 +162,11 @@ class Target(ABC):
         """For `doctor`: a way the configured transport exposes data or credentials that the user allowed (None: none)."""
         return None
 
+    def server_readiness(self) -> str | None:
+        """For `doctor`: what the commits need of the server beyond reaching it (a release, a grant), checked live; raises
+        naming what to change. None: nothing to check."""
+        return None
+
     def leftover_transactions(self, label_prefix: str) -> list[str] | None:
         """Labels of open server-side transactions starting with `label_prefix` (None: the server cannot list them)."""
         return None

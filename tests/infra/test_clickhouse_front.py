@@ -327,7 +327,7 @@ def test_delay_makes_the_client_time_out_after_the_statement_applied(clickhouse_
     assert faults.delay.fired == 1
     faults.drop_before.arm("never")
     faults.reset()
-    assert [(f.fired, f.armed) for f in faults] == [(0, False)] * 4
+    assert [(f.fired, f.armed) for f in faults] == [(0, False)] * len(faults.KNOBS)
 
 
 def test_the_fixture_data_lives_under_tmp_path(clickhouse_front: ClickHouseFront, tmp_path: Path) -> None:

@@ -81,14 +81,15 @@ def test_a_move_transaction_reads_the_catalog_once_and_no_columns(target, monkey
         f"CREATE TABLE `{DB}`.`<staging>` AS `{DB}`.`{TABLE}`",
         "insert_arrow `<staging>`",
         "SELECT count()",  # prepare
-        f"EXISTS TABLE `{DB}`.`<staging>`",
+        "SELECT engine FROM system.tables",  # the staging table is there, and whether it is replicated
         "SELECT DISTINCT state",
         heads[5],  # the refusal: engine, settings and views of the table in one row of system.tables
         "SELECT partition_id, sum(rows), sum(data_uncompressed_bytes) FROM system.parts",
-        f"INSERT INTO `{DB}`.`{LEDGER_TABLE}` (label, target_table, rows, state, partition_id, series, batch)",
+        f"INSERT INTO `{DB}`.`{LEDGER_TABLE}` (label, target_table, rows, state, partition_id, series, batch)",  # moving 0
         f"ALTER TABLE `{DB}`.`<staging>` MOVE PARTITION ID '0'",
+        f"INSERT INTO `{DB}`.`{LEDGER_TABLE}` (label, target_table, rows, state, partition_id, series, batch)",  # moving 1
         f"ALTER TABLE `{DB}`.`<staging>` MOVE PARTITION ID '1'",
-        "SELECT count()",  # nothing left in staging
+        "SELECT partition_id, sum(rows), sum(data_uncompressed_bytes) FROM system.parts",  # nothing left in staging
         f"INSERT INTO `{DB}`.`{LEDGER_TABLE}` (label, target_table, rows, state, partition_id, series, batch)",
         f"DROP TABLE IF EXISTS `{DB}`.`<staging>` SYNC",
     ]

@@ -97,7 +97,7 @@ def test_doctor_verdicts(tmp_path, kafka_broker, new_topic):
     assert code == 0, checks
     assert {name: c["verdict"] for name, c in checks.items()} == {
         "kafka": "OK", "state store": "OK", "state store durability": "OK", "target": "OK", "tables": "OK",
-        "transaction budget": "OK", "timeout commit ledger": "OK", "timeout prepared staging tables": "OK",
+        "target server": "OK", "transaction budget": "OK", "timeout commit ledger": "OK", "timeout prepared staging tables": "OK",
     }
 
     code, checks = doctor(write_config(tmp_path, kafka_broker.bootstrap, "no-such-topic"), "60 days")

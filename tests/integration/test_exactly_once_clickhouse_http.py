@@ -70,6 +70,7 @@ def test_server_faults_and_task_deaths_end_exact_without_a_restart(tmp_path, kaf
     faults.drop_after_apply.arm(ledger_row + r".*'committed'", times=1)
     faults.fail_before.arm(rf"^DROP TABLE IF EXISTS `{DB}`.{STAGING}", times=1, status=502)
     faults.delay.arm(r"MOVE PARTITION", times=1, seconds=60)  # applied, the answer held: the client times out
+    faults.unfinished.arm(r"MOVE PARTITION", times=1)  # applied, then 341: journaled as moved, never sent again
     faults.fail_before.arm(rf"^CREATE TABLE `{DB}`.{STAGING}", times=1, status=503)
     faults.drop_after_apply.arm(rf"^CREATE TABLE `{DB}`.{STAGING}", times=1)  # created, never known to the writer
     faults.drop_after_apply.arm(rf"^INSERT INTO `{DB}`.{STAGING}", times=1)  # rows in staging, the task fails

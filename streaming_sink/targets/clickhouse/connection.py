@@ -203,6 +203,11 @@ class Connection(PerThread):
     def exists(self, table: str) -> bool:
         return bool(self.client().command(f"EXISTS TABLE {self.table(table)}"))
 
+    def sync_replica(self, table: str) -> None:
+        """Make this session's replica fetch every part the replicated table's log names (`SYSTEM SYNC REPLICA …
+        LIGHTWEIGHT`, ClickHouse 23.4+), so reads after it in the same session see every part written before."""
+        self.client().command(f"SYSTEM SYNC REPLICA {self.table(table)} LIGHTWEIGHT")
+
     def count_rows(self, table: str) -> int:
         return int(self.client().query(f"SELECT count() FROM {self.table(table)}").result_rows[0][0])
 

@@ -7,7 +7,8 @@ from ...committable import Committable
 from ..base import ConfigurationError, TargetError
 from .catalog import Catalog
 from .connection import Connection, literal, quote
-from .ledger import INSERTING, QUORUM, Ledger
+from .engines import REPLICATED_PREFIXES
+from .ledger import INSERTED, INSERTING, QUORUM, Ledger
 
 # Fixed for every INSERT of a commit, so that a retry cuts the same rows into the same blocks (their
 # deduplication ids depend on it); settings the server does not know are left out.
@@ -81,9 +82,12 @@ class InsertCommit:
         self._connection, self._ledger, self._catalog = connection, ledger, catalog
         self._settings: dict[str, str] | None = None  # the deduplication settings this server knows
 
-    def insert(self, c: Committable, states: set[str]) -> None:
-        """Every staging partition the ledger does not name inserted, each journaled after its INSERT."""
+    def insert(self, c: Committable, states: set[str], staging_engine: str) -> None:
+        """Every staging partition the ledger does not name inserted, each journaled after its INSERT. A replicated
+        staging table is synced first, so the listing and count below hold every part written."""
         connection, staging = self._connection, c.label
+        if staging_engine.startswith(REPLICATED_PREFIXES):
+            connection.sync_replica(staging)
         sizes = connection.partition_sizes(staging)
         held = connection.count_rows(staging)
         if held != c.rows:
@@ -96,7 +100,7 @@ class InsertCommit:
             self._ledger.write(c, INSERTING)  # journaled before the first INSERT: from here it is never aborted
             done: set[str] = set()
         else:
-            done = self._ledger.inserted_partitions(c.label)  # empty for a label an older version began: all repeated
+            done = set(self._ledger.partitions(c.label, INSERTED))  # empty for a label an older version began: all repeated
         columns = ", ".join(quote(name) for name in self._catalog.columns(staging))
         quorum = self._catalog.engine_of(c.table).startswith("Replicated")  # Shared*: every insert is a quorum insert already
         for partition_id in sorted(set(sizes) - done):
@@ -105,7 +109,7 @@ class InsertCommit:
                 f"INSERT INTO {connection.table(c.table)} ({columns}) SETTINGS {settings} "
                 f"SELECT {columns} FROM {connection.table(staging)} WHERE _partition_id = {literal(partition_id)} ORDER BY {columns}"
             )
-            self._ledger.write_inserted(c, partition_id, sizes[partition_id][0])
+            self._ledger.write_partition(c, INSERTED, partition_id, sizes[partition_id][0])
 
     def _refuse_a_window_below_the_label(self, c: Committable, sizes: dict[str, tuple[int, int]]) -> None:
         """Refuse, before the `inserting` row, a label a crash could leave for a repeat its tables' logs no longer match.

@@ -16,6 +16,9 @@ LEDGER_TABLE = "_streaming_sink_ledger"
 MOVING, INSERTING, COMMITTED = "moving", "inserting", "committed"
 # Insert mode: one staging partition's INSERT finished (a row per partition, naming it), so a resumed commit skips it.
 INSERTED = "inserted"
+# Move mode journals each staging partition, with its rows, in a `moving` row before its MOVE is sent; a `moved` row
+# says a move applied although its answer was an error (UNFINISHED), so a resumed commit never sends it again.
+MOVED = "moved"
 # Rows written before the ledger had `state` were written after the moves: they read as committed.
 _STATE_COLUMN = f"state String DEFAULT '{COMMITTED}'"
 # The staging partition an `inserted` row is about; '' in every other row (and in rows of older ledgers).
@@ -92,9 +95,9 @@ class Ledger:
     def write(self, committable: Committable, state: str) -> None:
         self._insert(committable, state, int(committable.rows))
 
-    def write_inserted(self, committable: Committable, partition_id: str, rows: int) -> None:
-        """Journal that one staging partition's INSERT finished, so a resumed commit never sends it again."""
-        self._insert(committable, INSERTED, rows, partition_id)
+    def write_partition(self, committable: Committable, state: str, partition_id: str, rows: int) -> None:
+        """Journal how far one staging partition got (MOVING, MOVED, INSERTED), so a resumed commit never sends it twice."""
+        self._insert(committable, state, rows, partition_id)
 
     def _insert(self, c: Committable, state: str, rows: int, partition_id: str = "") -> None:
         series, batch = label_batch(c.label, c.table, c.partition) or ("", 0)
@@ -126,12 +129,13 @@ class Ledger:
         SharedMergeTree (every insert is a quorum insert there) nor on a single server (nothing to wait for)."""
         return QUORUM if self._engine.startswith("Replicated") else {}
 
-    def inserted_partitions(self, label: str) -> set[str]:
-        """The staging partitions whose INSERT the ledger says finished (none in ledgers of older versions)."""
+    def partitions(self, label: str, state: str) -> dict[str, int]:
+        """Staging partition -> rows, for the label's partitions the ledger journals in `state` (none in older ledgers)."""
         return {
-            r[0]
+            str(r[0]): int(r[1])
             for r in self._rows(
-                f"SELECT DISTINCT partition_id FROM {self.name} WHERE label = {{label:String}} AND state = {literal(INSERTED)}",
+                f"SELECT partition_id, max(rows) FROM {self.name} WHERE label = {{label:String}} AND state = {literal(state)} "
+                "AND partition_id != '' GROUP BY partition_id",
                 label,
             )
         }
@@ -155,7 +159,7 @@ class Ledger:
         """
         client, settings = self._connection.client(), {}
         if self._engine.startswith(REPLICATED_PREFIXES):
-            client.command(f"SYSTEM SYNC REPLICA {self.name} LIGHTWEIGHT")
+            self._connection.sync_replica(LEDGER_TABLE)
             if self._engine.startswith("Shared"):
                 settings = {"select_sequential_consistency": 1}
         return list(client.query(sql, parameters={"label": label}, settings=settings).result_rows)

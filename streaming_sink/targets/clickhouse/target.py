@@ -4,31 +4,37 @@
 * write   = `insert_arrow` into the staging table (data stays Arrow all the way);
 * prepare = the staging table holds exactly the rows written (counted);
 * commit  = steps that a crash anywhere leaves resumable by repeating the commit:
-  1. list the staging table's partitions (an error if the table is gone);
-  2. a ledger row (label, table, rows, state `moving`), unless the label has one;
-  3. `ALTER TABLE <staging> MOVE PARTITION ID … TO TABLE <target>` for each partition: atomic per
-     partition, and a moved partition is no longer listed, so a repeat moves only the rest (a move refused because
-     the table gained columns since the staging table was made mends it and is sent again: `_move_partition`);
-  4. verify that the staging table still exists and holds 0 rows;
-  5. a ledger row with state `committed`; 6. drop the staging table;
+  1. sync a replicated staging table's replica (`SYSTEM SYNC REPLICA … LIGHTWEIGHT`), then list its partitions in
+     the same session (an error if the table is gone), and check that the rows listed, with those the ledger says
+     moved before, are the prepared rows;
+  2. for each partition, a ledger row (label, table, partition, its rows, state `moving`) before
+     `ALTER TABLE <staging> MOVE PARTITION ID … TO TABLE <target>`: atomic per partition on the replica that runs
+     it, and a moved partition is no longer listed, so a repeat moves only the rest (a move refused because the
+     table gained columns since the staging table was made mends it and is sent again: `_move_partition`). A
+     partition journaled `moving` and still listed is sent again only where the listing proves it never moved
+     (one server); on replicas it may have moved elsewhere, so the commit stops (`CommitInterruptedError`);
+  3. verify that the staging table holds no rows but those of moves that applied and answered UNFINISHED;
+  4. a ledger row with state `committed`; 5. drop the staging table;
 * abort   = drop the staging table; refused once the ledger names the label (its commit began).
 
 The ledger (`_streaming_sink_ledger` in the target database) decides when the staging table is gone:
-a `committed` row means COMMITTED; a `moving` row alone means some partitions may have moved, which
+a `committed` row means COMMITTED; `moving` rows alone mean some partitions may have moved, which
 no one can tell from here, so `CommitInterruptedError` (a `CommitAmbiguousError`, runbook "ClickHouse commit interrupted");
 no row means nothing ever moved, so ABORTED. Ledgers made by older versions expire rows (a TTL),
 so there "no row" is LOST. Rows are kept for the newest `ledger.HORIZON_BATCHES` batches of each job and query, far
-more than the journal can still ask about: two of ~100 bytes per transaction, and in insert mode one more per staging
-partition (docs/protocol.md, "ClickHouse: the commit ledger").
+more than the journal can still ask about: ~100 bytes each, one per staging partition (`moving`, or `inserted` after
+the `inserting` one) and the `committed` one per transaction (docs/protocol.md, "ClickHouse: the commit ledger").
 Never `ATTACH PARTITION FROM`: it copies, so a repeated commit would duplicate rows.
 
 Replicas (Replicated*/Shared* tables, ClickHouse Cloud; conformance review 2026-11-24, C2 and C5): a
 read may land on a replica that has not fetched the newest ledger rows yet, while the staging table's
 DROP (database DDL) already reached it, and an ALTER returns before the other replicas ran it. So every
-ledger read that decides something is consistent (ledger.py: the replica syncs the ledger first), each
-MOVE waits for every replica (`alter_sync = 2`), and on a Replicated ledger or target table the ledger rows
-and the INSERT … SELECT wait for a majority (`insert_quorum = 'auto'`) before the next step relies on them.
-Facts and sources: docs/clickhouse-clusters.md, "Replicas behind a load balancer".
+ledger read that decides something is consistent (ledger.py: the replica syncs the ledger first), so is the
+staging listing a move commit starts from, each MOVE waits for every replica (`alter_sync = 2`; 3 only on
+SharedMergeTree), and on a Replicated ledger or target table the ledger rows and the INSERT … SELECT wait for a
+majority (`insert_quorum = 'auto'`) before the next step relies on them. A move that applied on one replica and then
+failed leaves the partition in the other replicas' staging (conformance review 2026-11-27, C8): hence the
+journal per partition. Facts and sources: docs/clickhouse-clusters.md, "Replicas behind a load balancer".
 
 Materialized views fire on INSERT only, never on a partition move, so a table that feeds views is
 refused in the default `commit_mode = "move"` (review R8). `commit_mode = "insert"` commits with
@@ -80,9 +86,10 @@ from .catalog import SUGGESTED_WINDOW, Catalog
 from .change_tables import JOB_CREATED_COMMENT, change_refusal, created_columns, created_engine, sorting_key_columns
 from .column_types import CLICKHOUSE_COLUMNS
 from .connection import Connection, literal, quote
-from .engines import COMMIT_MODES, DATABASE_FACTS_QUERY, INSERT, MOVE, TableFacts, engine_refusal
+from .engines import COMMIT_MODES, DATABASE_FACTS_QUERY, INSERT, MOVE, REPLICATED_PREFIXES, TableFacts, engine_refusal
 from .insert_commit import InsertCommit
-from .ledger import COMMITTED, INSERTING, LEDGER_TABLE, MOVING, Ledger
+from .ledger import COMMITTED, INSERTING, LEDGER_TABLE, MOVED, MOVING, Ledger
+from .readiness import replica_readiness
 from .staging import StagingTransaction
 
 log = logging.getLogger(__name__)
@@ -90,10 +97,14 @@ log = logging.getLogger(__name__)
 #: commit_mode insert: the INSERTs ran, the ledger does not say so yet; the re-run must insert nothing twice
 INSERT_CRASH_POINT = target_point("clickhouse-after-insert")
 # A partition move returns once every replica ran it (alter_sync 0 waits for none, 1 for this replica: the defaults on
-# Cloud and on a server; 3 for the active replicas only, kept when the target's `settings` ask for it).
+# Cloud and on a server). 3 waits for the active replicas on SharedMergeTree only, so a user's 3 is kept there; on
+# ReplicatedMergeTree 3 waited for nothing until ClickHouse PR #117517 (docs/clickhouse-clusters.md).
 _MOVE_SYNC = {"alter_sync": 2}
 #: INCOMPATIBLE_COLUMNS: "Tables have different structure", a partition move refused before it moves anything (26.9)
 _DIFFERENT_STRUCTURE = 122
+#: UNFINISHED: a replicated move's wait for the other replicas gave up; the replica that ran it has moved the partition
+#: (StorageReplicatedMergeTree::movePartitionToTable waits only after it committed the move: docs/protocol.md)
+_UNFINISHED = 341
 
 
 class CommitInterruptedError(CommitAmbiguousError):
@@ -170,6 +181,10 @@ class ClickHouseTarget(Target):
     def client(self) -> Any:
         """A client for this thread (HTTP) or the process's one engine for the path (chdb)."""
         return self.connection.client()
+
+    def server_readiness(self) -> str:
+        """The server's release and, where the database is replicated, the sync every commit runs (readiness.py)."""
+        return replica_readiness(self.connection)
 
     def routable_tables(self) -> set[str]:
         """The tables whose engine the sink commits atomically (engines.py); the others are left
@@ -316,7 +331,8 @@ class ClickHouseTarget(Target):
     def _commit_once(self, c: Committable) -> CommitOutcome:
         self.ledger.ensure()
         connection, staging = self.connection, c.label
-        if not connection.exists(staging):
+        engine = self._engine_of_staging(staging)
+        if engine is None:
             return self._outcome_without_staging(c)
         states = self.ledger.states(c.label)
         # every partition moved, or every INSERT finished: a partition still listed is a lagging replica's view, and
@@ -329,9 +345,9 @@ class ClickHouseTarget(Target):
             self.catalog.refuse(c.table)  # a view created since the job started
         try:
             if by_insert:
-                self._insert.insert(c, states)
+                self._insert.insert(c, states, engine)
             else:
-                self._move(c, first=not states)
+                self._move(c, states, engine)
         except Exception:
             if connection.exists(staging):
                 raise
@@ -342,37 +358,76 @@ class ClickHouseTarget(Target):
         connection.drop(staging)
         return CommitOutcome.COMMITTED
 
-    def _move(self, c: Committable, first: bool) -> None:
-        """Move every staging partition into the target (commit_mode move), the ledger's `moving` row first."""
-        connection, staging = self.connection, c.label
-        partitions = sorted(connection.partition_sizes(staging))
-        if first:
-            self.ledger.write(c, MOVING)
-        for partition_id in partitions:
-            self._move_partition(c, partition_id)
-        left = connection.count_rows(staging)
+    def _engine_of_staging(self, staging: str) -> str | None:
+        """The staging table's engine (its table's, copied by `CREATE … AS`); None: the table is gone."""
+        rows = self.client().query(
+            "SELECT engine FROM system.tables WHERE database = {db:String} AND name = {t:String}",
+            parameters={"db": self.database, "t": staging}).result_rows
+        return str(rows[0][0]) if rows else None
+
+    def _move(self, c: Committable, states: set[str], engine: str) -> None:
+        """Move every staging partition into the target once (commit_mode move), each journaled before its MOVE.
+
+        What a repeat may trust: a partition journaled `moved` applied; one journaled `moving` and no longer listed
+        moved (the listing is synced, and a move ends only once every replica dropped its copy); one journaled
+        `moving` and still listed never moved, if the staging table lives on one server. On replicas the listing is
+        one replica's, and a move that applied on another and failed (UNFINISHED, a lost answer) leaves the partition
+        here until a DROP_RANGE that was never written: moving it again would duplicate it, so the commit stops."""
+        connection, staging, replicated = self.connection, c.label, engine.startswith(REPLICATED_PREFIXES)
+        if replicated:  # every part the log names, before this session lists them (conformance review 2026-11-27, C6)
+            connection.sync_replica(staging)
+        # a partition of 0 rows is the empty part a move leaves behind to cover what it took (ClickHouse 23.x and newer)
+        sizes = {partition_id: rows for partition_id, (rows, _) in connection.partition_sizes(staging).items() if rows}
+        began, moved = (self.ledger.partitions(c.label, MOVING), self.ledger.partitions(c.label, MOVED)) if states else ({}, {})
+        unsure = {partition_id: rows for partition_id, rows in began.items() if partition_id in sizes and partition_id not in moved}
+        if replicated and unsure:
+            raise CommitInterruptedError(self._unsure_move(c, unsure))
+        to_move = {partition_id: rows for partition_id, rows in sizes.items() if partition_id not in moved}
+        done = sum(rows for partition_id, rows in {**began, **moved}.items() if partition_id not in to_move)
+        legacy = MOVING in states and not began  # an older version's commit journaled no partition: trust the listing
+        if not legacy and done + sum(to_move.values()) != c.rows:
+            raise TargetError(
+                f"ClickHouse commit of {c.label} into {connection.table(c.table)} stopped before moving anything: its "
+                f"staging table lists {sum(to_move.values())} rows not moved yet and the ledger {done} moved before, "
+                f"{done + sum(to_move.values())} rows in all, but {c.rows} were prepared (a replica that lacks staging "
+                "parts, or a change to the staging table after prepare); the batch stays PREPARED")
+        for partition_id, rows in sorted(to_move.items()):
+            if partition_id not in began:
+                self.ledger.write_partition(c, MOVING, partition_id, rows)
+            self._move_partition(c, partition_id, rows, self._move_sync(engine))
+        left = sum(rows for partition_id, (rows, _) in connection.partition_sizes(staging).items() if partition_id not in moved)
         if left:
             raise TargetError(
                 f"staging table {staging} still holds {left} rows after its partitions were moved: "
                 "something wrote into it during the commit"
             )
 
-    def _move_partition(self, c: Committable, partition_id: str) -> None:
+    def _move_sync(self, engine: str) -> dict[str, int]:
+        """`alter_sync` for a move (see _MOVE_SYNC): 2, or the user's 3 on SharedMergeTree."""
+        return {"alter_sync": 3} if engine.startswith("Shared") and str(self.connection.settings.get("alter_sync")) == "3" \
+            else _MOVE_SYNC
+
+    def _move_partition(self, c: Committable, partition_id: str, rows: int, move_sync: dict[str, int]) -> None:
         """One staging partition into the table. A move between tables of different structure is refused before
         anything moves (INCOMPATIBLE_COLUMNS): then the staging table is given the columns its table gained, and the
-        move sent again; the columns are read only then, not at every commit."""
+        move sent again; the columns are read only then, not at every commit. A move that answers UNFINISHED applied:
+        journaled `moved` before the error repeats the commit, which then leaves the partition alone."""
         from clickhouse_connect.driver.exceptions import DatabaseError
 
         connection = self.connection
-        move_sync = {"alter_sync": 3} if str(connection.settings.get("alter_sync")) == "3" else _MOVE_SYNC  # see _MOVE_SYNC
         move = (f"ALTER TABLE {connection.table(c.label)} MOVE PARTITION ID {literal(partition_id)} "
                 f"TO TABLE {connection.table(c.table)}")
         try:
-            connection.client().command(move, settings=move_sync)
+            try:
+                connection.client().command(move, settings=move_sync)
+            except DatabaseError as error:
+                if getattr(error, "code", None) != _DIFFERENT_STRUCTURE or not self._match_staging(c):
+                    raise
+                connection.client().command(move, settings=move_sync)
         except DatabaseError as error:
-            if getattr(error, "code", None) != _DIFFERENT_STRUCTURE or not self._match_staging(c):
-                raise
-            connection.client().command(move, settings=move_sync)
+            if getattr(error, "code", None) == _UNFINISHED:
+                self.ledger.write_partition(c, MOVED, partition_id, rows)
+            raise
 
     def _match_staging(self, c: Committable) -> bool:
         """Give a staging table the columns its table gained since it was made (`add_columns`, or a user's ALTER), each
@@ -443,6 +498,22 @@ class ClickHouseTarget(Target):
         if self.ledger.read_ttl_s() is not None:
             return CommitOutcome.LOST  # this ledger expires rows: the label's committed row may be gone
         return CommitOutcome.ABORTED  # every commit writes its ledger row before it moves anything
+
+    def _unsure_move(self, c: Committable, unsure: dict[str, int]) -> str:
+        ledger, table = self.ledger.name, self.connection.table(c.table)
+        named = ", ".join(f"partition {literal(partition_id)} ({rows} rows)" for partition_id, rows in sorted(unsure.items()))
+        return (
+            f"ClickHouse commit of {c.label} into {table} stopped: the move of staging {named} was sent and no answer "
+            "said how it ended, and this replica's staging table still holds it. On a replicated table another replica "
+            "may have moved it (the replicas that did not run a move keep its partition until the move's DROP_RANGE, "
+            "which a failed move may never write), so sending it again could duplicate its rows and dropping the "
+            "staging table could lose them. Count the partition's rows in the target (the batch's offsets are in the "
+            "checkpoint, the writer partition is "
+            f"{c.partition}). There: INSERT INTO {ledger} (label, target_table, rows, state, partition_id) VALUES "
+            f"({literal(c.label)}, {literal(c.table)}, <rows>, {literal(MOVED)}, <partition>). Not there: ALTER TABLE "
+            f"{ledger} DELETE WHERE label = {literal(c.label)} AND partition_id = <partition> SETTINGS mutations_sync = 2, "
+            "and the restarted commit moves it. Then restart. " + CommitInterruptedError.RUNBOOK
+        )
 
     def _ambiguity(self, c: Committable, state: str = MOVING) -> str:
         ledger, table = self.ledger.name, self.connection.table(c.table)

@@ -75,7 +75,22 @@ models what a client behind a load balancer over replicas of a Replicated/Shared
   since that setting only covers inserts made with a sequential (non-parallel) quorum
   (settings reference, select_sequential_consistency).
 
-Not modelled: writes landing on the lagging replica, a lag of `system.parts`, several lagging replicas.
+* The lagging replica's `system.parts` lists a lagged table's parts as its copy holds them (a stale read of
+  `system.parts` is answered there too).
+* `ALTER TABLE <presented> MOVE PARTITION … TO TABLE …` runs on one replica, as on a server
+  (StorageReplicatedMergeTree::movePartitionToTable): it moves that replica's parts of the partition, and the
+  source's DROP_RANGE takes the partition off the other replica as well (the move waits for it: `alter_sync = 2`).
+  A move that `stale_reads` sends to the lagging replica moves the copy's parts; one that reaches the current
+  replica moves the table's, and the copy loses the partition too.
+* `faults.unfinished` on such a move is the move that applied and then answered 341 UNFINISHED (alter_sync waited
+  for an inactive replica past replication_wait_for_inactive_replica_timeout): the replica that ran it has moved
+  the partition, but the source's DROP_RANGE, written only after that wait, never was, so the other replica keeps
+  its parts of the partition (the front keeps a copy of the table as it was before the move; conformance review
+  2026-11-27, C8). No sync ends that copy: the replication log holds nothing that drops it.
+* `DROP TABLE` of a presented table drops it on every replica (database DDL): its copy goes with it.
+
+Not modelled: writes landing on the lagging replica, new parts reaching a copy kept by an unfinished move, several
+lagging replicas.
 `front.executed` lists each statement with the settings it ran with (URL and session settings).
 """
 from __future__ import annotations
@@ -295,6 +310,8 @@ class Faults:
         "fail_before": "answer HTTP `status` (503) with ClickHouse error `code`/`name` (439 CANNOT_SCHEDULE_TASK), not executing",
         "drop_after_apply": "execute the statement, then close the connection without an answer",
         "delay": "wait up to `seconds` (5) on an event, `phase` 'after' (default: applied, answer held) or 'before' executing",
+        "unfinished": "execute the statement, then answer 341 UNFINISHED (an ALTER whose alter_sync wait gave up on an "
+                      "inactive replica); a MOVE PARTITION of a presented table leaves the other replica its parts",
     }
 
     def __init__(self) -> None:
@@ -514,6 +531,11 @@ _SYNC_REPLICA_RE = re.compile(
     re.IGNORECASE | re.DOTALL,
 )
 _SYSTEM_TABLES_RE = re.compile(r"(?<![\w`.])system\s*\.\s*tables(?![\w`])", re.IGNORECASE)
+_SYSTEM_PARTS_RE = re.compile(r"(?<![\w`.])system\s*\.\s*parts(?![\w`])", re.IGNORECASE)
+_TABLE_NAME = rf"(?:(?P<db>{_IDENTIFIER})\s*\.\s*)?(?P<table>{_IDENTIFIER})"
+_MOVE_RE = re.compile(rf"^ALTER\s+TABLE\s+{_TABLE_NAME}\s+MOVE\s+PARTITION\s+(?P<partition>.+?)\s+TO\s+TABLE\s+",
+                      re.IGNORECASE | re.DOTALL)
+_DROP_TABLE_RE = re.compile(rf"^DROP\s+TABLE\s+(?:IF\s+EXISTS\s+)?{_TABLE_NAME}", re.IGNORECASE)
 _LAGGING_DB = "_front_replica"  # where the lagging replica's copies of lagged tables live, in the engine
 
 
@@ -534,7 +556,17 @@ class _Replicas:
     def __init__(self) -> None:
         self.engines: dict[tuple[str, str], str] = {}  # (database, table) -> the engine system.tables shows
         self.lagging: set[tuple[str, str]] = set()  # tables whose newest parts the lagging replica has not fetched
+        self.kept: set[tuple[str, str]] = set()  # tables whose parts it keeps after an unfinished move (no sync ends it)
         self.lock = threading.Lock()
+
+    def copied(self, key: tuple[str, str]) -> bool:
+        """Whether the lagging replica answers for the table from a copy of its own."""
+        with self.lock:
+            return key in self.lagging or key in self.kept
+
+    @staticmethod
+    def named(found: re.Match[str], database: str) -> tuple[str, str]:
+        return (_unquote_identifier(found.group("db")) if found.group("db") else database, _unquote_identifier(found.group("table")))
 
     @staticmethod
     def copy_of(key: tuple[str, str]) -> str:
@@ -545,7 +577,7 @@ class _Replicas:
         found = _SYNC_REPLICA_RE.match(text)
         if found is None:
             return None
-        key = (_unquote_identifier(found.group("db")) if found.group("db") else database, _unquote_identifier(found.group("table")))
+        key = self.named(found, database)
         with self.lock:
             if key not in self.engines:
                 return None  # the engine answers: not replicated
@@ -554,7 +586,7 @@ class _Replicas:
     def view(self, sql: bytes, stale: bool, settings: dict[str, str]) -> bytes:
         """The read as the replica it lands on answers it: presented engines, and lagged tables' copies when `stale`."""
         with self.lock:
-            engines, lagging = dict(self.engines), set(self.lagging)
+            engines, lagging = dict(self.engines), self.lagging | self.kept
         text = sql.decode("utf-8", errors="replace")
         if engines:
             text = _SYSTEM_TABLES_RE.sub(lambda _: self._presented_tables(engines), text)
@@ -565,7 +597,22 @@ class _Replicas:
             database, table = (re.escape(quote_identifier(part)) + "|" + re.escape(part) for part in key)
             reference = re.compile(rf"(?<![\w`.])(?:{database})\s*\.\s*(?:{table})(?![\w`])")
             text = reference.sub(lambda _, key=key: self.copy_of(key), text)
+        if stale and lagging:  # after the references: its own literals name the copies
+            text = _SYSTEM_PARTS_RE.sub(lambda _: self._replica_parts(sorted(lagging)), text)
         return text.encode()
+
+    @staticmethod
+    def _replica_parts(copied: list[tuple[str, str]]) -> str:
+        """system.parts as the lagging replica lists it: a copied table's parts are its copy's, under the table's name."""
+        def where(key: tuple[str, str]) -> str:
+            return f"database = {quote_string(_LAGGING_DB)} AND table = {quote_string('.'.join(key))}"
+
+        own = " OR ".join(f"(database = {quote_string(db)} AND table = {quote_string(table)})" for db, table in copied)
+        database = ", ".join(f"{where(key)}, {quote_string(key[0])}" for key in copied)
+        table = ", ".join(f"{where(key)}, {quote_string(key[1])}" for key in copied)
+        kept = f"database != {quote_string(_LAGGING_DB)} AND NOT ({own}) OR {' OR '.join(f'({where(key)})' for key in copied)}"
+        return (f"(SELECT * REPLACE (multiIf({database}, database) AS database, multiIf({table}, table) AS table) "
+                f"FROM (SELECT * FROM system.parts WHERE {kept}))")  # filtered inside: WHERE would see the aliases
 
     @staticmethod
     def _presented_tables(engines: dict[tuple[str, str], str]) -> str:
@@ -722,6 +769,7 @@ class ClickHouseFront:
             default_format = request.headers.get("X-ClickHouse-Format") or params.get("default_format") or "TabSeparated"
             query_params = {k[len("param_"):]: v for k, v in params.items() if k.startswith("param_")}
             held = self._before(text)
+            unfinished = self.faults.unfinished.take(text) is not None
 
             after: Callable[[Engine], None] | None = None
             if keyword == "USE":
@@ -740,11 +788,15 @@ class ClickHouseFront:
                 if synced[1]:
                     self._catch_up(synced[0])
                 outcome = Outcome(b"")
+            elif keyword == "ALTER" and (move := self._replicated_move(text, database)) is not None:
+                outcome = self._move(sql, text, *move, engine_settings, database, unfinished)
             else:
                 if keyword in _RESULT_KEYWORDS and self._replicas.engines:
                     stale = self.stale_reads.take(text) is not None  # it lands on the lagging replica
                     sql = self._replicas.view(sql, stale, engine_settings)
                 outcome = self.engine.execute(sql, default_format, query_params, engine_settings, database, after)
+                if keyword == "DROP":
+                    self._dropped(text, database)
             with self._statements_lock:
                 self.statements.append(text)
                 self.executed.append((text, dict(engine_settings)))
@@ -752,6 +804,9 @@ class ClickHouseFront:
                 self.sessions.release(session_id or "", session, params.get("close_session") == "1")
                 session = None
             self._after(text, held)
+            if unfinished:
+                raise ClickHouseError.make(341, "UNFINISHED", "Timeout exceeded while waiting for replicas to execute the "
+                                           "query (replication_wait_for_inactive_replica_timeout): injected by the test front")
 
             produces_result = keyword in _RESULT_KEYWORDS or bool(outcome.body)
             headers["X-ClickHouse-Timezone"] = settings.get("session_timezone") or self.engine.timezone
@@ -794,12 +849,65 @@ class ClickHouseFront:
         key = _split_table(table)
         if key not in self._replicas.engines:
             raise ValueError(f"{table} is not presented as replicated: call replicate({table!r}) first")
+        self._copy(key)
+        with self._replicas.lock:
+            self._replicas.lagging.add(key)
+
+    def _copy(self, key: tuple[str, str]) -> None:
+        """The lagging replica's copy of the table: its rows, and its partitions, as they are now."""
         source, copy = ".".join(map(quote_identifier, key)), self._replicas.copy_of(key)
         for statement in (f"CREATE DATABASE IF NOT EXISTS {quote_identifier(_LAGGING_DB)}", f"DROP TABLE IF EXISTS {copy} SYNC",
                           f"CREATE TABLE {copy} AS {source}", f"INSERT INTO {copy} SELECT * FROM {source}"):
-            self.engine.execute(statement.encode(), "TabSeparated", {}, {}, "default")
+            self._system(statement)
+
+    def _system(self, statement: str) -> None:
+        """A statement of the front's own (replication it models), not a client's."""
+        self.engine.execute(statement.encode(), "TabSeparated", {}, {}, "default")
+
+    def _replicated_move(self, text: str, database: str) -> tuple[tuple[str, str], str] | None:
+        """For a MOVE PARTITION out of a presented table: the table and the partition expression."""
+        found = _MOVE_RE.match(text)
+        if found is None:
+            return None
+        key = self._replicas.named(found, database)
         with self._replicas.lock:
-            self._replicas.lagging.add(key)
+            presented = key in self._replicas.engines
+        return (key, found.group("partition")) if presented else None
+
+    def _move(self, sql: bytes, text: str, key: tuple[str, str], partition: str, settings: dict[str, str], database: str,
+              unfinished: bool) -> Outcome:
+        """A partition move run on the replica the balancer picks; the source's DROP_RANGE reaches the other one,
+        unless the move is unfinished (module docstring, "Replicas")."""
+        table, copy = ".".join(map(quote_identifier, key)), self._replicas.copy_of(key)
+        if self._replicas.copied(key) and self.stale_reads.take(text) is not None:  # it lands on the lagging replica
+            outcome = self.engine.execute(self._replicas.view(sql, True, settings), "TabSeparated", {}, settings, database)
+            other = table
+        else:
+            if unfinished and not self._replicas.copied(key):
+                self._copy(key)  # the other replica, current until now, keeps what it holds
+            outcome = self.engine.execute(sql, "TabSeparated", {}, settings, database)
+            other = copy if self._replicas.copied(key) else ""
+        if unfinished:
+            with self._replicas.lock:
+                self._replicas.lagging.discard(key)
+                self._replicas.kept.add(key)
+        elif other:
+            self._system(f"ALTER TABLE {other} DROP PARTITION {partition}")
+        return outcome
+
+    def _dropped(self, text: str, database: str) -> None:
+        """A presented table dropped is gone on every replica: so is its copy."""
+        found = _DROP_TABLE_RE.match(text)
+        if found is None:
+            return
+        key = self._replicas.named(found, database)
+        with self._replicas.lock:
+            copied = key in self._replicas.lagging or key in self._replicas.kept
+            self._replicas.lagging.discard(key)
+            self._replicas.kept.discard(key)
+            self._replicas.engines.pop(key, None)
+        if copied:
+            self._system(f"DROP TABLE IF EXISTS {self._replicas.copy_of(key)} SYNC")
 
     def _catch_up(self, key: tuple[str, str]) -> None:
         """The lagging replica fetched every part of the table's replication log: its reads are current again."""
