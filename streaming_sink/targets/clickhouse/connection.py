@@ -141,7 +141,7 @@ class Connection(PerThread):
             client = self._client(clickhouse_connect)
         except Error as error:
             raise ClickHouseError(str(error)) from error
-        return client if self.embedded or not self.retries else StatementRetries(client, self._policy())
+        return client
 
     def _policy(self) -> RetryPolicy:
         return RetryPolicy(0 if self.embedded else self.retries, self.backoff_s, self.backoff_max_s)
@@ -154,7 +154,7 @@ class Connection(PerThread):
                 return _CHDB_CLIENTS[self.url]
         if getattr(self._local, "client", None) is None:
             parsed = urlparse(self.url)
-            self._local.client = clickhouse_connect.get_client(
+            client = clickhouse_connect.get_client(
                 host=parsed.hostname,
                 port=parsed.port or (8443 if parsed.scheme == "https" else 8123),
                 secure=parsed.scheme == "https",
@@ -166,6 +166,8 @@ class Connection(PerThread):
                 connect_timeout=math.ceil(self.connect_timeout_s),  # clickhouse-connect takes whole seconds
                 send_receive_timeout=math.ceil(self.read_timeout_s),
             )
+            # one wrapper per client, kept with it: a statement's re-send knows the sync before it (StatementRetries)
+            self._local.client = StatementRetries(client, self._policy()) if self.retries else client
         return self._local.client
 
     def repeating(self, what: str, step: Callable[[], _T]) -> _T:
