@@ -209,8 +209,8 @@ def test_an_older_querys_batch_killed_between_waves_is_given_up_naming_the_table
     from streaming_sink.state import FileStateStore
 
     monkeypatch.setattr("streaming_sink.retry.sleep", lambda _seconds: None)
-    tables = TABLES[:30]  # 120 transactions against the Doris FE's 100 running: 3 waves of at most 50
-    with DorisEmulator(tmp_path / "doris") as doris:
+    tables = TABLES[:30]  # 120 transactions against a Doris FE at 100 running that does not tell its release: 3 waves
+    with DorisEmulator(tmp_path / "doris", max_running_txn_num_per_db=100, user_is_admin=False) as doris:
         for table in tables:
             doris.create_table(DB, table, [("id", "INT"), ("name", "VARCHAR(32)")])
         store = FileStateStore(tmp_path / "state")
