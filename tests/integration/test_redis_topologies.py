@@ -54,6 +54,32 @@ def test_a_journal_write_waits_for_the_replica_and_fails_without_it(primary_and_
     assert store.done_labels(JOB, Q, 0) == {"L0-0", "L0-1"}
 
 
+def test_auto_waits_for_a_replica_that_attached_after_the_first_write(tmp_path):
+    """Review N3: `auto` was fixed at the store's first write, so a driver started while no replica was attached never
+    waited after one attached (its writes returned with a paused replica), while `doctor` said "wait for 1". Now each
+    journal write waits for every replica connected when it is made, and never for fewer than the store has seen."""
+    with RedisServer(tmp_path / "primary") as primary:
+        store = open_store(primary.url + "?wait_timeout=0.5")
+        epoch = store.take_epoch(JOB, "test")  # no replica yet: nothing to wait for
+        replica = RedisServer(tmp_path / "replica", extra_args=["--replicaof", HOST, str(primary.port)])
+        with replica:
+            RedisSentinelGroup.wait_in_sync(primary)
+            task_copy = pickle.loads(pickle.dumps(store))
+            assert "journal writes wait for 1" in open_store(primary.url).durability().found
+            store.put_batch(JOB, epoch, record(0, epoch))
+            with replica.client() as client:
+                assert client.get(f"streaming-sink:{{{JOB}}}:batch:{Q}:0"), "the write returned before the replica had it"
+            replica.pause()
+            with pytest.raises(ReplicationError, match="reached 0 of the 1 replica"):
+                store.mark_done(JOB, epoch, Q, 0, "L0-0")
+            with pytest.raises(ReplicationError, match="reached 0 of the 1 replica"):
+                task_copy.add_intent(JOB, epoch, Q, 1, TxnRef("clickhouse", "db", "t", "L1-0", 0, f"e{epoch}w0t0"))
+            replica.resume()
+        # the replica is gone: the store keeps waiting for it (a failover could promote a copy that lacks the write)
+        with pytest.raises(ReplicationError, match="reached 0 of the 1 replica"):
+            store.mark_done(JOB, epoch, Q, 0, "L0-1")
+
+
 def test_doctor_reports_the_replication_and_warns_when_writes_do_not_wait(primary_and_replica):
     primary, _ = primary_and_replica
     waiting = open_store(primary.url).durability()
