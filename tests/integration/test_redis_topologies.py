@@ -93,9 +93,11 @@ def test_doctor_reports_the_replication_and_warns_when_writes_do_not_wait(primar
 
 @pytest.mark.extended  # CI has the same failover under a running job: test_redis_failover.py [1]
 def test_the_store_follows_the_sentinels_master_across_a_failover(tmp_path):
-    """What one master acknowledged (and its replica had, since the write waited) is on the promoted one."""
+    """What one master acknowledged (and its replica had, since the write waited) is on the promoted one. A write
+    while the promoted master has no replica is tried until failover_timeout, then fails: nothing is acted on that one
+    server alone holds (the job rides a failover whose replica comes back: test_redis_ride_through.py)."""
     with RedisSentinelGroup(tmp_path / "sentinels") as group:
-        store = open_store(group.url)
+        store = open_store(group.url + "?failover_timeout=1")
         epoch = store.take_epoch(JOB, "test")
         written = record(0, epoch)
         store.put_batch(JOB, epoch, written)
