@@ -31,6 +31,7 @@ from typing import Any, TypeVar, cast
 
 import redis
 from redis.cluster import RedisCluster
+from redis.sentinel import SentinelConnectionPool
 
 from streaming_sink.committable import TxnRef
 from streaming_sink.errors import (
@@ -251,7 +252,7 @@ class RedisStateStore(StateStore):
         # decode_responses=True: every reply is str. redis-py types replies `bytes | str` whatever the client
         # decodes, so the reads below cast to str (`cast` only informs the type checker; nothing is converted).
         self._client = connect(self._location, socket_timeout)
-        self._replicas_seen = 0  # under `auto`: the most replicas a write of this store found connected
+        self._replicas_seen: int | None = None  # under `auto`: the most replicas found connected (None: not asked)
         self._seen_lock = threading.Lock()
         self._reached = False  # a call succeeded once: from then on, a failover is ridden through (`_ride`)
         self._failover_seconds = self._location.failover_timeout  # None until the Sentinels are asked
@@ -267,7 +268,7 @@ class RedisStateStore(StateStore):
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__init__(state["url"], state["prefix"])  # type: ignore[misc]
-        self._replicas_seen = state.get("replicas_seen", 0)
+        self._replicas_seen = state.get("replicas_seen")
         self._reached = state.get("reached", False)
         self._failover_seconds = state.get("failover_seconds", self._failover_seconds)
 
@@ -308,7 +309,8 @@ class RedisStateStore(StateStore):
         return self._failover_seconds
 
     def _sentinels_failover_seconds(self) -> float:
-        for sentinel in self._client.connection_pool.sentinel_manager.sentinels:
+        pool = cast(SentinelConnectionPool, cast(redis.Redis, self._client).connection_pool)  # kind "sentinel"
+        for sentinel in pool.sentinel_manager.sentinels:
             try:
                 master = sentinel.sentinel_master(self._location.master)
                 return (int(master["down-after-milliseconds"]) + int(master["failover-timeout"])) / 1000
@@ -359,7 +361,7 @@ class RedisStateStore(StateStore):
         if self._location.wait_replicas is not None:
             return self._location.wait_replicas
         with self._seen_lock:
-            self._replicas_seen = max(self._replicas_seen, connected)
+            self._replicas_seen = max(self._replicas_seen or 0, connected)
             return self._replicas_seen
 
     def _write(self, script: str, keys: list[str], args: list[str]) -> Any:
@@ -370,7 +372,10 @@ class RedisStateStore(StateStore):
         for (one attached since), the write is made again waiting for them all (it may be made twice, and the
         second replicates, so its WAIT covers the first: _FENCED_SCRIPT)."""
         server = self._server_of(keys[0])
-        wanted = self._replicas_to_wait(0)
+        if self._location.wait_replicas is None and self._replicas_seen is None:  # the first write: count them now
+            wanted = self._replicas_to_wait(int(server.client.info("replication").get("connected_slaves", 0)))
+        else:
+            wanted = self._replicas_to_wait(0)
         while True:
             reply, reached, connected = self._write_once(server, script, keys, args, wanted)
             if connected is None or connected <= wanted:
