@@ -436,7 +436,10 @@ class RedisStateStore(StateStore):
         return epoch
 
     def beat(self, job_id: str, epoch: int, at: float) -> None:
-        self._fenced(job_id, epoch, [["SET", self._keys(job_id).seen, json.dumps({"epoch": epoch, "at": at})]])
+        # how many replicas this driver's writes wait for travels with its heartbeat, for `doctor` (`durability`)
+        waits = self._location.wait_replicas if self._location.wait_replicas is not None else self._replicas_seen or 0
+        self._fenced(job_id, epoch, [["SET", self._keys(job_id).seen,
+                                      json.dumps({"epoch": epoch, "at": at, "waits": waits})]])
 
     def add_intent(self, job_id: str, epoch: int, query_id: str, batch_id: int, ref: TxnRef) -> None:
         keys = self._keys(job_id)
@@ -548,7 +551,30 @@ class RedisStateStore(StateStore):
             seen, warning = self._server_durability(server)
             found.append(seen)
             warnings += [warning] if warning else []
+        if not isinstance(self._client, RedisCluster):
+            drivers, warning = self._drivers_durability(self._servers()[0])
+            found += drivers
+            warnings += [warning] if warning else []
         return Durability("; ".join([*found, self._failover_found()]), "; ".join(warnings) or None)
+
+    def _drivers_durability(self, server: _Server) -> tuple[list[str], str | None]:
+        """What each running driver's journal writes wait for (its heartbeat says; under `auto` it may be more than
+        are connected now, after a replica left), and a warning when that is more than are connected."""
+        connected = int(server.client.info("replication").get("connected_slaves", 0))
+        found, short = [], []
+        for job in self.job_ids():
+            keys = self._read_keys(job)
+            owner, seen = (json.loads(value) if value else None for value in self._client.mget([keys.owner, keys.seen]))
+            if not (owner and seen and "waits" in seen and seen.get("at") and seen.get("epoch") == owner.get("epoch")):
+                continue  # no driver of this release, or it ended (its last beat is at 0)
+            found.append(f"the driver of job {job!r} waits for {seen['waits']}")
+            if int(seen["waits"]) > connected:
+                short.append(job)
+        if not short:
+            return found, None
+        return found, (f"the driver of job(s) {', '.join(map(repr, short))} waits for more replicas than the {connected} "
+                       "connected (one it saw has left): its journal writes fail, or wait while it rides a failover, "
+                       "until the replica is back or the job is restarted")
 
     def _failover_found(self) -> str:
         bound = self._failover_bound()

@@ -3,6 +3,7 @@ journal written under the key layout of earlier releases. Real `redis-server` pr
 from __future__ import annotations
 
 import pickle
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -69,6 +70,7 @@ def test_auto_waits_for_a_replica_that_attached_after_the_first_write(tmp_path):
             store.put_batch(JOB, epoch, record(0, epoch))
             with replica.client() as client:
                 assert client.get(f"streaming-sink:{{{JOB}}}:batch:{Q}:0"), "the write returned before the replica had it"
+            store.beat(JOB, epoch, time.time())  # the driver's heartbeat says what its writes wait for
             replica.pause()
             with pytest.raises(ReplicationError, match="reached 0 of the 1 replica"):
                 store.mark_done(JOB, epoch, Q, 0, "L0-0")
@@ -78,6 +80,10 @@ def test_auto_waits_for_a_replica_that_attached_after_the_first_write(tmp_path):
         # the replica is gone: the store keeps waiting for it (a failover could promote a copy that lacks the write)
         with pytest.raises(ReplicationError, match="reached 0 of the 1 replica"):
             store.mark_done(JOB, epoch, Q, 0, "L0-1")
+        # doctor reports what the running driver does, not what a store started now would do
+        durability = open_store(primary.url).durability()
+        assert "0 replica(s) connected" in durability.found and f"the driver of job '{JOB}' waits for 1" in durability.found
+        assert "waits for more replicas than the 0 connected" in durability.warning
 
 
 def test_doctor_reports_the_replication_and_warns_when_writes_do_not_wait(primary_and_replica):
