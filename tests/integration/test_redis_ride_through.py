@@ -24,6 +24,7 @@ from streaming_sink.state import RedisStateStore, open_store
 from streaming_sink.targets.memory import MemoryTarget
 from tests.integration.test_protocol_findings import InMemoryRunner
 from tests.support.services._proc import wait_until
+from tests.support.services.ports import free_port
 from tests.support.services.redis import HOST, RedisSentinelGroup, RedisServer
 
 pytestmark = pytest.mark.slow
@@ -55,14 +56,14 @@ class Failover:
 
     def kill_master(self, before: Callable[[], None] = lambda: None) -> RedisServer:
         old = self.group.kill_primary()
-        self._in_background(lambda: (before(), self._finish(old)))
+        self.in_background(lambda: (before(), self._finish(old)))
         return old
 
     def _finish(self, old: RedisServer) -> None:
         self.group.promoted(old)
         self.group.rejoin(old, timeout=120)
 
-    def _in_background(self, work: Callable[[], Any]) -> None:
+    def in_background(self, work: Callable[[], Any]) -> None:
         def run() -> None:
             try:
                 work()
@@ -209,7 +210,7 @@ def _kill_once_the_master_alone_has(key: str, group: RedisSentinelGroup, failove
         assert group.promoted(master) is replica
         group.rejoin(master, timeout=120)
 
-    failover._in_background(kill)
+    failover.in_background(kill)
 
 
 def test_a_failover_without_an_end_fails_at_the_bound(tmp_path):
@@ -225,11 +226,9 @@ def test_a_failover_without_an_end_fails_at_the_bound(tmp_path):
         assert 2 <= time.monotonic() - started < 30
 
 
-def test_a_store_never_reached_fails_at_once(tmp_path):
+def test_a_store_never_reached_fails_at_once():
     """A wrong URL or a Redis that is not there is not a failover: the first call fails as before, without waiting."""
-    with RedisServer(tmp_path / "sentinel-less") as server:
-        port = server.port
-    store = open_store(f"redis+sentinel://{HOST}:{port}/journal?failover_timeout=60")
+    store = open_store(f"redis+sentinel://{HOST}:{free_port()}/journal?failover_timeout=60")
     started = time.monotonic()
     with pytest.raises(StateStoreUnreachableError):
         store.current_epoch("job")
