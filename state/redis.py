@@ -9,12 +9,21 @@ still writing the old layout (the old `epoch` key is left holding the new epoch,
 Durability: run Redis with AOF (`appendfsync always` or `everysec`). With replicas, each write waits (WAIT) until
 `wait_replicas` of them have it before the caller acts on it, so a failover cannot roll back a step the protocol
 relied on (docs/state-store.md). Where the store lives and its options: `redis_location.py`.
+
+Failovers are ridden through: a call that fails the way a failover fails is made again, on the master the Sentinels
+name then, until `failover_timeout`. That is safe because every journal write may be made twice: each one is a script
+that checks the fencing epoch (and the intent gate) again and sets state to values it names (SET, SADD, HSET, HDEL,
+DEL), so a write that applied before its answer was lost changes nothing the second time, and one that a fenced
+driver or a sealed gate would now refuse is refused. A write whose answer was lost was acted on by nobody; the one
+made again is answered only after WAIT says the replicas have it, which covers the first one too (below).
 """
 from __future__ import annotations
 
 import functools
 import json
+import logging
 import re
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -22,6 +31,7 @@ from typing import Any, TypeVar, cast
 
 import redis
 from redis.cluster import RedisCluster
+from redis.sentinel import SentinelConnectionPool
 
 from streaming_sink.committable import TxnRef
 from streaming_sink.errors import (
@@ -34,6 +44,13 @@ from streaming_sink.state.base import Durability, StateStore, fencing_error
 from streaming_sink.state.redis_location import RedisLocation, connect, parse_redis_url, redact_url, translated_errors
 
 __all__ = ["RedisKeys", "RedisStateStore", "ReplicationError", "redact_url"]
+
+log = logging.getLogger(__name__)
+
+#: What Sentinel runs with when its configuration sets nothing: down-after-milliseconds 30 s, failover-timeout 180 s
+#: (redis.io, "Redis Sentinel", the example sentinel.conf; src/sentinel.c SENTINEL_DEFAULT_DOWN_AFTER and
+#: SENTINEL_DEFAULT_FAILOVER_TIMEOUT). The bound of a ride when no Sentinel answers the question.
+SENTINEL_DEFAULT_FAILOVER_SECONDS = 30.0 + 180.0
 
 # ARGV[1] expected epoch; ARGV[2] JSON list of redis commands; ARGV[3] the batch's gate key ('' for
 # none) and ARGV[4] the writer attempt it must admit (see streaming_sink/labels.py `gate_admits`,
@@ -63,6 +80,10 @@ end
 for _, command in ipairs(cjson.decode(ARGV[2])) do
   redis.call(unpack(command))
 end
+-- always replicate something: a write made again (or a label marked twice) may change nothing, and a script that
+-- changes nothing sends nothing to the replicas, so the WAIT after it would count replicas that lack the state the
+-- script saw. SET always replicates (src/t_string.c counts it dirty whatever the value), and the epoch stays as it is.
+redis.call('SET', KEYS[1], ARGV[1])
 return 1
 """
 
@@ -173,23 +194,39 @@ class RedisKeys:
 
 _Method = TypeVar("_Method", bound=Callable[..., Any])
 _Class = TypeVar("_Class", bound=type)
+_Result = TypeVar("_Result")
 
 
-def _translated(method: _Method) -> _Method:
+def _riding(method: _Method) -> _Method:
     @functools.wraps(method)
-    def call(*args: Any, **kwargs: Any) -> Any:
+    def call(self: RedisStateStore, *args: Any, **kwargs: Any) -> Any:
         with translated_errors():
-            return method(*args, **kwargs)
+            return self._ride(functools.partial(method, self, *args, **kwargs))
 
     return cast(_Method, call)
 
 
-def _translating_errors(cls: _Class) -> _Class:
-    """Every public method of `cls` raises redis-py's errors as the sink's own (`translated_errors`)."""
+def _riding_failovers(cls: _Class) -> _Class:
+    """Every public method of `cls` rides a failover (`RedisStateStore._ride`) and raises redis-py's errors as the
+    sink's own (`translated_errors`)."""
     for name, member in list(vars(cls).items()):
-        if callable(member) and not name.startswith("_"):
-            setattr(cls, name, _translated(member))
+        if callable(member) and not name.startswith("_") and name != "close":
+            setattr(cls, name, _riding(member))
     return cls
+
+
+_FAILOVER_REPLIES = ("READONLY", "NOREPLICAS", "MASTERDOWN", "LOADING")
+
+
+def _failover_explains(error: Exception) -> bool:
+    """A failure a failover in progress explains, and that its end cures: the master gone (connection refused, lost,
+    timed out; no master named), the old master now a replica (READONLY), a new master without its replicas yet
+    (NOREPLICAS under min-replicas-to-write, ReplicationError under WAIT). Wrong credentials are not one."""
+    if isinstance(error, redis.AuthenticationError):
+        return False
+    if isinstance(error, (redis.ConnectionError, redis.TimeoutError, ReplicationError)):
+        return True
+    return isinstance(error, redis.ResponseError) and str(error).startswith(_FAILOVER_REPLIES)
 
 
 @dataclass(frozen=True)
@@ -200,7 +237,7 @@ class _Server:
     name: str
 
 
-@_translating_errors
+@_riding_failovers
 class RedisStateStore(StateStore):
     """The production state store: one Redis server, a Sentinel-watched master, or a Redis Cluster.
 
@@ -215,19 +252,71 @@ class RedisStateStore(StateStore):
         # decode_responses=True: every reply is str. redis-py types replies `bytes | str` whatever the client
         # decodes, so the reads below cast to str (`cast` only informs the type checker; nothing is converted).
         self._client = connect(self._location, socket_timeout)
-        self._wait_replicas = self._location.wait_replicas  # None until resolved ("auto")
+        self._replicas_seen: int | None = None  # under `auto`: the most replicas found connected (None: not asked)
+        self._seen_lock = threading.Lock()
+        self._reached = False  # a call succeeded once: from then on, a failover is ridden through (`_ride`)
+        self._failover_seconds = self._location.failover_timeout  # None until the Sentinels are asked
         self._tagged: set[str] = set()  # jobs known to be under the tagged layout
 
     def __repr__(self) -> str:
         return f"RedisStateStore({self.url!r})"
 
     def __getstate__(self) -> dict[str, Any]:
-        # the replica count resolved by the driver travels with the store, so its tasks wait for as many
-        return {"url": self._location.url, "prefix": self._prefix, "wait_replicas": self._wait_replicas}
+        # what the driver learnt travels with the store: its tasks wait for as many replicas, and ride failovers
+        return {"url": self._location.url, "prefix": self._prefix, "replicas_seen": self._replicas_seen,
+                "reached": self._reached, "failover_seconds": self._failover_seconds}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__init__(state["url"], state["prefix"])  # type: ignore[misc]
-        self._wait_replicas = state.get("wait_replicas", self._wait_replicas)
+        self._replicas_seen = state.get("replicas_seen")
+        self._reached = state.get("reached", False)
+        self._failover_seconds = state.get("failover_seconds", self._failover_seconds)
+
+    # -- failovers -------------------------------------------------------------------------------------------
+
+    def _ride(self, call: Callable[[], _Result]) -> _Result:
+        """`call()`, made again while it fails the way a failover fails, up to the failover bound after its first
+        failure. redis-py asks the Sentinels for the master at each new connection, so a call made again goes to
+        the master they name then. A store that never answered fails at once: a wrong URL is not a failover."""
+        deadline, pause = None, 0.05
+        while True:
+            try:
+                result = call()
+            except Exception as error:
+                if not (self._reached and _failover_explains(error)):
+                    raise
+                now = time.monotonic()
+                if deadline is None:
+                    deadline = now + self._failover_bound()
+                    if deadline > now:
+                        log.warning("redis state store %s: %s; trying again for up to %g s (failover_timeout)",
+                                    self.url, error, deadline - now)
+                if now >= deadline:
+                    raise
+                time.sleep(min(pause, deadline - now))  # back off: a failover takes seconds
+                pause = min(2 * pause, 1.0)
+                continue
+            if deadline is not None:
+                log.warning("redis state store %s: answering again", self.url)
+            self._reached = True
+            return result
+
+    def _failover_bound(self) -> float:
+        """Seconds a failing call is made again: `failover_timeout`, else what the Sentinels allow a failover of the
+        master (down-after-milliseconds + failover-timeout), asked once."""
+        if self._failover_seconds is None:
+            self._failover_seconds = self._sentinels_failover_seconds()
+        return self._failover_seconds
+
+    def _sentinels_failover_seconds(self) -> float:
+        pool = cast(SentinelConnectionPool, cast(redis.Redis, self._client).connection_pool)  # kind "sentinel"
+        for sentinel in pool.sentinel_manager.sentinels:
+            try:
+                master = sentinel.sentinel_master(self._location.master)
+                return (int(master["down-after-milliseconds"]) + int(master["failover-timeout"])) / 1000
+            except (redis.RedisError, KeyError, ValueError):
+                continue
+        return SENTINEL_DEFAULT_FAILOVER_SECONDS
 
     # -- keys ------------------------------------------------------------------------------------------------
 
@@ -265,32 +354,57 @@ class RedisStateStore(StateStore):
             return _Server(self._client.get_redis_connection(node), node.name)
         return _Server(self._client, self.url)
 
-    def _replicas_to_wait(self, server: _Server) -> int:
-        if self._wait_replicas is None:
-            info = server.client.info("replication")
-            self._wait_replicas = int(info.get("connected_slaves", 0))
-        return self._wait_replicas
+    def _replicas_to_wait(self, connected: int) -> int:
+        """How many replicas a write waits for when `connected` are: `wait_replicas`, or under `auto` all of them,
+        and never fewer than this store has seen (a replica that left may be the one Sentinel promotes when it is
+        back; until then writes fail, or wait for it while a failover is ridden through)."""
+        if self._location.wait_replicas is not None:
+            return self._location.wait_replicas
+        with self._seen_lock:
+            self._replicas_seen = max(self._replicas_seen or 0, connected)
+            return self._replicas_seen
 
     def _write(self, script: str, keys: list[str], args: list[str]) -> Any:
         """Run a write script; with replicas to wait for, WAIT on the same connection before answering: a write
-        only the primary has can be rolled back by a failover, so nobody may act on it before it is replicated."""
+        only the primary has can be rolled back by a failover, so nobody may act on it before it is replicated.
+
+        Under `auto` the pipeline also reads how many replicas are connected; when more are than the write waited
+        for (one attached since), the write is made again waiting for them all (it may be made twice, and the
+        second replicates, so its WAIT covers the first: _FENCED_SCRIPT)."""
         server = self._server_of(keys[0])
-        wanted = self._replicas_to_wait(server)
-        timeout_ms = int(self._location.wait_timeout * 1000)
-        with server.client.pipeline(transaction=False) as pipe:
-            pipe.eval(script, len(keys), *keys, *args)
-            if wanted:
-                pipe.execute_command("WAIT", wanted, timeout_ms)
-            replies = pipe.execute(raise_on_error=False)
-        if isinstance(replies[0], Exception):
-            raise replies[0]
-        if wanted and int(replies[1]) < wanted:
+        if self._location.wait_replicas is None and self._replicas_seen is None:  # the first write: count them now
+            wanted = self._replicas_to_wait(int(server.client.info("replication").get("connected_slaves", 0)))
+        else:
+            wanted = self._replicas_to_wait(0)
+        while True:
+            reply, reached, connected = self._write_once(server, script, keys, args, wanted)
+            if connected is None or connected <= wanted:
+                break
+            wanted = self._replicas_to_wait(connected)
+        if wanted and reached < wanted:
             raise ReplicationError(
-                f"redis state store {server.name}: a journal write reached {replies[1]} of the {wanted} replica(s) it "
+                f"redis state store {server.name}: a journal write reached {reached} of the {wanted} replica(s) it "
                 f"waits for within {self._location.wait_timeout:g} s (wait_replicas, wait_timeout); a failover could "
                 "lose it, so it counts as a failed write. See docs/state-store.md."
             )
-        return replies[0]
+        return reply
+
+    def _write_once(self, server: _Server, script: str, keys: list[str], args: list[str],
+                    wanted: int) -> tuple[Any, int, int | None]:
+        """(the script's reply, replicas that acknowledged it, replicas connected: None unless `auto`)."""
+        auto = self._location.wait_replicas is None
+        with server.client.pipeline(transaction=False) as pipe:
+            pipe.eval(script, len(keys), *keys, *args)
+            if wanted:
+                pipe.execute_command("WAIT", wanted, int(self._location.wait_timeout * 1000))
+            if auto:
+                pipe.info("replication")
+            replies = pipe.execute(raise_on_error=False)
+        failed = next((reply for reply in replies if isinstance(reply, Exception)), None)
+        if failed is not None:
+            raise failed
+        connected = int(replies[-1].get("connected_slaves", 0)) if auto else None
+        return replies[0], int(replies[1]) if wanted else 0, connected
 
     def _fenced(
         self, job_id: str, epoch: int, commands: list[list[object]], gate_key: str = "", attempt: str = "",
@@ -300,6 +414,8 @@ class RedisStateStore(StateStore):
             self._write(_FENCED_SCRIPT, [self._keys(job_id).epoch],
                         [str(epoch), json.dumps(commands), gate_key, attempt, intents_key, label])
         except redis.ResponseError as error:
+            if _failover_explains(error):
+                raise  # made again by _ride
             message = str(error)
             if message.startswith("FENCED"):
                 current = message.split(" ", 1)[1]
@@ -320,7 +436,10 @@ class RedisStateStore(StateStore):
         return epoch
 
     def beat(self, job_id: str, epoch: int, at: float) -> None:
-        self._fenced(job_id, epoch, [["SET", self._keys(job_id).seen, json.dumps({"epoch": epoch, "at": at})]])
+        # how many replicas this driver's writes wait for travels with its heartbeat, for `doctor` (`durability`)
+        waits = self._location.wait_replicas if self._location.wait_replicas is not None else self._replicas_seen or 0
+        self._fenced(job_id, epoch, [["SET", self._keys(job_id).seen,
+                                      json.dumps({"epoch": epoch, "at": at, "waits": waits})]])
 
     def add_intent(self, job_id: str, epoch: int, query_id: str, batch_id: int, ref: TxnRef) -> None:
         keys = self._keys(job_id)
@@ -432,7 +551,36 @@ class RedisStateStore(StateStore):
             seen, warning = self._server_durability(server)
             found.append(seen)
             warnings += [warning] if warning else []
-        return Durability("; ".join(found), "; ".join(warnings) or None)
+        if not isinstance(self._client, RedisCluster):
+            drivers, warning = self._drivers_durability(self._servers()[0])
+            found += drivers
+            warnings += [warning] if warning else []
+        return Durability("; ".join([*found, self._failover_found()]), "; ".join(warnings) or None)
+
+    def _drivers_durability(self, server: _Server) -> tuple[list[str], str | None]:
+        """What each running driver's journal writes wait for (its heartbeat says; under `auto` it may be more than
+        are connected now, after a replica left), and a warning when that is more than are connected."""
+        connected = int(server.client.info("replication").get("connected_slaves", 0))
+        found, short = [], []
+        for job in self.job_ids():
+            keys = self._read_keys(job)
+            owner, seen = (json.loads(value) if value else None for value in self._client.mget([keys.owner, keys.seen]))
+            if not (owner and seen and "waits" in seen and seen.get("at") and seen.get("epoch") == owner.get("epoch")):
+                continue  # no driver of this release, or it ended (its last beat is at 0)
+            found.append(f"the driver of job {job!r} waits for {seen['waits']}")
+            if int(seen["waits"]) > connected:
+                short.append(job)
+        if not short:
+            return found, None
+        return found, (f"the driver of job(s) {', '.join(map(repr, short))} waits for more replicas than the {connected} "
+                       "connected (one it saw has left): its journal writes fail, or wait while it rides a failover, "
+                       "until the replica is back or the job is restarted")
+
+    def _failover_found(self) -> str:
+        bound = self._failover_bound()
+        if not bound:
+            return "a lost connection fails a journal write at once (failover_timeout 0)"
+        return f"rides a failover for up to {bound:g} s (failover_timeout)"
 
     def _server_durability(self, server: _Server) -> tuple[str, str | None]:
         """What one server keeps through a restart and a failover: (what was found, a warning or None)."""
@@ -446,11 +594,13 @@ class RedisStateStore(StateStore):
         replicas = int(info.get("connected_slaves", 0))
         lags = [int(value.get("lag", 0)) for name, value in info.items() if name.startswith("slave") and
                 isinstance(value, dict)]
-        wanted = self._replicas_to_wait(server)
+        wanted = self._replicas_to_wait(replicas)
+        auto = " (auto: every replica connected at each write)" if self._location.wait_replicas is None else ""
         found = (f"{server.name}: role {info.get('role')}, appendonly {config.get('appendonly')}, appendfsync "
                  f"{config.get('appendfsync')}, {replicas} replica(s) connected"
                  + (f" (lag up to {max(lags)} s)" if lags else "")
-                 + f", journal writes wait for {wanted}, min-replicas-to-write {config.get('min-replicas-to-write')}")
+                 + f", journal writes wait for {wanted}{auto}, min-replicas-to-write "
+                 f"{config.get('min-replicas-to-write')}")
         if config.get("appendonly") != "yes":
             return found, ("appendonly is off: a restart loses the journal. The job then stops (StateStoreLostError) "
                            "instead of duplicating, but needs an operator; set appendonly yes and appendfsync everysec "

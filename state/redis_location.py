@@ -11,9 +11,12 @@ before anything connects, and never shows the password (`redact_url`). The forms
 
 Options in the query string (`?name=value&…`):
 
-* `wait_replicas` — after each journal write, wait until this many replicas have it (`auto`, the default: the
-  replicas the primary reports connected when the store first writes; `0`: never wait);
+* `wait_replicas` — after each journal write, wait until this many replicas have it (`auto`, the default: every
+  replica the primary reports connected at that write, and never fewer than the store has seen; `0`: never wait);
 * `wait_timeout` — seconds to wait for them (default 5); a write not replicated in time is a failed write;
+* `failover_timeout` — seconds a call that failed the way a failover fails (connection lost or refused, no master,
+  too few replicas) is tried again before it fails (default: with Sentinel, the Sentinels' own down-after-milliseconds
+  plus failover-timeout for the master; else 0, fail at once);
 * TLS (`rediss://`): `ssl_ca_certs` (CA file), `ssl_certfile` + `ssl_keyfile` (client certificate),
   `ssl_cert_reqs` (`required`, the default, `optional`, `none`), `ssl_check_hostname` (`true`/`false`);
 * `socket_timeout`, `socket_connect_timeout` (seconds), `password`.
@@ -37,7 +40,7 @@ from streaming_sink.errors import StateStoreAuthError, StateStoreError, StateSto
 #: The URL schemes of Redis stores.
 SCHEMES = ("redis", "rediss", "unix", "redis+sentinel", "redis+cluster")
 
-STORE_OPTIONS = ("wait_replicas", "wait_timeout")
+STORE_OPTIONS = ("wait_replicas", "wait_timeout", "failover_timeout")
 _FILE_OPTIONS = ("ssl_ca_certs", "ssl_certfile", "ssl_keyfile")
 _CONNECTION_OPTIONS = (*_FILE_OPTIONS, "ssl_cert_reqs", "ssl_check_hostname", "socket_timeout",
                        "socket_connect_timeout", "password")
@@ -72,6 +75,7 @@ class RedisLocation:
     options: dict[str, str] = field(default_factory=dict)  # connection options from the query
     wait_replicas: int | None = None  # None: "auto"
     wait_timeout: float = 5.0
+    failover_timeout: float | None = None  # None: the Sentinels' own (RedisStateStore), 0 for a server or a Cluster
 
     @property
     def shown(self) -> str:
@@ -98,7 +102,12 @@ def parse_redis_url(url: str) -> RedisLocation:
         raise ValueError(f"state store URL {shown!r}: give ssl_certfile and ssl_keyfile together (client certificate)")
     wait_replicas = _wait_replicas(query.pop("wait_replicas", "auto"), shown)
     wait_timeout = _seconds(query.pop("wait_timeout", "5"), "wait_timeout", shown)
+    failover = query.pop("failover_timeout", None)
+    failover_timeout = None if failover is None else _seconds(failover, "failover_timeout", shown, zero=True)
+    if failover_timeout is None and parts.scheme != "redis+sentinel":
+        failover_timeout = 0.0
     common: dict[str, Any] = dict(options=query, wait_replicas=wait_replicas, wait_timeout=wait_timeout,
+                                  failover_timeout=failover_timeout,
                                   username=unquote(parts.username) if parts.username else None,
                                   password=unquote(parts.password) if parts.password is not None else None)
     if parts.scheme not in _DEFAULT_PORT:
@@ -188,13 +197,14 @@ def _wait_replicas(value: str, shown: str) -> int | None:
     return int(value)
 
 
-def _seconds(value: str, name: str, shown: str) -> float:
+def _seconds(value: str, name: str, shown: str, zero: bool = False) -> float:
     try:
         seconds = float(value)
     except ValueError:
         seconds = -1.0
-    if not seconds > 0:
-        raise ValueError(f"state store URL {shown!r}: {name} must be a number of seconds above 0, not {value!r}")
+    if not (seconds >= 0 if zero else seconds > 0):
+        raise ValueError(f"state store URL {shown!r}: {name} must be a number of seconds "
+                         f"{'(0 or more)' if zero else 'above 0'}, not {value!r}")
     return seconds
 
 

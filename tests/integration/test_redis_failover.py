@@ -32,13 +32,33 @@ def _fail_over(sentinels: RedisSentinelGroup) -> None:
     sentinels.rejoin(old)
 
 
+def test_the_driver_rides_a_failover_without_a_restart(sentinels, tmp_path, kafka_broker):
+    """Issue 38 item 7, through the packaged job: the master is killed while the job runs; the same driver follows the
+    Sentinels to the promoted replica, waits (its writes wait for a replica) until the old master is back as that
+    one's replica, and finishes the topic with exit 0, exact. It used to stop with StateStoreUnreachableError."""
+    pipeline = LocalPipeline(tmp_path, kafka_broker, f"{sentinels.url}?failover_timeout=120", messages_per_partition=150,
+                             max_offsets_per_trigger=50)  # 9 batches: the failover comes after the second
+    pipeline.produce()
+    driver = pipeline.start_driver(run=0)
+    try:
+        pipeline.wait_for_batches(driver, count=2)
+        assert driver.poll() is None, f"the job ended before the failover; the test proved nothing:\n{pipeline.log_tail(0)}"
+        _fail_over(sentinels)
+        assert driver.wait(timeout=300) == 0, pipeline.log_tail(0, 200)
+    finally:
+        pipeline.kill(driver)
+    assert "trying again for up to 120 s" in pipeline.log_tail(0, 5000), "the job never met the failover"
+    pipeline.verify()
+
+
 @pytest.mark.extended
 @pytest.mark.parametrize("seed", kill_seeds())
 def test_the_master_killed_at_random_instants_fails_over_and_the_job_ends_exact(sentinels, seed, tmp_path,
                                                                                kafka_broker):
     # many small batches: the job must still run when the kill instant comes (up to 4 s after a batch commits); with
     # six batches of 150 a faster job ended before it and the test proved nothing
-    pipeline = LocalPipeline(tmp_path, kafka_broker, sentinels.url, max_offsets_per_trigger=50)
+    pipeline = LocalPipeline(tmp_path, kafka_broker, f"{sentinels.url}?failover_timeout=120", messages_per_partition=150,
+                             max_offsets_per_trigger=50)  # 9 batches: the failover comes after the second
     pipeline.produce()
     rng, failovers = random.Random(seed), 0
     for run in range(3):

@@ -3,6 +3,7 @@ journal written under the key layout of earlier releases. Real `redis-server` pr
 from __future__ import annotations
 
 import pickle
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -54,6 +55,37 @@ def test_a_journal_write_waits_for_the_replica_and_fails_without_it(primary_and_
     assert store.done_labels(JOB, Q, 0) == {"L0-0", "L0-1"}
 
 
+def test_auto_waits_for_a_replica_that_attached_after_the_first_write(tmp_path):
+    """Review N3: `auto` was fixed at the store's first write, so a driver started while no replica was attached never
+    waited after one attached (its writes returned with a paused replica), while `doctor` said "wait for 1". Now each
+    journal write waits for every replica connected when it is made, and never for fewer than the store has seen."""
+    with RedisServer(tmp_path / "primary") as primary:
+        store = open_store(primary.url + "?wait_timeout=0.5")
+        epoch = store.take_epoch(JOB, "test")  # no replica yet: nothing to wait for
+        replica = RedisServer(tmp_path / "replica", extra_args=["--replicaof", HOST, str(primary.port)])
+        with replica:
+            RedisSentinelGroup.wait_in_sync(primary)
+            task_copy = pickle.loads(pickle.dumps(store))
+            assert "journal writes wait for 1" in open_store(primary.url).durability().found
+            store.put_batch(JOB, epoch, record(0, epoch))
+            with replica.client() as client:
+                assert client.get(f"streaming-sink:{{{JOB}}}:batch:{Q}:0"), "the write returned before the replica had it"
+            store.beat(JOB, epoch, time.time())  # the driver's heartbeat says what its writes wait for
+            replica.pause()
+            with pytest.raises(ReplicationError, match="reached 0 of the 1 replica"):
+                store.mark_done(JOB, epoch, Q, 0, "L0-0")
+            with pytest.raises(ReplicationError, match="reached 0 of the 1 replica"):
+                task_copy.add_intent(JOB, epoch, Q, 1, TxnRef("clickhouse", "db", "t", "L1-0", 0, f"e{epoch}w0t0"))
+            replica.resume()
+        # the replica is gone: the store keeps waiting for it (a failover could promote a copy that lacks the write)
+        with pytest.raises(ReplicationError, match="reached 0 of the 1 replica"):
+            store.mark_done(JOB, epoch, Q, 0, "L0-1")
+        # doctor reports what the running driver does, not what a store started now would do
+        durability = open_store(primary.url).durability()
+        assert "0 replica(s) connected" in durability.found and f"the driver of job '{JOB}' waits for 1" in durability.found
+        assert "waits for more replicas than the 0 connected" in durability.warning
+
+
 def test_doctor_reports_the_replication_and_warns_when_writes_do_not_wait(primary_and_replica):
     primary, _ = primary_and_replica
     waiting = open_store(primary.url).durability()
@@ -67,9 +99,11 @@ def test_doctor_reports_the_replication_and_warns_when_writes_do_not_wait(primar
 
 @pytest.mark.extended  # CI has the same failover under a running job: test_redis_failover.py [1]
 def test_the_store_follows_the_sentinels_master_across_a_failover(tmp_path):
-    """What one master acknowledged (and its replica had, since the write waited) is on the promoted one."""
+    """What one master acknowledged (and its replica had, since the write waited) is on the promoted one. A write
+    while the promoted master has no replica is tried until failover_timeout, then fails: nothing is acted on that one
+    server alone holds (the job rides a failover whose replica comes back: test_redis_ride_through.py)."""
     with RedisSentinelGroup(tmp_path / "sentinels") as group:
-        store = open_store(group.url)
+        store = open_store(group.url + "?failover_timeout=1")
         epoch = store.take_epoch(JOB, "test")
         written = record(0, epoch)
         store.put_batch(JOB, epoch, written)

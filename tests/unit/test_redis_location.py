@@ -23,6 +23,16 @@ def test_sentinel_nodes_master_and_database():
     assert parse_redis_url("redis+sentinel://s1/journal").db == 0
 
 
+def test_how_long_a_failover_is_ridden():
+    """Sentinel: the Sentinels' own bound unless given (None: asked when first needed); elsewhere 0 unless given."""
+    assert parse_redis_url("redis+sentinel://s1/journal").failover_timeout is None
+    assert parse_redis_url("redis+sentinel://s1/journal?failover_timeout=45").failover_timeout == 45
+    assert parse_redis_url("redis://h/0").failover_timeout == 0
+    assert parse_redis_url("redis+cluster://n1:7000?failover_timeout=30").failover_timeout == 30
+    location = parse_redis_url("redis://h/0?failover_timeout=0&socket_timeout=3")
+    assert location.failover_timeout == 0 and location.options == {"socket_timeout": "3"}
+
+
 def test_cluster_seed_nodes():
     location = parse_redis_url("redis+cluster://n1:7000,n2:7001")
     assert location.kind == "cluster" and location.nodes == (("n1", 7000), ("n2", 7001))
@@ -36,6 +46,7 @@ def test_cluster_seed_nodes():
     ("redis://h/0?wait_replica=1", "unknown option 'wait_replica'"),
     ("redis://h/0?wait_replicas=all", "'auto' or a number"),
     ("redis://h/0?wait_timeout=0", "above 0"),
+    ("redis://h/0?failover_timeout=-1", "failover_timeout must be a number of seconds \\(0 or more\\)"),
     ("rediss://h/0?ssl_ca_certs=/no/such/ca.pem", "does not exist"),
     ("redis://h/0?ssl_ca_certs=/etc/hostname", "need rediss://"),
     ("rediss://h/0?ssl_certfile=/etc/hostname", "together"),

@@ -204,8 +204,10 @@ class RedisSentinelGroup:
         self.directory = Path(directory).resolve()
         self.down_after_ms = down_after_ms
         # a paused replica is dropped by its primary after 3 s (the primary pings every second), so a test can make
-        # writes that reach the primary only: until then they would wait in the paused replica's socket buffer
-        timeouts = ["--repl-timeout", "3", "--repl-ping-replica-period", "1"]
+        # writes that reach the primary only: until then they would wait in the paused replica's socket buffer. A full
+        # sync starts at once (Redis 7 waits 5 s for more replicas by default, and a killed master that comes back
+        # needs one): the old master rejoins in seconds, as a failover test expects
+        timeouts = ["--repl-timeout", "3", "--repl-ping-replica-period", "1", "--repl-diskless-sync-delay", "0"]
         self.servers = [RedisServer(self.directory / name, extra_args=list(timeouts)) for name in ("a", "b")]
         self.sentinels: list[RedisServer] = []
 
