@@ -42,6 +42,8 @@ from urllib.parse import parse_qs, unquote, urlsplit
 import pyarrow as pa  # imported up front: not during the first Arrow load, which the client would wait for
 
 _READ = 1 << 20  # body bytes read at a time into one reused buffer
+#: The releases the server tells the targets (the emulators' defaults): the budgets take their running-transaction limits.
+STARROCKS_RELEASE, DORIS_RELEASE = "3.5.4", "2.1.8"
 #: The bench tables' columns (orders and payments alike) as a Doris FE's `_schema` names them: the events'
 #: fields but `table` (it routes a row), in the types of bench/driver.py's SCHEMA and CH_DDL.
 COLUMNS = (("id", "BIGINT"), ("user_id", "BIGINT"), ("name", "VARCHAR"), ("amount", "DOUBLE"), ("currency", "VARCHAR"),
@@ -164,7 +166,8 @@ class _Handler(socketserver.StreamRequestHandler):
             delimiter = _row_delimiter(request)
             size, rows = self._read_body(request, delimiter)
             status, body = self.server.protocol.answer(request, size, rows)
-            payload = json.dumps(body).encode()
+            # a list is newline-delimited JSON, one line an item (StarRocks' HTTP SQL API answers so)
+            payload = ("".join(json.dumps(item) + "\n" for item in body) if isinstance(body, list) else json.dumps(body)).encode()
             self.wfile.write(
                 b"HTTP/1.1 %d %s\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s"
                 % (status, b"OK" if status == 200 else b"ERROR", len(payload), payload)
@@ -245,15 +248,18 @@ class NullProtocol:
     def __init__(self, state: NullState) -> None:
         self.state = state
 
-    def answer(self, request: _Request, size: int, rows: int) -> tuple[int, dict[str, Any]]:
+    def answer(self, request: _Request, size: int, rows: int) -> tuple[int, dict[str, Any] | list[dict[str, Any]]]:
         state, seg = self.state, request.segments
         op = "/".join(seg[:2]) if seg[:2] == ["api", "transaction"] else (seg[-1] if seg else "")
+        release = seg[-1:] == ["sql"] or seg == ["api", "fe_version_info"]  # what the targets read once at start
         with state.lock:
             state.stats.requests += 1
             state.stats.by_op[op] = state.stats.by_op.get(op, 0) + 1
-            if size:
+            if size and not release:
                 state.stats.body_bytes += size
                 state.stats.rows += rows
+        if release:
+            return 200, self._release(seg)
         if seg[:1] == ["bench"]:
             if seg[1:] == ["reset"]:
                 state.reset()
@@ -281,6 +287,18 @@ class NullProtocol:
                 state.finish(txn, "ABORTED")
             return 200, {"Status": "OK", "status": "OK"}
         return 404, {"Status": "FAILED", "Message": f"null server: no such endpoint {'/'.join(seg)}"}
+
+    @staticmethod
+    def _release(seg: list[str]) -> dict[str, Any] | list[dict[str, Any]]:
+        """The release the server plays, as each FE tells it (docs/protocol.md, versions): a StarRocks and a Doris of
+        the emulators' default releases, whose running-transaction limits the budgets then take."""
+        if seg[-1] == "sql":  # StarRocks' HTTP SQL API: newline-delimited JSON (`_send` writes a list one per line)
+            return [{"connectionId": 1}, {"meta": [{"name": "current_version()", "type": "varchar"}]},
+                    {"data": [f"{STARROCKS_RELEASE} null"]}]
+        major, minor, patch = DORIS_RELEASE.split(".")
+        return {"msg": "success", "code": 0, "count": 0, "data": {"feVersionInfo": {
+            "dorisBuildVersionMajor": int(major), "dorisBuildVersionMinor": int(minor),
+            "dorisBuildVersionPatch": int(patch), "dorisBuildVersion": f"doris-{DORIS_RELEASE}"}}}
 
     # -- StarRocks ---------------------------------------------------------------------------------
 
