@@ -135,7 +135,12 @@ def _sink(target: MemoryTarget, store: Any, job: str) -> ExactlyOnceSink:
     return ExactlyOnceSink(target, store, job, table=TABLE, runner=InMemoryRunner(), heartbeat_seconds=None)
 
 
-@pytest.mark.parametrize("event", sorted(EVENTS))
+#: in CI: the commit point and the middle of the commits; the other events' rides run in the extended suite
+CI_EVENTS = ("after-prepared-record", "between-commits")
+
+
+@pytest.mark.parametrize("event", [event if event in CI_EVENTS else pytest.param(event, marks=pytest.mark.extended)
+                                   for event in sorted(EVENTS)])
 def test_the_job_rides_a_failover_at_each_protocol_event(redis_sentinels, event):
     job = f"ride-{event}"
     store = open_store(f"{redis_sentinels.url}?{RIDE}")

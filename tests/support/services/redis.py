@@ -262,9 +262,13 @@ class RedisSentinelGroup:
         return self.master()
 
     def rejoin(self, old: RedisServer, timeout: float = 60) -> None:
-        """Start a killed server again and wait until the Sentinels made it a replica of the new master, in sync."""
+        """Start a killed server again as a replica of the new master and wait until it is in sync. It is told so at
+        once, as the Sentinels would tell it on their next look (their check comes every few seconds, and a loaded
+        machine made it take over two minutes)."""
         old.start()
         master = self.master()
+        with old.client() as client:
+            client.execute_command("REPLICAOF", HOST, str(master.port))
         wait_until(lambda: self._role(old) == "slave" and self.in_sync(master), timeout=timeout,
                    what="the old master to rejoin as a replica")
 
