@@ -174,7 +174,10 @@ def run_query(stream: Callable[[], None], spec: JobSpec, sink: ExactlyOnceSink) 
                 raise
             _add_columns(sink.target, *wanted, added)
         except Exception as error:  # a transient fault: the query starts again from its checkpoint, bounded
-            if transient_cause(error) is None:
+            cause = transient_cause(error)
+            # a server that refused the job before any batch finished is a wrong address more often than a blip:
+            # said at once, in the error's own words, rather than after a series of restarts
+            if cause is None or (sink.last_report is None and not cause.reached_server):
                 raise
             restarts.pause(error, sink.last_report.batch_id if sink.last_report else None)
 

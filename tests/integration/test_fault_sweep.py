@@ -272,7 +272,7 @@ CLICKHOUSE_KINDS = {
     "begin: staging DDL": r"CREATE TABLE `\w+`\.`ss_\w+` AS",
     "load: insert into staging": r"INSERT INTO \S*`ss_\w+`",
     "prepare: row count": r"SELECT count\(\) FROM `\w+`\.`ss_",
-    "commit: staging exists": r"EXISTS TABLE",
+    "commit: staging exists": r"SELECT engine FROM system\.tables",  # its engine, read as its existence check
     "commit: ledger read": r"SELECT DISTINCT state",
     "commit: staging partitions": r"FROM system\.parts",
     "commit: ledger write": r"INSERT INTO `\w+`\.`_streaming_sink_ledger`",
