@@ -21,6 +21,7 @@ from streaming_sink.routing import Router
 from streaming_sink.sink import ExactlyOnceSink
 from streaming_sink.state import BatchRecord, FileStateStore, MemoryStateStore
 from streaming_sink.targets.base import CommitOutcome, TargetError
+from streaming_sink.targets.clickhouse.ledger import MOVING
 from streaming_sink.writer import ContentChecksum, PartitionWriter, WriteContext
 from tests.support.pipeline import create_tables, open_target, table_rows
 
@@ -101,7 +102,9 @@ def test_commit_interrupted_between_move_and_drop_resumes(env):
     record = write_batch(target, store, epoch, router, 1)
     first = record.committables[0]
     client = target.client()
-    for partition_id in sorted(target.connection.partition_sizes(first.label))[:1]:  # move one partition only, as a crash would leave it
+    sizes = target.connection.partition_sizes(first.label)
+    for partition_id in sorted(sizes)[:1]:  # one partition journaled and moved, as a crash after its move leaves it
+        target.ledger.write_partition(first, MOVING, partition_id, sizes[partition_id][0])
         client.command(f"ALTER TABLE {DB}.`{first.label}` MOVE PARTITION ID '{partition_id}' TO TABLE {DB}.{first.table}")
     assert target.commit(first) is CommitOutcome.COMMITTED
     assert len(table_rows(target, first.table)) == first.rows
