@@ -32,6 +32,7 @@ def _fail_over(sentinels: RedisSentinelGroup) -> None:
     sentinels.rejoin(old)
 
 
+@pytest.mark.extended  # heavy (Kafka, Spark, a failover): its sibling in CI is test_redis_ride_through.py
 def test_the_driver_rides_a_failover_without_a_restart(sentinels, tmp_path, kafka_broker):
     """Issue 38 item 7, through the packaged job: the master is killed while the job runs; the same driver follows the
     Sentinels to the promoted replica, waits (its writes wait for a replica) until the old master is back as that

@@ -172,6 +172,7 @@ def _read(front: ClickHouseFront) -> Callable[[str, str], list[tuple[Any, ...]]]
     return read
 
 
+@pytest.mark.extended  # heavy (Kafka, Spark, two job runs): its siblings in CI are this file's in-process tests
 def test_the_packaged_job_stops_in_one_line_on_a_fault_that_persists_and_rides_one_that_passes(
         tmp_path, kafka_broker, front):
     """The ledger's `committed` rows cut, more often than a commit repeats itself, so the batch's commit fails and the
