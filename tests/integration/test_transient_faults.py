@@ -25,11 +25,10 @@ import pytest
 from streaming_sink import retry
 from streaming_sink.metrics import BatchMetrics
 from streaming_sink.records import BatchState
-from streaming_sink.routing import Router
 from streaming_sink.sink import REWRITES, ExactlyOnceSink
 from streaming_sink.state import MemoryStateStore
 from streaming_sink.targets.clickhouse import ClickHouseTarget
-from streaming_sink.writer import PartitionResult, PartitionWriter, WriteContext
+from tests.integration.test_protocol_findings import InMemoryRunner
 from tests.support.doubles.clickhouse_front import ClickHouseFront
 from tests.support.jobs import ConfigJob
 
@@ -39,20 +38,6 @@ DB, TABLE, JOB, QUERY = "riding", "orders", "riding-job", "5e4d3c2b-1a09-4f8e-9d
 ROWS = 6
 CREATE_STAGING = rf"^CREATE TABLE `{DB}`\.`ss_\w+` AS"
 JOB_DB = "default"  # the packaged job's (tests/support/jobs.py)
-
-
-class Runner:
-    """One real PartitionWriter per partition, one attempt each: a failed writer fails the pass (Spark's local mode)."""
-
-    def __init__(self) -> None:
-        self.attempts = 0
-
-    def run(self, data: Any, target: Any, router: Router, context: WriteContext, store: Any) -> list[PartitionResult]:
-        results = []
-        for partition, batches in enumerate(data):
-            self.attempts += 1
-            results.append(PartitionWriter(context, target, router, store, partition, self.attempts).add_all(batches))
-        return results
 
 
 def source() -> list[list[pa.RecordBatch]]:
@@ -73,7 +58,7 @@ def front(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[ClickHous
 def _sink(front: ClickHouseFront) -> tuple[ExactlyOnceSink, BatchMetrics]:
     target = ClickHouseTarget(front.url, database=DB, backoff_s=0.01, backoff_max_s=0.05)
     metrics = BatchMetrics(JOB)
-    sink = ExactlyOnceSink(target, MemoryStateStore(), JOB, table=TABLE, runner=Runner(), heartbeat_seconds=None,
+    sink = ExactlyOnceSink(target, MemoryStateStore(), JOB, table=TABLE, runner=InMemoryRunner(), heartbeat_seconds=None,
                            listeners=[metrics])
     sink.start()  # the start-up checks before any fault is armed: the faults are the batch's
     return sink, metrics
