@@ -30,6 +30,7 @@ def cli(pipeline: LocalPipeline, *args: str, timeout: float = 300) -> subprocess
                           cwd=REPO, env=pipeline._env(None), timeout=timeout)
 
 
+@pytest.mark.extended  # CI: replanned batches in process (test_checkpoint_findings.py) and restore-offsets in the simulation
 def test_a_deleted_last_offset_file_stops_the_job_until_restore_offsets_gives_the_range_back(tmp_path, kafka_broker):
     pipeline = LocalPipeline(tmp_path, kafka_broker, f"file://{tmp_path / 'state'}", messages_per_partition=110)
     pipeline.produce()

@@ -162,6 +162,7 @@ def test_300_tables_by_4_writers_into_starrocks_commit_in_waves_through_driver_k
                                                                   backoff_max_s=0.0), 3, monkeypatch)
 
 
+@pytest.mark.extended  # CI: the StarRocks run above, and Doris' own waves in test_transaction_limits.py
 def test_300_tables_by_4_writers_into_doris_2_1_commit_in_waves_through_driver_kills(
         doris: DorisEmulator, monkeypatch: pytest.MonkeyPatch) -> None:
     """1,200 transactions against a Doris FE at 100 running that does not tell its release (the least default):

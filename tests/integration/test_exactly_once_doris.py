@@ -138,6 +138,7 @@ def test_a_lost_table_transaction_of_a_partition_is_replayed_without_duplicating
 # -- fault knobs ----------------------------------------------------------------------------------------
 
 
+@pytest.mark.extended  # CI: every Doris request under every fault (test_fault_sweep.py) and the commit side below
 def test_load_side_faults_and_a_be_restart_are_survived_exactly(tmp_path, kafka_broker, target, emulator, request):
     faults = emulator.faults
     faults.http_5xx.arm(times=3, op="stream_load", role="be")

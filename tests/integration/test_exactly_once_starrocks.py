@@ -133,6 +133,7 @@ def test_prepared_transactions_that_expire_while_the_driver_is_down_are_replayed
     assert any("replayed" in event for event in record.events), record.events
 
 
+@pytest.mark.extended  # CI: the simulation's expired batches that cannot be replayed (ReplayImpossibleError judged)
 def test_expired_batch_that_the_source_will_not_replay_fails_loudly(tmp_path, kafka_broker, redis_server, target, emulator):
     """A new checkpoint means Spark never re-runs the PREPARED batch, whose data expired: stop, name the runbook."""
     scenario = target.pipeline(tmp_path, kafka_broker, redis_server.url, options={"prepared_timeout": 300})
@@ -155,6 +156,7 @@ def test_expired_batch_that_the_source_will_not_replay_fails_loudly(tmp_path, ka
     assert target.open_labels() == []
 
 
+@pytest.mark.extended  # CI: wiped stores in test_checkpoint_findings_e2e.py and the simulation's store wipes
 def test_a_state_store_wiped_mid_commit_stops_the_job_loudly_and_loads_nothing_twice(
     tmp_path, kafka_broker, redis_server, target
 ):

@@ -200,6 +200,7 @@ def doris(tmp_path: Path) -> Iterator[Server]:
             emu.fe_url, "db", "root", "", backoff_s=0.01, request_timeout_s=READ_TIMEOUT_S))
 
 
+@pytest.mark.extended  # CI: StarRocks' commit and data-phase faults in test_exactly_once_starrocks.py, its aborts below
 def test_every_starrocks_request_under_every_fault(tmp_path: Path) -> None:
     kinds = ["get_load_state", "schema", "begin", "load", "prepare", "commit"]
     sweep(kinds, lambda: starrocks(tmp_path / f"cell{next(CELLS)}"), tmp_path, "StarRocks")

@@ -74,6 +74,7 @@ def test_status_and_recover_finish_a_prepared_batch_before_the_job_returns(pipel
     pipeline.verify()
 
 
+@pytest.mark.extended  # CI: abort refused beside a live driver and acting once it is killed (test_operator_beside_driver.py)
 def test_abort_refuses_a_prepared_batch_and_cleans_a_begun_one(pipeline):
     assert pipeline.run_driver(crash_at="after-writers-prepared@2", run=0) == -signal.SIGKILL
     _, intents, _ = pipeline.batch_state(2)

@@ -9,6 +9,7 @@ stopped the job with StateStoreUnreachableError (connection refused by the dead 
 """
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -75,6 +76,19 @@ class Failover:
         self._thread = threading.Thread(target=run, daemon=True)
         self._thread.start()
 
+    @contextlib.contextmanager
+    def blamed(self) -> Iterator[None]:
+        """A failure of the job while the failover ran is reported as the failover's own failure when it had one (a
+        failover that never ended is what the job's error then only reflects)."""
+        try:
+            yield
+        except BaseException as job_error:
+            if self._thread is not None:
+                self._thread.join(timeout=180)
+            if self.error is not None:
+                raise self.error from job_error
+            raise
+
     def join(self) -> None:
         assert self._thread is not None, "no failover happened: the event was never reached"
         self._thread.join(timeout=180)
@@ -135,8 +149,9 @@ def _sink(target: MemoryTarget, store: Any, job: str) -> ExactlyOnceSink:
     return ExactlyOnceSink(target, store, job, table=TABLE, runner=InMemoryRunner(), heartbeat_seconds=None)
 
 
-#: in CI: the commit point and the middle of the commits; the other events' rides run in the extended suite
-CI_EVENTS = ("after-prepared-record", "between-commits")
+#: in CI: the middle of the commits (the commit point is ridden in CI by the lost-write test below); the other events'
+#: rides run in the extended suite
+CI_EVENTS = ("between-commits",)
 
 
 @pytest.mark.parametrize("event", [event if event in CI_EVENTS else pytest.param(event, marks=pytest.mark.extended)
@@ -150,8 +165,9 @@ def test_the_job_rides_a_failover_at_each_protocol_event(redis_sentinels, event)
     target = MemoryTarget()
     sink = _sink(target, FailingOverAt(store, method, when, failover), job)
     first_master = redis_sentinels.master_port()
-    for batch_id in range(3):
-        sink.process(source(batch_id), batch_id, QUERY)  # no restart: the same sink, batch after batch
+    with failover.blamed():
+        for batch_id in range(3):
+            sink.process(source(batch_id), batch_id, QUERY)  # no restart: the same sink, batch after batch
     failover.join()
     assert redis_sentinels.master_port() != first_master, "the master never changed: the test proved nothing"
     assert sorted(row["id"] for row in target.rows(TABLE)) == source_ids(0, 1, 2)
@@ -184,8 +200,9 @@ def test_a_prepared_record_only_the_dead_master_had_is_written_again_before_anyt
 
     target = MemoryTarget()
     sink = _sink(target, CutOffBeforeThePreparedRecord(), job)
-    for batch_id in range(3):
-        sink.process(source(batch_id), batch_id, QUERY)
+    with failover.blamed():
+        for batch_id in range(3):
+            sink.process(source(batch_id), batch_id, QUERY)
     failover.join()
     assert lacked == [True], "the promoted replica had the record: the write was not lost, the test proved nothing"
     assert sorted(row["id"] for row in target.rows(TABLE)) == source_ids(0, 1, 2)
@@ -242,9 +259,9 @@ def test_a_store_never_reached_fails_at_once():
 
 def test_the_bound_is_the_sentinels_own_failover_time_and_doctor_says_it(redis_sentinels):
     """Without `failover_timeout` the store asks the Sentinels: down-after-milliseconds plus failover-timeout of the
-    master (1 s + 10 s in RedisSentinelGroup), the longest a failover they run should take."""
+    master (3 s + 10 s in RedisSentinelGroup), the longest a failover they run should take."""
     found = open_store(redis_sentinels.url).durability().found
-    assert "rides a failover for up to 11 s" in found, found
+    assert "rides a failover for up to 13 s" in found, found
     assert "rides a failover for up to 120 s" in open_store(f"{redis_sentinels.url}?{RIDE}").durability().found
 
 

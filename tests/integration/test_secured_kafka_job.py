@@ -40,6 +40,7 @@ def doctor_kafka_verdict(config: Path, broker, password: str) -> dict:
     return {c["name"]: c for c in json.loads(proc.stdout)}["kafka"]
 
 
+@pytest.mark.extended  # CI: the secured broker itself (tests/infra/test_secured_kafka.py) and the options (unit tests)
 def test_the_job_reads_a_sasl_ssl_listener_and_a_wrong_password_moves_nothing(tmp_path, secured_kafka_broker):
     broker = secured_kafka_broker
     topic = f"secured-{tmp_path.name}"

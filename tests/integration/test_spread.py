@@ -218,6 +218,7 @@ def test_without_a_plan_or_with_one_unspread_wave_the_writers_get_the_batch_unto
     assert {row["__table"] for row in second.collect()} == {"t01", "t02"}
 
 
+@pytest.mark.extended  # CI: spread batches in local Spark (above) and writers in a standalone cluster's tasks (test_spark_cluster.py)
 def test_spread_writers_in_tasks_on_two_executors_of_a_standalone_cluster_end_exact(
     starrocks_emulator, redis_server, tmp_path
 ) -> None:

@@ -28,6 +28,9 @@ ACCOUNTS = [("id", "BIGINT NOT NULL"), ("balance", "DECIMAL(12,2)"), ("big", "LA
 DEAD_COLUMNS = [("raw_value", "STRING"), ("topic", "VARCHAR(256)"), ("partition", "INT"), ("offset", "BIGINT"),
                 ("kafka_timestamp", "DATETIME"), ("reason", "VARCHAR(1024)")]
 KEYED = {"starrocks": "PRIMARY_KEYS", "doris": "UNIQUE_KEYS"}
+#: CI runs each job into StarRocks; into Doris (the same frame and writers, its own load format: test_doris_target.py)
+#: in the extended suite
+PRODUCTS = ["starrocks", pytest.param("doris", marks=pytest.mark.extended)]
 BIGINT_MAX, LARGEINT_38 = 2**63 - 1, 10**38 - 1  # LARGEINT as far as Spark's DECIMAL(38,0) carries it
 MESSAGES, BAD_EVERY = 40, 7  # per partition of `measures`; every 7th a value its column cannot hold
 START = dt.datetime(2026, 1, 2, 3, 4, 5)
@@ -123,6 +126,7 @@ def _normal(row: tuple) -> tuple:
     return tuple(f"{value + 0:.2f}" if isinstance(value, Decimal) else value for value in row)  # + 0: -0.00 is 0.00
 
 
+@pytest.mark.extended  # CI: a JSON whole database through a kill (test_whole_database.py), changes into StarRocks below
 @pytest.mark.parametrize("product", ["starrocks", "doris"])
 def test_json_into_derived_tables_with_wide_values_through_a_kill(tmp_path, kafka_broker, product):
     prefix = f"wdo{tmp_path.name[-6:].replace('_', '')}"
@@ -201,7 +205,7 @@ def _produce_with_tombstones(broker: Any, topic: str, partition: int, values: li
         run = []
 
 
-@pytest.mark.parametrize("product", ["starrocks", "doris"])
+@pytest.mark.parametrize("product", PRODUCTS)
 def test_change_events_into_derived_keyed_tables_through_a_kill(tmp_path, kafka_broker, product):
     prefix = f"wdc{tmp_path.name[-6:].replace('_', '')}"
     emulator = _emulator(product, tmp_path)
