@@ -209,9 +209,11 @@ class PartitionWriter:
         for table, transaction in self._transactions.items():
             try:
                 transaction.abort()
-            except Exception as error:  # not fatal: the driver's sweep aborts it from the recorded intent
-                log.warning("abort of the %s transaction of partition %s failed (%s); the sweep will retry it",
-                            table, self._partition, error)
+            except Exception as error:  # not fatal: the targets send their abort again on a lost answer already
+                # while the batch is open, the driver's sweep aborts it from its intent; a late attempt's, shut out of
+                # a closed batch, ends at the server's transaction timeout (or `recover`, where the server lists it)
+                log.warning("abort of the %s transaction of partition %s failed (%s); it is left to the driver's "
+                            "sweep, or to the server's timeout if its batch is closed", table, self._partition, error)
 
     def _flush(self, table: str) -> None:
         batches = self._buffers.pop(table, [])

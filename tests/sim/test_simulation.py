@@ -94,6 +94,15 @@ def test_a_speculative_twin_killed_between_its_late_begin_and_its_first_load() -
     assert not outcome.violations, outcome.describe()
 
 
+def test_a_late_twins_abort_whose_answer_is_lost_is_sent_again() -> None:
+    """Found while looking for N8's schedules (seed 18 of this config): a speculative twin shut out of a committed batch
+    aborted its transaction once, the answer was lost, and the simulated client gave up where the real targets send
+    their idempotent rollback again; the checker reported the transaction left PREPARED (I3). The simulated target now
+    sends it again too."""
+    outcome = run_schedule(18, Config(commit_parallelism=1, label_memory=2, fault_kinds=("timeout-before",), faults=4))
+    assert not outcome.violations, outcome.describe()
+
+
 # Review F4: a label that answered LOST in the commit phase that first sent it provably never committed. Before
 # d163fce nothing recorded that, so when the replay that followed was cut short (448: the replaying driver fenced by a
 # new one; 644: killed) the next phase read the label as sent before and stopped with ReplayAmbiguousError: a stop
