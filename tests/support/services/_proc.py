@@ -11,6 +11,7 @@ import os
 import shutil
 import signal
 import subprocess
+import threading
 import time
 import weakref
 from collections.abc import Callable, Sequence
@@ -96,10 +97,13 @@ def spawn(
 ) -> subprocess.Popen[bytes]:
     """Start ``argv`` with stdout+stderr appended to ``log_path``.
 
-    With ``die_with_parent`` the child is killed when the *thread* that started it exits, so
-    start long-lived services from the main thread (as pytest fixtures and scripts do).
+    With ``die_with_parent`` the child is killed when the process that started it dies. The kernel
+    ties that signal to the starting *thread*, so a child started from any other thread (a failover
+    test restarting a killed server in the background) is not tied to it: it would die when that
+    thread ends. ProcessGuard still stops it with its owner or at the interpreter's exit.
     """
-    prefix = _pdeathsig_prefix() if die_with_parent else []
+    tied = die_with_parent and threading.current_thread() is threading.main_thread()
+    prefix = _pdeathsig_prefix() if tied else []
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with open(log_path, "ab") as log:
         return subprocess.Popen(

@@ -200,10 +200,7 @@ class RedisSentinelGroup:
 
     MASTER = "journal"
 
-    def __init__(self, directory: str | os.PathLike[str], down_after_ms: int = 3000) -> None:
-        """`down_after_ms`: short, so a staged failover takes seconds, yet not so short that a master a loaded CI
-        machine kept from answering for a second is failed over too (a failover nobody staged, whose old master no
-        test rejoins: journal writes then wait for a replica that never comes)."""
+    def __init__(self, directory: str | os.PathLike[str], down_after_ms: int = 1000) -> None:
         self.directory = Path(directory).resolve()
         self.down_after_ms = down_after_ms
         # a paused replica is dropped by its primary after 3 s (the primary pings every second), so a test can make
