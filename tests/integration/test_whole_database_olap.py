@@ -28,8 +28,8 @@ ACCOUNTS = [("id", "BIGINT NOT NULL"), ("balance", "DECIMAL(12,2)"), ("big", "LA
 DEAD_COLUMNS = [("raw_value", "STRING"), ("topic", "VARCHAR(256)"), ("partition", "INT"), ("offset", "BIGINT"),
                 ("kafka_timestamp", "DATETIME"), ("reason", "VARCHAR(1024)")]
 KEYED = {"starrocks": "PRIMARY_KEYS", "doris": "UNIQUE_KEYS"}
-#: CI runs each job into StarRocks; into Doris (the same frame and writers, its own load format: test_doris_target.py)
-#: in the extended suite
+#: CI runs the change-events job into StarRocks; into Doris (the same frame and writers, its own load format:
+#: test_doris_target.py) in the extended suite
 PRODUCTS = ["starrocks", pytest.param("doris", marks=pytest.mark.extended)]
 BIGINT_MAX, LARGEINT_38 = 2**63 - 1, 10**38 - 1  # LARGEINT as far as Spark's DECIMAL(38,0) carries it
 MESSAGES, BAD_EVERY = 40, 7  # per partition of `measures`; every 7th a value its column cannot hold
