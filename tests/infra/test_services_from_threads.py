@@ -24,8 +24,9 @@ def test_a_server_started_again_from_a_thread_outlives_the_thread(tmp_path: Path
         thread = threading.Thread(target=server.start)
         thread.start()
         thread.join()
-        assert thread.native_id is not None
-        wait_until(lambda: _thread_gone(thread.native_id), timeout=10, what="the starting thread to be gone")
+        native_id = thread.native_id
+        assert native_id is not None
+        wait_until(lambda: _thread_gone(native_id), timeout=10, what="the starting thread to be gone")
         with server.client() as client:
             assert client.ping()
         assert server.running
