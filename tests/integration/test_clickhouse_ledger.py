@@ -12,14 +12,13 @@ import pytest
 from streaming_sink.committable import TxnRef
 from streaming_sink.labels import label_prefix, make_label
 from streaming_sink.records import BatchState
-from streaming_sink.routing import Router
 from streaming_sink.sink import ExactlyOnceSink
 from streaming_sink.state import MemoryStateStore
 from streaming_sink.targets.base import CommitOutcome
 from streaming_sink.targets.clickhouse import LEDGER_TABLE, ClickHouseTarget
 from streaming_sink.targets.clickhouse import ledger as ledger_module
 from streaming_sink.targets.clickhouse.staging import MANY_INSERTS
-from streaming_sink.writer import PartitionResult, PartitionWriter, WriteContext
+from tests.integration.test_protocol_findings import InMemoryRunner
 
 DB, TABLE, JOB, QUERY = "analytics", "orders", "ledger-job", "0f1e2d3c-4b5a-6978-8796-a5b4c3d2e1f0"
 PARTITIONS, ROWS = 2, 5
@@ -28,20 +27,6 @@ HORIZON, EVERY, RETAIN, BATCHES = 6, 2, 3, 40
 
 class Crash(BaseException):
     """kill -9 of the driver, as seen by the code that was running."""
-
-
-class Runner:
-    """One real PartitionWriter per partition, task attempt ids unique per run as Spark's are."""
-
-    def __init__(self) -> None:
-        self.attempts = 0
-
-    def run(self, data: Any, target: Any, router: Router, context: WriteContext, store: Any) -> list[PartitionResult]:
-        results = []
-        for partition, batches in enumerate(data):
-            self.attempts += 1
-            results.append(PartitionWriter(context, target, router, store, partition, self.attempts).add_all(batches))
-        return results
 
 
 def source(batch_id: int) -> list[list[pa.RecordBatch]]:
@@ -71,7 +56,7 @@ def target(clickhouse_url: str, monkeypatch: pytest.MonkeyPatch) -> Any:
 @pytest.mark.slow
 def test_the_ledger_stays_bounded_and_answers_for_every_batch_the_journal_keeps(target):
     store = MemoryStateStore()
-    sink = ExactlyOnceSink(target, store, JOB, table=TABLE, runner=Runner(), retain_batches=RETAIN, heartbeat_seconds=None)
+    sink = ExactlyOnceSink(target, store, JOB, table=TABLE, runner=InMemoryRunner(), retain_batches=RETAIN, heartbeat_seconds=None)
     for batch_id in range(BATCHES):
         sink.process(source(batch_id), batch_id, QUERY)
         rows = ledger_rows(target)
@@ -94,7 +79,7 @@ def test_the_ledger_stays_bounded_and_answers_for_every_batch_the_journal_keeps(
 @pytest.mark.slow
 def test_a_batch_prepared_after_many_horizons_is_recovered_exactly(target, monkeypatch):
     store = MemoryStateStore()
-    sink = ExactlyOnceSink(target, store, JOB, table=TABLE, runner=Runner(), retain_batches=RETAIN, heartbeat_seconds=None)
+    sink = ExactlyOnceSink(target, store, JOB, table=TABLE, runner=InMemoryRunner(), retain_batches=RETAIN, heartbeat_seconds=None)
     for batch_id in range(BATCHES - 1):
         sink.process(source(batch_id), batch_id, QUERY)
     commit = ClickHouseTarget.commit
@@ -112,7 +97,7 @@ def test_a_batch_prepared_after_many_horizons_is_recovered_exactly(target, monke
     assert store.get_batch(JOB, QUERY, BATCHES - 1).state is BatchState.PREPARED
 
     again = ClickHouseTarget(target.url, database=DB)  # a new driver: its process has forgotten nothing yet
-    restarted = ExactlyOnceSink(again, store, JOB, table=TABLE, runner=Runner(), retain_batches=RETAIN, heartbeat_seconds=None)
+    restarted = ExactlyOnceSink(again, store, JOB, table=TABLE, runner=InMemoryRunner(), retain_batches=RETAIN, heartbeat_seconds=None)
     restarted.process(source(BATCHES - 1), BATCHES - 1, QUERY)
     ids = sorted(r[0] for r in again.client().query(f"SELECT id FROM {DB}.{TABLE}").result_rows)
     assert ids == sorted(int(i) for b in range(BATCHES) for part in source(b) for i in part[0].column("id").to_pylist())
