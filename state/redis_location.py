@@ -16,7 +16,7 @@ Options in the query string (`?name=value&…`):
 * `wait_timeout` — seconds to wait for them (default 5); a write not replicated in time is a failed write;
 * `failover_timeout` — seconds a call that failed the way a failover fails (connection lost or refused, no master,
   too few replicas) is tried again before it fails (default: with Sentinel, the Sentinels' own down-after-milliseconds
-  plus failover-timeout for the master; else 0, fail at once);
+  plus twice the failover-timeout for the master; else 0, fail at once);
 * TLS (`rediss://`): `ssl_ca_certs` (CA file), `ssl_certfile` + `ssl_keyfile` (client certificate),
   `ssl_cert_reqs` (`required`, the default, `optional`, `none`), `ssl_check_hostname` (`true`/`false`);
 * `socket_timeout`, `socket_connect_timeout` (seconds), `password`.

@@ -12,6 +12,7 @@ import os
 import shutil
 import signal
 import subprocess
+import time
 from pathlib import Path
 from urllib.parse import quote
 
@@ -269,8 +270,15 @@ class RedisSentinelGroup:
         master = self.master()
         with old.client() as client:
             client.execute_command("REPLICAOF", HOST, str(master.port))
-        wait_until(lambda: self._role(old) == "slave" and self.in_sync(master), timeout=timeout,
-                   what="the old master to rejoin as a replica")
+        deadline = time.monotonic() + timeout
+        try:
+            wait_until(lambda: self._role(old) == "slave", timeout=timeout,
+                       what="the old master to rejoin as a replica")
+            self.wait_in_sync(master, timeout=max(1.0, deadline - time.monotonic()))
+        except ServiceError as error:
+            logs = "".join(f"\n--- last lines of {server.log_path} ---\n{log_tail(server.log_path, 15)}"
+                           for server in (old, master))
+            raise ServiceError(f"{error}{logs}") from error
 
     def detach_replica(self) -> RedisServer:
         """Pause the replica and wait until the master dropped it: from then on, writes reach the master only."""
@@ -287,16 +295,33 @@ class RedisSentinelGroup:
 
     @classmethod
     def wait_in_sync(cls, primary: RedisServer, timeout: float = 30) -> None:
-        wait_until(lambda: cls.in_sync(primary), timeout=timeout, what="a replica in sync with the primary")
+        """Wait until a replica is online and has acknowledged every byte `primary` had written once it was online.
+
+        Equal offsets are not the test: the Sentinels' hellos and the primary's pings move the primary's offset every
+        second and a replica acknowledges once a second, so a writing job or an unlucky phase kept them apart for the
+        two minutes a failover test waited."""
+        deadline = time.monotonic() + timeout
+        written = wait_until(lambda: cls._replica_online(primary), timeout=timeout,
+                             what="a replica online at the primary")
+        wait_until(lambda: cls._acknowledged(primary) >= written[0], timeout=max(1.0, deadline - time.monotonic()),
+                   what="a replica in sync with the primary")
 
     @staticmethod
-    def in_sync(primary: RedisServer) -> bool:
-        """One replica connected to `primary`, with every byte the primary wrote."""
+    def _replica_online(primary: RedisServer) -> tuple[int] | None:
+        """The primary's offset, once a replica is online at it (a tuple: offset 0 is an answer too)."""
         with primary.client() as client:
             info = client.info("replication")
         replica = info.get("slave0")
-        return isinstance(replica, dict) and replica.get("state") == "online" and int(
-            replica.get("offset", -1)) == int(info["master_repl_offset"])
+        online = isinstance(replica, dict) and replica.get("state") == "online"
+        return (int(info["master_repl_offset"]),) if online else None
+
+    @staticmethod
+    def _acknowledged(primary: RedisServer) -> int:
+        """The offset the primary's replica last acknowledged; -1 while none is online."""
+        with primary.client() as client:
+            replica = client.info("replication").get("slave0")
+        online = isinstance(replica, dict) and replica.get("state") == "online"
+        return int(replica.get("offset", -1)) if online else -1
 
     @staticmethod
     def _role(server: RedisServer) -> str:
@@ -331,11 +356,13 @@ class _Sentinel(RedisServer):
     def _argv(self) -> list[str]:
         config = self.directory / "sentinel.conf"
         if not config.exists():
+            # a Sentinel does not fail the same master over again within twice the failover timeout: with 10 s, a
+            # test's second failover waited 20 s for the first one's
             config.write_text(
                 f"port {self.port}\nbind {HOST}\ndir {self.directory}\nprotected-mode no\n"
                 f"sentinel monitor {self.master} {HOST} {self.master_port} 2\n"
                 f"sentinel down-after-milliseconds {self.master} {self.down_after_ms}\n"
-                f"sentinel failover-timeout {self.master} 10000\n"
+                f"sentinel failover-timeout {self.master} 3000\n"
             )
         return [redis_server_executable(), str(config), "--sentinel"]
 
