@@ -54,9 +54,18 @@ class BatchLog:
         """Why the driver stopped on this batch for an operator: {"error", "section", "message", "at"} (F6)."""
         self._write(replace(self._record, stop=stop))
 
-    def mark_sent(self, labels: list[str]) -> None:
-        """Commits are about to be sent for these labels: a later LOST answer for one of them is ambiguous (R1, I8)."""
-        self._write(replace(self._record, sent=[*self._record.sent, *labels]))
+    def mark_sent(self, labels: list[str], again: Collection[str] = ()) -> None:
+        """Commits are about to be sent for these labels: a later LOST answer for one of them is ambiguous (R1, I8).
+        `again`: labels of `not_sent` whose commit is about to be sent after all (N8)."""
+        record = self._record
+        self._write(replace(record, sent=[*record.sent, *labels],
+                            not_sent=[label for label in record.not_sent if label not in again]))
+
+    def mark_not_sent(self, labels: list[str], event: str) -> None:
+        """A failed commit phase never sent these labels' commits, though `sent` lists them (N8)."""
+        record = self._record
+        added = [label for label in labels if label not in record.not_sent]
+        self._write(replace(record, not_sent=[*record.not_sent, *added], events=[*record.events, event]))
 
     def mark_never_committed(self, labels: list[str], event: str | None = None) -> None:
         """These labels provably never committed (LOST on the commit that first reached the server, F4, or an

@@ -9,8 +9,9 @@ Rules (docs/design.md):
   by the sink while Spark re-runs that very batch; anywhere else it is a loud failure with the runbook step;
 * a LOST committable whose commit may have been sent (its label is in the record's `sent`) is never
   replayed: the server may have committed it and forgotten the label since (I8), so the job stops;
-  unless it answered LOST in the very phase that first sent it (`never_committed`): a commit of a
-  label the server does not know commits nothing, so it provably never committed;
+  unless it is proved never committed (`never_committed`: it answered LOST in the phase that first sent
+  it, as a commit of a label the server does not know commits nothing), or the phase that listed it
+  failed before sending it (`not_sent`: the next phase sends it as if first listed);
 * a fenced driver acts on nothing: the epoch is checked before every commit and abort (I5), and an
   abort never touches a transaction of a newer epoch.
 """
@@ -120,14 +121,11 @@ class Committer:
         self.check_target(record.live_committables(), record.query_id, record.batch_id)  # before `sent` is written
         done = self.store.done_labels(self.job_id, record.query_id, record.batch_id)
         pending = [c for c in record.live_committables() if c.label not in done]
-        already_sent = set(record.sent)
+        already_sent, dead, not_sent = set(record.sent), set(record.never_committed), set(record.not_sent)
         # sent by an earlier phase and not proved uncommitted since: a LOST answer for these is ambiguous
-        sent_before = already_sent - set(record.never_committed)
+        sent_before = already_sent - dead - not_sent
         unsent = [c.label for c in pending if c.label not in already_sent]
-        if unsent:
-            batch.mark_sent(unsent)
-        if pending and self.before_send is not None:
-            self.before_send(batch.record)
+        again = [c.label for c in pending if c.label in not_sent]  # listed, never sent: sent now as if first listed
 
         marks = _ProgressMarks(batch)
         stopped = threading.Event()  # set by the first failure: queued commits are not sent any more
@@ -140,16 +138,16 @@ class Committer:
         def commit_unit(parts: list[Committable]) -> list[CommitOutcome | None]:
             if stopped.is_set():
                 return [None] * len(parts)
-            started.update(c.label for c in parts)
             try:
                 self.check_epoch()  # a fenced driver sends no further commit (I5)
+                started.update(c.label for c in parts)  # from here on, a commit may have gone out
                 answers: list[CommitOutcome | None] = list(self._commit(parts))
                 for committable, outcome in zip(parts, answers, strict=True):
                     if outcome is CommitOutcome.COMMITTED:
                         marks.add(committable.label)
                         if on_commit:
                             on_commit()
-                    elif outcome is CommitOutcome.LOST and committable.label not in already_sent:
+                    elif outcome is CommitOutcome.LOST and committable.label not in sent_before:
                         proofs.add(committable.label)
                 return answers
             except BaseException:
@@ -158,16 +156,22 @@ class Committer:
 
         units = self._commit_units(pending)
         try:
+            if unsent or again:
+                batch.mark_sent(unsent, again)
+            if pending and self.before_send is not None:
+                self.before_send(batch.record)
             answers = self._run_commits(commit_unit, units)
         except Exception:
-            self._never_sent(batch, [label for label in unsent if label not in started])
+            self._never_sent(batch, [label for label in [*unsent, *again] if label not in started])
             raise
         answered = {c.label: o for unit, unit_answers in zip(units, answers, strict=True)
                     for c, o in zip(unit, unit_answers, strict=True)}
         outcomes = [answered[c.label] for c in pending]
-        # LOST for a label sent before this phase may be a forgotten commit, and LOST_AFTER_SEND always may be.
+        # LOST for a label sent before this phase may be a forgotten commit, and LOST_AFTER_SEND may be too, unless the
+        # server had forgotten the label before this phase (then no send of it commits anything)
         ambiguous = [c for c, o in zip(pending, outcomes, strict=True)
-                     if o is CommitOutcome.LOST_AFTER_SEND or (o is CommitOutcome.LOST and c.label in sent_before)]
+                     if (o is CommitOutcome.LOST_AFTER_SEND and c.label not in dead)
+                     or (o is CommitOutcome.LOST and c.label in sent_before)]
         if ambiguous:
             raise ReplayAmbiguousError(
                 f"job {self.job_id} batch {record.batch_id} of query {record.query_id}: the target no longer knows "
@@ -186,13 +190,14 @@ class Committer:
         return lost
 
     def _never_sent(self, batch: BatchLog, labels: list[str]) -> None:
-        """A failed phase sent no commit for these labels, first listed in `sent` by it: they provably never committed,
-        so a later phase may replay them if the server forgets them (N8, as F4). Best effort: the failure is what the
-        caller must see, and a label left in `sent` only stops the job for an operator, never loads twice."""
+        """A failed phase sent no commit for these labels, listed in `sent` by it: the next phase sends them as if first
+        listed, so a LOST answer there proves them never committed instead of stopping the job (N8). Best effort: the
+        failure is what the caller must see, and a label left as sent only stops the job for an operator, never loads
+        twice."""
         if not labels:
             return
         try:
-            batch.mark_never_committed(labels, event=f"commit phase stopped before sending {len(labels)} commit(s)")
+            batch.mark_not_sent(labels, event=f"commit phase stopped before sending {len(labels)} commit(s)")
         except Exception as error:
             log.error("job %s batch %s: could not record %d commit(s) never sent (%s)", self.job_id,
                       batch.record.batch_id, len(labels), error)

@@ -66,6 +66,9 @@ class BatchRecord:
     open_attempt: str | None = None  # while PREPARED: the replay pass whose writers may still record intents
     # labels whose commit answered LOST in the very phase that first sent it: provably never committed (F4)
     never_committed: list[str] = field(default_factory=list)
+    # labels listed in `sent` whose commit the phase that listed them never sent, as it failed first (N8): maybe still
+    # prepared, so the next phase sends them as if first listed, and from that send on they count as sent
+    not_sent: list[str] = field(default_factory=list)
     # the source range Spark planned the batch with: the text of the checkpoint's offsets/N (None: unknown)
     source: str | None = None
     # why the driver stopped on this batch for an operator: {"error", "section", "message", "at"} (None: it did not)
@@ -135,6 +138,7 @@ class BatchRecord:
             "sent": self.sent,
             "open_attempt": self.open_attempt,
             "never_committed": self.never_committed,
+            "not_sent": self.not_sent,
             "source": self.source,
             "stop": self.stop,
             "discarded": self.discarded,
@@ -167,6 +171,7 @@ class BatchRecord:
             sent=list(data.get("sent", [])),
             open_attempt=data.get("open_attempt"),
             never_committed=list(data.get("never_committed", [])),
+            not_sent=list(data.get("not_sent", [])),
             source=data.get("source"),
             stop=dict(data["stop"]) if data.get("stop") else None,
             discarded=list(data.get("discarded", [])),

@@ -194,3 +194,10 @@ def record_completeness_unchecked() -> contextlib.AbstractContextManager:
 def rerun_routes_unchecked() -> contextlib.AbstractContextManager:
     """Review N1 undone: a re-run writes a batch's unwritten waves from whatever its frame routes now."""
     return _patched(ExactlyOnceSink, "_check_routed_alike", lambda self, df, record: None)
+
+
+def unsent_commits_left_as_sent() -> contextlib.AbstractContextManager:
+    """N8 undone: a commit phase that failed before sending some commits leaves them listed as sent, so once the server
+    forgets them (expired while the driver was down) a restart stops as ambiguous instead of replaying them."""
+    return _patched(Committer, "_never_sent", lambda self, batch, labels: None)
+

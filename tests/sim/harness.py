@@ -211,15 +211,24 @@ FAULT_KINDS = ("crash-before", "crash-after", "timeout-before", "timeout-after")
 
 @dataclass
 class Faults:
-    """Planned faults by call number (of all calls into the server and the store)."""
+    """Planned faults by call number (of all calls into the server and the store). Aimed at some calls only
+    (`aimed_at`, e.g. "store.current_epoch"), a fault planned for another call waits for the next one aimed at."""
 
     plan: dict[int, str] = field(default_factory=dict)
     enabled: bool = True
     calls: int = 0
+    aimed_at: tuple[str, ...] = ()
+    due: list[str] = field(default_factory=list)
 
-    def next(self) -> str | None:
+    def next(self, call: str) -> str | None:
         self.calls += 1
-        return self.plan.get(self.calls) if self.enabled else None
+        if not self.enabled:
+            return None
+        if self.calls in self.plan:
+            self.due.append(self.plan[self.calls])
+        if self.due and (not self.aimed_at or call in self.aimed_at):
+            return self.due.pop(0)
+        return None
 
 
 # -- the simulation -------------------------------------------------------------------------------
@@ -249,6 +258,7 @@ class Config:
     speculative_tasks: float = 0.06
     operator: bool = True
     downtime: bool = True  # restarts after the prepared timeout or the label retention
+    downtime_share: float = 0.15  # of the restarts
     store_wipe: bool = True  # the state store loses everything (epoch counter included)
     # The state store goes back to an earlier snapshot (lagging replica, backup), in this share of the schedules.
     store_rollback: bool = True
@@ -267,6 +277,7 @@ class Config:
     # The server's label memory by count, running transactions included (StarRocks label_keep_max_num); None: drawn.
     label_memory: int | None = None
     fault_kinds: tuple[str, ...] = FAULT_KINDS  # the kinds the planned faults are drawn from
+    faults_aimed_at: tuple[str, ...] = ()  # the calls planned faults land on ("store.current_epoch", …); (): any
     # The server's running-transaction limit, which the sink takes whole as its budget per wave: a batch over it
     # commits in waves (`waves.py`). 0: no limit; None: drawn (none in half the schedules, else 1 to 3).
     txn_budget: int | None = None
@@ -274,6 +285,13 @@ class Config:
     # resolved for a new topic, a column changed on a target table: review N1), and an operator undoes it when the
     # job stops on it (runbook section 'Batch in waves re-run with other tables').
     reroute: bool = False
+
+
+#: Review N8's family: faults only at the store's epoch reads, so a commit phase stops at a unit's epoch check before
+#: the unit sends anything, and every restart comes after downtime (a third of them after the labels expired and were
+#: forgotten).
+NEVER_SENT = Config(commit_parallelism=1, downtime_share=1.0, faults=3, fault_kinds=("timeout-before",),
+                    faults_aimed_at=("store.current_epoch",))
 
 
 @dataclass
@@ -320,7 +338,8 @@ class Simulation:
         self.checkpoint = checkpoint
         self.sched = Scheduler(rng, max_steps=20000)
         nfaults = rng.randint(0, 4) if config.faults is None else config.faults
-        self.faults = Faults({rng.randint(1, 400): rng.choice(config.fault_kinds) for _ in range(nfaults)})
+        self.faults = Faults({rng.randint(1, 400): rng.choice(config.fault_kinds) for _ in range(nfaults)},
+                             aimed_at=config.faults_aimed_at)
         self.flush_bytes = rng.choice([1, 64, 1 << 20])  # 1: one flush per Arrow batch
         self.trace: list[str] = []
         self.violations: list[str] = []
@@ -361,16 +380,23 @@ class Simulation:
         # (a check covers one commit or abort, and the client's own retries of it: the inherent check-then-act window)
         self.vouched: dict[tuple[int, str], str | None] = {}
         # Whether a stop was necessary (F4): answers that proved a label never committed, and who could have kept them
-        self.first_sent_by: dict[str, str] = {}  # label -> the process whose durable `sent` first listed it
+        # label -> the process whose durable `sent` listed it last: first, or again after a failed phase recorded it
+        # as not sent (N8); and the labels the journal lists as not sent
+        self.sent_by: dict[str, str] = {}
+        self.not_sent: set[str] = set()
         self.answered: set[tuple[str, str]] = set()  # (process, label) that got any commit answer
         self.proofs: dict[str, list[tuple[str, int]]] = {}  # label -> (process, call number) of a first-send LOST
         # process -> the call count when its last successful store write was issued (before the write's yield: what
         # it holds was decided then, so a proof that arrives while it waits is not in it)
         self.last_write: dict[str, int] = {}
-        # N8: labels some process sent a commit of (whether it reached the server or not: a timeout leaves it open),
-        # and each process's last server call (counted when attempted)
+        # N8: labels some process sent a commit of (whether it reached the server or not: a timeout leaves it open;
+        # not one a server that had forgotten the label answered), and each process's last server call (counted when
+        # attempted)
         self.commit_sent: set[str] = set()
         self.last_server_call: dict[str, int] = {}
+        self.last_store_attempt: dict[str, int] = {}  # process -> the call number of its last epoch-checked write tried
+        self.faulted_at: dict[str, list[int]] = {}  # process -> the call numbers of the faults it met
+        self.failed_unfenced: dict[str, bool] = {}  # process -> whether it ended on an error while holding the epoch
         # N1: the table each rerouted message goes to now, and the routes each batch was recorded with
         self.routes: dict[int, str] = {}
         self.first_routes: dict[int, dict[int, str]] = {}
@@ -472,12 +498,12 @@ class Simulation:
                            f"was taken by {self.holder[1]} and acted, with no epoch check since its last commit or abort")
 
     def _on_answer(self, label: str, outcome: CommitOutcome) -> None:
-        """A LOST answer to the process whose `sent` first listed the label, at its first answer: the commit of a label
+        """A LOST answer to the process whose `sent` listed the label last, at its first answer: the commit of a label
         the server does not know commits nothing, so this proves it never committed (F4), if the process keeps it."""
         process = self._process()
         first = (process.name, label) not in self.answered
         self.answered.add((process.name, label))
-        if outcome is CommitOutcome.LOST and first and self.first_sent_by.get(label) == process.name:
+        if outcome is CommitOutcome.LOST and first and self.sent_by.get(label) == process.name:
             self.proofs.setdefault(label, []).append((process.name, self.faults.calls))
 
     def call(self, where: str, name: str, apply: Callable[[], Any]) -> Any:
@@ -491,9 +517,11 @@ class Simulation:
             actor = self.sched.current
             self.server_calls[id(actor)] = self.server_calls.get(id(actor), 0) + 1
             self.last_server_call[process.name] = self.faults.calls
-        fault = self.faults.next()
+        at = self.faults.calls
+        fault = self.faults.next(f"{where}.{name}")
         if fault:
             self.log(f"FAULT {fault} at {where}.{name} in {process.name}")
+            self.faulted_at.setdefault(process.name, []).append(at)
         if fault == "crash-before":
             process.dead = True
             raise SimulatedCrash(f"{process.name} killed before {where}.{name}")
@@ -570,6 +598,8 @@ class Simulation:
                 return
             except Exception as error:
                 self.log(f"{actor.process.name}: batch {batch} failed: {type(error).__name__}: {error}")
+                # a failure it caught, not a kill: it could still write to the store, if not fenced (N8's judge)
+                self.failed_unfenced[actor.process.name] = self.holder is not None and self.holder[0] == actor.process.epoch
             actor.process.dead = True
             sink = None
             if role["zombie"]:
@@ -634,7 +664,7 @@ class Simulation:
         self.checkpoint_damaged = True
 
     def _maybe_downtime(self) -> None:
-        if not self.config.downtime or self.rng.random() > 0.15:
+        if not self.config.downtime or self.rng.random() > self.config.downtime_share:
             return
         # past the prepared timeout; past the label retention; past both (prepared labels expired and forgotten)
         seconds = self.rng.choice([TXN_TIMEOUT + 1, LABEL_KEEP + 1, TXN_TIMEOUT + LABEL_KEEP + 1])
@@ -928,7 +958,7 @@ class Simulation:
         """Why a ReplayAmbiguousError was needless, or None when one of its labels really is ambiguous.
 
         A label is ambiguous when the server forgot it and nothing the job learned proves its fate. A LOST answer
-        to the process whose `sent` first listed the label, at that process's first commit of it, is such a proof
+        to the process whose `sent` listed the label last, at that process's first commit of it, is such a proof
         (F4): no earlier commit was ever sent, and a commit of a label the server does not know commits nothing. The
         proof is gone only if that process died or was fenced before it wrote anything more; a process that went on
         writing, or ended on its own, could have kept it."""
@@ -944,7 +974,7 @@ class Simulation:
                     if self._went_on(name, at) and not self._erased(name, at)]
             if kept:
                 name, at = kept[0]
-                reasons.append(f"{label} answered LOST at call {at} to {name}, the first to send it, which went on")
+                reasons.append(f"{label} answered LOST at call {at} to {name}, the last to list it as sent, which went on")
                 continue
             never_sent = self._never_sent_by(label)
             if never_sent is None:
@@ -953,16 +983,23 @@ class Simulation:
         return "; ".join(reasons)
 
     def _never_sent_by(self, label: str) -> str | None:
-        """N8: no commit of the label was ever sent, and the process whose `sent` first listed it wrote to
-        the store after its last server call (its commit phase stopped, and it went on to record what it never sent),
-        with no store loss since: the job could know the label never committed. None when it could not."""
-        name = self.first_sent_by.get(label)
-        if label in self.commit_sent or name is None:
+        """N8: the job could know the label never committed, so a stop on it was needless. No commit of it ever reached
+        a server that knew it, and the process whose `sent` listed it last failed on an error it caught while it
+        still held the epoch (a killed or fenced one cannot record anything), and the store kept what it wrote. None
+        when it could not know: it was killed or fenced, a store loss came after, or it tried to record that after the
+        fault that stopped its commit phase and the write failed (the record is best effort)."""
+        name = self.sent_by.get(label)
+        if label in self.commit_sent or name is None or not self.failed_unfenced.get(name):
             return None
         last_call = self.last_server_call.get(name, -1)
-        if self.last_write.get(name, -1) <= last_call or self._erased(name, last_call):
+        if self._erased(name, last_call):
             return None
-        return f"no commit of {label} was ever sent, and {name}, which listed it as sent, went on after its last call"
+        stopped_at = min((at for at in self.faulted_at.get(name, []) if at >= last_call), default=last_call)
+        tried = self.last_store_attempt.get(name, -1)
+        if tried > stopped_at and self.last_write.get(name, -1) < tried:
+            return None
+        return (f"no commit of {label} was ever sent, and {name}, which listed it as sent, failed holding the epoch "
+                "and could have recorded that")
 
     def _erased(self, name: str, at: int) -> bool:
         """Whether a store wipe or rollback after call `at` may have taken what `name` wrote since (it wrote nothing
@@ -1017,9 +1054,24 @@ class _ServerProxy:
         method = getattr(self._sim.server, name)
 
         def send(*args: Any) -> Any:
-            if name == "commit":
-                self._sim.commit_sent.add(args[0])
-            return self._sim.call("server", name, lambda: method(*args))
+            if name != "commit":
+                return self._sim.call("server", name, lambda: method(*args))
+            # a commit counts as sent unless the server had forgotten the label and said so: that one did nothing, and
+            # its sender heard it (one without an answer leaves the sender unable to know, as a real one would be)
+            label, forgotten = args[0], []
+
+            def commit() -> Any:
+                forgotten.append(label not in self._sim.server.txns)
+                return method(*args)
+
+            try:
+                answer = self._sim.call("server", name, commit)
+            except BaseException:
+                self._sim.commit_sent.add(label)
+                raise
+            if not forgotten[0]:
+                self._sim.commit_sent.add(label)
+            return answer
 
         return send
 
@@ -1047,8 +1099,11 @@ class _StoreProxy:
                 record = args[2]
                 if record.state in (BatchState.PREPARED, BatchState.COMMITTED):
                     sim.ever_prepared.update(c.label for c in record.committables)
+                not_sent = set(record.not_sent)
                 for label in record.sent:
-                    sim.first_sent_by.setdefault(label, process.name)
+                    if label not in sim.sent_by or (label in sim.not_sent and label not in not_sent):
+                        sim.sent_by[label] = process.name
+                sim.not_sent = (sim.not_sent - {c.label for c in record.committables}) | not_sent
             elif name == "add_intent":
                 ref = args[4]
                 sim.label_epoch[ref.label] = attempt_epoch(ref.attempt) or 0
@@ -1060,6 +1115,8 @@ class _StoreProxy:
 
         def issue(*args: Any, **kwargs: Any) -> Any:
             issued = sim.faults.calls
+            if name in _EPOCH_CHECKED:
+                sim.last_store_attempt[sim._process().name] = issued
             return sim.call("store", name, lambda: apply(issued, *args, **kwargs))
 
         return issue

@@ -7,7 +7,7 @@ from collections.abc import Callable
 import pytest
 
 from . import broken
-from .harness import Config, Outcome, run_schedule
+from .harness import NEVER_SENT, Config, Outcome, run_schedule
 
 BUDGET = 400  # seeds each broken variant gets
 
@@ -66,6 +66,7 @@ ROLLED_BACK = Config(rollback_share=1.0, label_memory=2, store_wipe=False, zombi
     (broken.waves_forgotten_at_recovery, "missing", WAVES),
     (broken.record_completeness_unchecked, "duplicate rows", ROLLED_BACK),
     (broken.rerun_routes_unchecked, "not visible exactly once", REROUTED),
+    (broken.unsent_commits_left_as_sent, "not necessary", NEVER_SENT),
 ], ids=lambda v: getattr(v, "__name__", None) if callable(v) else None)
 def test_broken_protocol_is_caught(variant: Callable, expected: str, config: Config | None) -> None:
     with variant():
