@@ -121,9 +121,9 @@ class Committer:
         self.check_target(record.live_committables(), record.query_id, record.batch_id)  # before `sent` is written
         done = self.store.done_labels(self.job_id, record.query_id, record.batch_id)
         pending = [c for c in record.live_committables() if c.label not in done]
-        already_sent, dead, not_sent = set(record.sent), set(record.never_committed), set(record.not_sent)
+        already_sent, not_sent = set(record.sent), set(record.not_sent)
         # sent by an earlier phase and not proved uncommitted since: a LOST answer for these is ambiguous
-        sent_before = already_sent - dead - not_sent
+        sent_before = already_sent - set(record.never_committed) - not_sent
         unsent = [c.label for c in pending if c.label not in already_sent]
         again = [c.label for c in pending if c.label in not_sent]  # listed, never sent: sent now as if first listed
 
@@ -167,11 +167,9 @@ class Committer:
         answered = {c.label: o for unit, unit_answers in zip(units, answers, strict=True)
                     for c, o in zip(unit, unit_answers, strict=True)}
         outcomes = [answered[c.label] for c in pending]
-        # LOST for a label sent before this phase may be a forgotten commit, and LOST_AFTER_SEND may be too, unless the
-        # server had forgotten the label before this phase (then no send of it commits anything)
+        # LOST for a label sent before this phase may be a forgotten commit, and LOST_AFTER_SEND always may be.
         ambiguous = [c for c, o in zip(pending, outcomes, strict=True)
-                     if (o is CommitOutcome.LOST_AFTER_SEND and c.label not in dead)
-                     or (o is CommitOutcome.LOST and c.label in sent_before)]
+                     if o is CommitOutcome.LOST_AFTER_SEND or (o is CommitOutcome.LOST and c.label in sent_before)]
         if ambiguous:
             raise ReplayAmbiguousError(
                 f"job {self.job_id} batch {record.batch_id} of query {record.query_id}: the target no longer knows "
