@@ -70,8 +70,10 @@ class BatchLog:
     def mark_never_committed(self, labels: list[str], event: str | None = None) -> None:
         """These labels provably never committed (LOST on the commit that first reached the server, F4, or an
         operator's verdict): a later phase may replay them. `sent` only grows (the checkpoint marker counts it)."""
-        events = self._record.events if event is None else [*self._record.events, event]
-        self._write(replace(self._record, never_committed=[*self._record.never_committed, *labels], events=events))
+        record = self._record
+        events = record.events if event is None else [*record.events, event]
+        added = [label for label in labels if label not in record.never_committed]
+        self._write(replace(record, never_committed=[*record.never_committed, *added], events=events))
 
     def mark_done(self, labels: list[str]) -> None:
         """These committables are committed (progress inside a PREPARED batch, one store write for the group)."""
