@@ -31,7 +31,7 @@ from streaming_sink.state import FileStateStore
 from streaming_sink.targets.doris import DorisTarget
 from streaming_sink.targets.starrocks import StarRocksTarget
 from streaming_sink.targets.streamload.target import StreamLoadTarget
-from tests.integration.test_protocol_findings import InMemoryRunner
+from tests.support.batches import InMemoryRunner
 from tests.support.doubles.emulators.base_emulator import BaseEmulator
 from tests.support.doubles.emulators.doris import DorisEmulator
 from tests.support.doubles.emulators.starrocks import StarRocksEmulator

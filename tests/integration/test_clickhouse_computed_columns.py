@@ -14,7 +14,7 @@ from streaming_sink import ExactlyOnceSink
 from streaming_sink.config import resolve_config
 from streaming_sink.state import MemoryStateStore
 from streaming_sink.target_tables import job_tables
-from tests.integration.test_protocol_findings import InMemoryRunner
+from tests.support.batches import InMemoryRunner
 from tests.support.pipeline import open_target
 
 

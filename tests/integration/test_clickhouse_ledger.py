@@ -18,7 +18,7 @@ from streaming_sink.targets.base import CommitOutcome
 from streaming_sink.targets.clickhouse import LEDGER_TABLE, ClickHouseTarget
 from streaming_sink.targets.clickhouse import ledger as ledger_module
 from streaming_sink.targets.clickhouse.staging import MANY_INSERTS
-from tests.integration.test_protocol_findings import InMemoryRunner
+from tests.support.batches import InMemoryRunner
 
 DB, TABLE, JOB, QUERY = "analytics", "orders", "ledger-job", "0f1e2d3c-4b5a-6978-8796-a5b4c3d2e1f0"
 PARTITIONS, ROWS = 2, 5

@@ -19,7 +19,7 @@ from streaming_sink.sink import ExactlyOnceSink
 from streaming_sink.state import FileStateStore
 from streaming_sink.targets.doris import DorisTarget
 from streaming_sink.writer import PartitionResult, PartitionWriter, WriteContext
-from tests.integration.test_protocol_findings import InMemoryRunner
+from tests.support.batches import InMemoryRunner
 from tests.support.doubles.emulators.doris import DorisEmulator
 
 DB, JOB, QUERY = "db", "job", "query-1"

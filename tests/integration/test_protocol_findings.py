@@ -16,12 +16,11 @@ from streaming_sink.committable import TxnRef
 from streaming_sink.committer import Committer
 from streaming_sink.errors import OperatorActionRefused, ReplayAmbiguousError
 from streaming_sink.records import BatchState
-from streaming_sink.routing import Router
 from streaming_sink.sink import ExactlyOnceSink
 from streaming_sink.state import BatchRecord, FencedError, MemoryStateStore, StateStoreLostError
 from streaming_sink.targets.starrocks import StarRocksTarget
-from streaming_sink.writer import PartitionResult, PartitionWriter, WriteContext
-from tests.support.batches import table_rows
+from streaming_sink.writer import PartitionWriter
+from tests.support.batches import InMemoryRunner
 from tests.support.doubles.emulators.starrocks import StarRocksEmulator
 from tests.support.doubles.recording import RecordingTarget
 from tests.support.targets.starrocks import starrocks_target
@@ -47,27 +46,6 @@ def source(batch_id: int, partitions: int = 2) -> list[list[pa.RecordBatch]]:
                           "name": [f"n{i}" for i in range(ROWS_PER_PARTITION)]})]
         for p in range(partitions)
     ]
-
-
-class InMemoryRunner:
-    """One real PartitionWriter per partition; task attempt ids unique per run, as Spark's are."""
-
-    def __init__(self) -> None:
-        self.next_attempt = 0
-
-    def writer_count(self, data: Any, target: Any) -> int:
-        return len(data)
-
-    def table_rows(self, data: Any, router: Router) -> dict[str, int]:
-        return table_rows(data, router)
-
-    def run(self, data: Any, target: Any, router: Router, context: WriteContext, store: Any) -> list[PartitionResult]:
-        results = []
-        for partition, batches in enumerate(data):
-            self.next_attempt += 1
-            writer = PartitionWriter(context, target, router, store, partition, self.next_attempt)
-            results.append(writer.add_all(batches))
-        return results
 
 
 def sink_of(target: Any, store: Any, **options: Any) -> ExactlyOnceSink:

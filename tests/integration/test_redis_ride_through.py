@@ -23,7 +23,7 @@ from streaming_sink.records import BatchRecord, BatchState
 from streaming_sink.sink import ExactlyOnceSink
 from streaming_sink.state import RedisStateStore, open_store
 from streaming_sink.targets.memory import MemoryTarget
-from tests.integration.test_protocol_findings import InMemoryRunner
+from tests.support.batches import InMemoryRunner
 from tests.support.services._proc import wait_until
 from tests.support.services.ports import free_port
 from tests.support.services.redis import HOST, RedisSentinelGroup, RedisServer

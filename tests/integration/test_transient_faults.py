@@ -28,7 +28,7 @@ from streaming_sink.records import BatchState
 from streaming_sink.sink import REWRITES, ExactlyOnceSink
 from streaming_sink.state import MemoryStateStore
 from streaming_sink.targets.clickhouse import ClickHouseTarget
-from tests.integration.test_protocol_findings import InMemoryRunner
+from tests.support.batches import InMemoryRunner
 from tests.support.doubles.clickhouse_front import ClickHouseFront
 from tests.support.jobs import ConfigJob
 

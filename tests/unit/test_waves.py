@@ -167,7 +167,7 @@ def test_a_batch_of_tables_the_caller_expects_is_not_counted_when_they_cannot_pa
     """A target that cannot list its tables (StarRocks, Doris without `tables`) made every batch count its rows per
     table (one more Spark job) to learn it needed no plan; the packaged job knows its tables and says so."""
     from streaming_sink.batch_plan import ServerLimits
-    from tests.integration.test_protocol_findings import InMemoryRunner
+    from tests.support.batches import InMemoryRunner
 
     class Limited(MemoryTarget):
         def server_limits(self) -> ServerLimits:
@@ -200,7 +200,7 @@ def test_a_sink_that_cannot_list_its_tables_counts_until_it_has_seen_them_and_ag
     may write those, and a batch with another table is counted and planned after all. Its uncounted pass never
     begins a transaction for the new tables, so it never holds more than the budget allowed the seen ones."""
     from streaming_sink.batch_plan import ServerLimits
-    from tests.integration.test_protocol_findings import InMemoryRunner
+    from tests.support.batches import InMemoryRunner
 
     class Limited(MemoryTarget):
         """Counts the transactions open at once (begun, not yet committed or aborted): the most in each batch."""
@@ -265,7 +265,7 @@ def test_a_batch_without_partitions_is_empty_not_a_plan_for_no_writers(spread: s
     tables (or spreads always) planned it and stopped the job: "writers must be at least 1, got 0" (seen in CI after a
     driver kill, the first batch of the restarted driver)."""
     from streaming_sink.batch_plan import ServerLimits
-    from tests.integration.test_protocol_findings import InMemoryRunner
+    from tests.support.batches import InMemoryRunner
 
     class Limited(MemoryTarget):
         def server_limits(self) -> ServerLimits:
