@@ -573,16 +573,16 @@ def _main(argv: list[str]) -> int:
     except CliError as error:
         return _fail(argv, command, error, json_output, debug)
     if args.command == "run":
-        from . import job
+        from . import interrupt, job
 
         try:
             if args.config:
                 from .config import load_config
 
-                return job.execute(lambda: load_config(args.config), lambda: job.exit_on_interrupt("streaming-sink run: "))
+                return job.execute(lambda: load_config(args.config), lambda: interrupt.exit_on_interrupt("streaming-sink run: "))
             return job.main(["--spec", args.spec])
         except KeyboardInterrupt:  # Ctrl-C: the protocol makes a stop at any instant safe; restart with the same command
-            print(f"streaming-sink run: {job.INTERRUPTED}", file=sys.stderr)
+            print(f"streaming-sink run: {interrupt.INTERRUPTED}", file=sys.stderr)
             return 130
         except Exception as error:  # noqa: BLE001 - the sink's stops, Spark's and bugs alike: one line and a code
             return _fail(argv, "run", error, False, debug)

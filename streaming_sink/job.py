@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import logging
-import os
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -35,6 +34,7 @@ from .frame import (
     table_schemas,
     table_slots,
 )
+from .interrupt import BATCHES
 from .intervals import parse_interval
 from .job_spec import JobSpec
 from .kafka_source import KafkaSource, describe_topics, read_topics
@@ -103,36 +103,6 @@ JOB_SPARK_DEFAULTS = {"spark.ui.showConsoleProgress": "false"}
 def job_spark_conf(spec: JobSpec) -> dict[str, str]:
     """The job's Spark conf: the defaults above, then the user's `[spark.conf]`."""
     return {**JOB_SPARK_DEFAULTS, **spec.spark_conf}
-
-
-INTERRUPTED = "interrupted; nothing is lost: run the same command to resume"
-
-
-def exit_on_interrupt(prefix: str) -> None:
-    """Ctrl-C ends the driver at once with one line and exit code 130, in place of PySpark's own handler, whose
-    job cancelling calls into the JVM while the main thread waits on it and logs Py4J tracebacks. Stopping at any
-    instant is what the protocol is built for (a killed driver is recovered by the next run); the JVM ends with
-    the driver (killed here, so that its log lines end before the last one)."""
-    import signal
-
-    from pyspark import SparkContext
-
-    def stop(signum: int, frame: Any) -> None:
-        # the threads still talking to the JVM (Spark's callback server, the query's) log its end with a traceback
-        # through the root logger (py4j's `logging.info(..., exc_info=True)`): nothing is logged from here on
-        logging.disable(logging.CRITICAL)
-        jvm = getattr(SparkContext._gateway, "proc", None)  # PySpark's launched JVM (spark-submit), if it started one
-        if jvm is not None:  # at once, so none of its lines comes after the last one
-            try:
-                jvm.kill()
-                jvm.wait(timeout=10)
-            except Exception:  # noqa: BLE001 - gone already, or slow to go: the exit below ends it anyway
-                pass
-        sys.stderr.write(f"{prefix}{INTERRUPTED}\n")
-        sys.stderr.flush()
-        os._exit(130)
-
-    signal.signal(signal.SIGINT, stop)
 
 
 def run(spec: JobSpec, on_session: Callable[[], None] = lambda: None) -> None:
@@ -274,7 +244,9 @@ def _stream(spark: SparkSession, spec: JobSpec, source: KafkaSource, sink: Exact
     sink.route_by_slots(table_slots(spec, resolved.tables))  # where build_frame puts each table's columns
     reader = spark.readStream.format("kafka").options(**source.reader_options())
     frame = build_frame(reader.load(), spec, resolved.tables, columns, resolved.unavailable, resolved.keys)
-    writer = frame.writeStream.foreachBatch(sink).option("checkpointLocation", spec.checkpoint)
+    # through the edge between batches, where a first Ctrl-C stops the job (interrupt.py)
+    writer = frame.writeStream.foreachBatch(lambda data, batch_id: BATCHES.run(sink, data, batch_id)).option(
+        "checkpointLocation", spec.checkpoint)
     if spec.trigger == "available-now":
         writer = writer.trigger(availableNow=True)
     else:
