@@ -2,7 +2,7 @@
 
 Stopping at any instant is what the protocol is built for (a killed driver is recovered by the next run), but a
 stop inside a batch leaves it PREPARED or in waves for the next run to finish, and a release upgrade must not hand
-such a batch to the new release (docs/runbook.md, 'Upgrades'). So a first Ctrl-C lets the batch being written
+such a batch to the new release (docs/runbook.md, 'Moving a job'). So a first Ctrl-C lets the batch being written
 finish and starts no other; one between batches stops at once.
 """
 from __future__ import annotations
