@@ -7,9 +7,10 @@ message by message: each message exactly once across all tables.
 """
 from __future__ import annotations
 
+import itertools
 import json
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -23,8 +24,8 @@ from streaming_sink.routing import Router
 from streaming_sink.sink import ExactlyOnceSink
 from streaming_sink.state import FileStateStore
 from streaming_sink.targets.memory import MemoryTarget
-from streaming_sink.writer import PartitionResult, PartitionWriter, WriteContext
-from tests.support.batches import table_rows
+from streaming_sink.writer import PartitionResult, WriteContext
+from tests.support.batches import InMemoryRunner
 
 JOB, QUERY = "job", "q"
 DEAD_LETTERS = "dead_letters"
@@ -42,27 +43,17 @@ class LimitedTarget(MemoryTarget):
         return ServerLimits(running_transactions=2, source="test")
 
 
-class Runner:
+class Runner(InMemoryRunner):
     """One real PartitionWriter per partition; kills the driver when wave `kill_in_wave` is being written."""
 
     def __init__(self, kill_in_wave: int | None = None) -> None:
+        super().__init__()
         self.kill_in_wave = kill_in_wave
-        self.attempt = 0
-
-    def writer_count(self, data: Any, target: Any) -> int:
-        return len(data)
-
-    def table_rows(self, data: Any, router: Router) -> dict[str, int]:
-        return table_rows(data, router)
 
     def run(self, data: Any, target: Any, router: Router, context: WriteContext, store: Any) -> list[PartitionResult]:
         if context.plan is not None and context.wave == self.kill_in_wave:
             raise Killed(f"driver killed while wave {context.wave} is written")
-        results = []
-        for partition, batches in enumerate(data):
-            self.attempt += 1
-            results.append(PartitionWriter(context, target, router, store, partition, self.attempt).add_all(batches))
-        return results
+        return super().run(data, target, router, context, store)
 
 
 def source(message_table: str) -> list[list[pa.RecordBatch]]:
@@ -149,47 +140,57 @@ def two_partitions() -> list[list[pa.RecordBatch]]:
     return [[pa.record_batch({"__table": ["t"] * 5, "id": list(range(p * 10, p * 10 + 5))})] for p in range(2)]
 
 
+def two_partitions_ids() -> Counter[int]:
+    return Counter(i for part in two_partitions() for b in part for i in b.column("id").to_pylist())
+
+
+def driver_of(target: MemoryTarget, store: Any, checkpoint: str | None = None) -> ExactlyOnceSink:
+    """A driver of the tests over `two_partitions`: no heartbeat thread, and no checkpoint unless given."""
+    return ExactlyOnceSink(target, store, JOB, table_column="__table", runner=Runner(), heartbeat_seconds=None,
+                           checkpoint_location=checkpoint)
+
+
+class KilledAt:
+    """Delegates to a store; the driver dies on a call of `method` whose arguments `when` accepts, before it applies."""
+
+    def __init__(self, store: Any, method: str, when: Callable[..., bool]) -> None:
+        self._store, self._method, self._when = store, method, when
+
+    def __getattr__(self, name: str) -> Any:
+        attribute = getattr(self._store, name)
+        if name != self._method:
+            return attribute
+
+        def call(*args: Any, **kwargs: Any) -> Any:
+            if self._when(*args):
+                raise Killed(f"driver killed before {name}")
+            return attribute(*args, **kwargs)
+
+        return call
+
+
+def on_call(number: int) -> Callable[..., bool]:
+    """For `KilledAt`: the `number`-th call, and no other."""
+    calls = itertools.count(1)
+    return lambda *args: next(calls) == number
+
+
 def test_a_label_whose_commit_was_never_sent_is_replayed_not_taken_as_ambiguous(tmp_path: Path) -> None:
     """The first commit fails (the server did not act), so the second is never sent; both transactions then expire
     and the server forgets them. The first one's fate is unknown to the sink, the second one's is not."""
-    target, store = OneAtATime(), FileStateStore(str(tmp_path / "state"))
-
-    def sink_() -> ExactlyOnceSink:
-        return ExactlyOnceSink(target, store, JOB, table_column="__table", runner=Runner(), heartbeat_seconds=None,
-                               checkpoint_location=str(tmp_path / "checkpoint"))
-
+    target, store, checkpoint = OneAtATime(), FileStateStore(str(tmp_path / "state")), str(tmp_path / "checkpoint")
     target.fail_next_commit()
     with pytest.raises(Exception, match="failed \\(injected\\)"):
-        sink_().process(two_partitions(), 0, QUERY)
+        driver_of(target, store, checkpoint).process(two_partitions(), 0, QUERY)
     record = store.get_batch(JOB, QUERY, 0)
     assert record is not None and len(record.committables) == 2
     first, second = (c.label for c in record.committables)
     assert target.rows("t") == []
     target.forget(second)  # expired and forgotten; the first is still prepared on the server
-    report = sink_().process(two_partitions(), 0, QUERY)
+    report = driver_of(target, store, checkpoint).process(two_partitions(), 0, QUERY)
     assert report.action == "recovered-prepared" and report.replayed == 1
-    assert Counter(row["id"] for row in target.rows("t")) == Counter(
-        i for part in two_partitions() for b in part for i in b.column("id").to_pylist())
+    assert Counter(row["id"] for row in target.rows("t")) == two_partitions_ids()
     assert first not in store.get_batch(JOB, QUERY, 0).never_committed  # type: ignore[union-attr]
-
-
-class KilledWhenRecording:
-    """Delegates to a store; the driver dies when it is about to record `label` as committed (its commit was sent)."""
-
-    def __init__(self, store: Any, label: str) -> None:
-        self._store, self._label = store, label
-
-    def __getattr__(self, name: str) -> Any:
-        attribute = getattr(self._store, name)
-        if name != "mark_done_many":
-            return attribute
-
-        def call(*args: Any, **kwargs: Any) -> Any:
-            if self._label in args[-1]:
-                raise Killed(f"driver killed before it recorded {self._label} as committed")
-            return attribute(*args, **kwargs)
-
-        return call
 
 
 def test_a_never_sent_label_a_later_phase_committed_is_not_replayed_once_forgotten(tmp_path: Path) -> None:
@@ -197,49 +198,25 @@ def test_a_never_sent_label_a_later_phase_committed_is_not_replayed_once_forgott
     commits it and dies before recording that; the server then forgets the label. The restart must stop as ambiguous,
     not replay it (the simulation's seed 102200 of the extended run: the label's rows twice). Seen failing: the
     label stayed `never_committed`, so the restart replayed it and its rows arrived twice."""
-    target, store = OneAtATime(), FileStateStore(str(tmp_path / "state"))
-
-    def sink_(store_: Any = store) -> ExactlyOnceSink:
-        return ExactlyOnceSink(target, store_, JOB, table_column="__table", runner=Runner(), heartbeat_seconds=None,
-                               checkpoint_location=str(tmp_path / "checkpoint"))
-
+    target, store, checkpoint = OneAtATime(), FileStateStore(str(tmp_path / "state")), str(tmp_path / "checkpoint")
     target.fail_next_commit()
     with pytest.raises(Exception, match="failed \\(injected\\)"):
-        sink_().process(two_partitions(), 0, QUERY)
+        driver_of(target, store, checkpoint).process(two_partitions(), 0, QUERY)
     record = store.get_batch(JOB, QUERY, 0)
     assert record is not None
     second = record.committables[1].label
     assert record.not_sent == [second]
+    recording_second = KilledAt(store, "mark_done_many", lambda *args: second in args[-1])  # its commit was sent
     with pytest.raises(Killed):
-        sink_(KilledWhenRecording(store, second)).process(two_partitions(), 0, QUERY)
+        driver_of(target, recording_second, checkpoint).process(two_partitions(), 0, QUERY)
     target.forget(second)  # committed, and forgotten after the server's label retention
     with pytest.raises(ReplayAmbiguousError):
-        sink_().process(two_partitions(), 0, QUERY)
+        driver_of(target, store, checkpoint).process(two_partitions(), 0, QUERY)
     ids = Counter(row["id"] for row in target.rows("t"))
-    assert ids == Counter(i for part in two_partitions() for b in part for i in b.column("id").to_pylist()), ids
+    assert ids == two_partitions_ids(), ids
 
 
 # -- N2: commits the operator sends are kept in the checkpoint's marker ------------------------------------------
-
-
-class StoreKilledAt:
-    """Delegates to a store; the driver dies on the n-th `put_batch`, before it applies."""
-
-    def __init__(self, store: Any, on_call: int) -> None:
-        self._store, self._left = store, on_call
-
-    def __getattr__(self, name: str) -> Any:
-        attribute = getattr(self._store, name)
-        if name != "put_batch":
-            return attribute
-
-        def call(*args: Any, **kwargs: Any) -> Any:
-            self._left -= 1
-            if self._left == 0:
-                raise Killed("driver killed before its second record write")
-            return attribute(*args, **kwargs)
-
-        return call
 
 
 def test_recover_apply_keeps_its_commits_in_the_marker_so_a_store_rollback_and_forgotten_labels_stop_the_rerun(
@@ -255,26 +232,23 @@ def test_recover_apply_keeps_its_commits_in_the_marker_so_a_store_rollback_and_f
     (Path(checkpoint)).mkdir()
     (Path(checkpoint) / "metadata").write_text(json.dumps({"id": QUERY}) + "\n")
 
-    def driver(store: Any) -> ExactlyOnceSink:
-        return ExactlyOnceSink(target, store, JOB, table_column="__table", runner=Runner(), heartbeat_seconds=None,
-                               checkpoint_location=checkpoint)
-
     with pytest.raises(Killed):  # batch 0's PREPARED record is written, no `sent` yet, nothing committed
-        driver(StoreKilledAt(FileStateStore(str(state)), on_call=2)).process(two_partitions(), 0, QUERY)
+        driver_of(target, KilledAt(FileStateStore(str(state)), "put_batch", on_call(2)), checkpoint).process(
+            two_partitions(), 0, QUERY)
     shutil.copytree(state, tmp_path / "replica")  # the replica (or backup) that will miss what follows
     store = FileStateStore(str(state))
     operator = Committer(target, store, JOB, store.take_epoch(JOB, owner="operator"))
     actions = plan_recovery(store, JOB, target, checkpoint_query=QUERY)
     assert [a.action for a in actions] == ["commit-prepared"]
     apply_recovery(operator, actions, lambda _: None, marker=CheckpointMarker(checkpoint, JOB), checkpoint_query=QUERY)
-    source_ids = Counter(i for part in two_partitions() for b in part for i in b.column("id").to_pylist())
+    source_ids = two_partitions_ids()
     assert Counter(row["id"] for row in target.rows("t")) == source_ids
     shutil.rmtree(state)
     shutil.copytree(tmp_path / "replica", state)  # failover to the replica: the PREPARED record without `sent`
     for label in target.labels():
         target.forget(label)  # past the label retention
     with pytest.raises(StateStoreLostError, match="commits were sent for 2 label"):
-        driver(FileStateStore(str(state))).process(two_partitions(), 0, QUERY)
+        driver_of(target, FileStateStore(str(state)), checkpoint).process(two_partitions(), 0, QUERY)
     assert Counter(row["id"] for row in target.rows("t")) == source_ids  # nothing loaded twice
 
 
@@ -284,8 +258,7 @@ def test_recover_without_the_checkpoint_leaves_the_batch_spark_re_runs_to_the_jo
 
     target, store = OneAtATime(), FileStateStore(str(tmp_path / "state"))
     with pytest.raises(Killed):
-        ExactlyOnceSink(target, StoreKilledAt(store, on_call=2), JOB, table_column="__table", runner=Runner(),
-                        heartbeat_seconds=None).process(two_partitions(), 0, QUERY)
+        driver_of(target, KilledAt(store, "put_batch", on_call(2))).process(two_partitions(), 0, QUERY)
     actions = plan_recovery(store, JOB, target)
     assert [(a.action, a.batch_id) for a in actions] == [("keep-for-job", 0)] and "--checkpoint" in actions[0].detail
     operator = Committer(target, store, JOB, store.take_epoch(JOB, owner="operator"))
@@ -357,19 +330,16 @@ def test_a_transaction_limit_stop_before_the_first_record_makes_status_unhealthy
 
     target, store = RefusingTarget(running=0), FileStateStore(str(tmp_path / "state"))
 
-    def driver() -> ExactlyOnceSink:
-        return ExactlyOnceSink(target, store, JOB, table_column="__table", runner=Runner(), heartbeat_seconds=None)
-
-    driver().process(three_tables(0), 0, QUERY)
+    driver_of(target, store).process(three_tables(0), 0, QUERY)
     target.refused = {"a"}
     with pytest.raises(TransactionLimitError):
-        driver().process(three_tables(1), 1, QUERY)
+        driver_of(target, store).process(three_tables(1), 1, QUERY)
     status = job_status(store, JOB)
     assert not status["healthy"], status["problems"]
     assert [(s["batch_id"], s["error"], s["section"]) for s in status["stops"]] == [
         (1, "TransactionLimitError", "Too many open transactions for the server")]
     target.refused = set()  # the operator told the sink the server's real limits
-    assert driver().process(three_tables(1), 1, QUERY).action == "written"
+    assert driver_of(target, store).process(three_tables(1), 1, QUERY).action == "written"
     assert job_status(store, JOB)["healthy"]
 
 
