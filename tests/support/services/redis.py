@@ -301,27 +301,19 @@ class RedisSentinelGroup:
         second and a replica acknowledges once a second, so a writing job or an unlucky phase kept them apart for the
         two minutes a failover test waited."""
         deadline = time.monotonic() + timeout
-        written = wait_until(lambda: cls._replica_online(primary), timeout=timeout,
-                             what="a replica online at the primary")
-        wait_until(lambda: cls._acknowledged(primary) >= written[0], timeout=max(1.0, deadline - time.monotonic()),
-                   what="a replica in sync with the primary")
+        written, _ = wait_until(lambda: cls._offsets(primary), timeout=timeout, what="a replica online at the primary")
+        wait_until(lambda: (cls._offsets(primary) or (0, -1))[1] >= written,
+                   timeout=max(1.0, deadline - time.monotonic()), what="a replica in sync with the primary")
 
     @staticmethod
-    def _replica_online(primary: RedisServer) -> tuple[int] | None:
-        """The primary's offset, once a replica is online at it (a tuple: offset 0 is an answer too)."""
+    def _offsets(primary: RedisServer) -> tuple[int, int] | None:
+        """The primary's offset and the one its replica last acknowledged; None while no replica is online."""
         with primary.client() as client:
             info = client.info("replication")
         replica = info.get("slave0")
-        online = isinstance(replica, dict) and replica.get("state") == "online"
-        return (int(info["master_repl_offset"]),) if online else None
-
-    @staticmethod
-    def _acknowledged(primary: RedisServer) -> int:
-        """The offset the primary's replica last acknowledged; -1 while none is online."""
-        with primary.client() as client:
-            replica = client.info("replication").get("slave0")
-        online = isinstance(replica, dict) and replica.get("state") == "online"
-        return int(replica.get("offset", -1)) if online else -1
+        if not (isinstance(replica, dict) and replica.get("state") == "online"):
+            return None
+        return int(info["master_repl_offset"]), int(replica.get("offset", -1))
 
     @staticmethod
     def _role(server: RedisServer) -> str:
